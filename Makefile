@@ -1,0 +1,49 @@
+# The two commands: `make demo` and `make test`. Everything else is a step they take.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PROTOS := $(shell find proto -name '*.proto')
+GEN_STAMP := api/python/abada/.generated
+
+.PHONY: all venv proto lint test demo bench images clean
+
+all: test
+
+$(STAMP): requirements-dev.txt services/engine/pyproject.toml services/agent-worker/pyproject.toml services/credential-broker/pyproject.toml api/python/pyproject.toml examples/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(MAKE) --no-print-directory $(GEN_STAMP)
+	$(PY) -m pip install --quiet --no-deps -e api/python
+	$(PY) -m pip install --quiet -e api/python -e services/engine -e services/credential-broker -e services/agent-worker -e examples
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+$(GEN_STAMP): $(PROTOS)
+	rm -rf api/python/abada
+	$(PY) scripts/gen_protos.py
+	touch $(GEN_STAMP)
+
+proto: $(STAMP) $(GEN_STAMP)
+
+lint: venv
+	$(VENV)/bin/buf lint
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: venv proto
+	$(VENV)/bin/buf lint
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest
+
+demo: venv proto
+	$(PY) examples/demo.py
+
+bench: venv proto
+	$(PY) bench/task_cycle.py
+
+clean:
+	rm -rf $(VENV) api/python/abada .abada
