@@ -1,0 +1,83 @@
+"""Domain errors to gRPC statuses carrying `google.rpc.ErrorInfo` and `BadRequest` details."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from abada_engine.errors import Category, EngineError
+
+log = logging.getLogger(__name__)
+
+DOMAIN = "abada.dev"
+
+_CODES: dict[Category, grpc.StatusCode] = {
+    Category.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    Category.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Category.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+    Category.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    Category.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Category.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    Category.ABORTED: grpc.StatusCode.ABORTED,
+    Category.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Category.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def status_details(error: EngineError) -> tuple[grpc.StatusCode, bytes]:
+    code = _CODES[error.category]
+    info = error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN)
+    if error.field:
+        info.metadata["field"] = error.field
+    for key, value in error.metadata.items():
+        info.metadata[key] = value
+    details = [info]
+    if error.problems:
+        bad_request = error_details_pb2.BadRequest()
+        for problem in error.problems:
+            bad_request.field_violations.add(field=problem.field, description=str(problem))
+        details.append(bad_request)
+    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=error.message)
+    for detail in details:
+        packed = any_pb2.Any()
+        packed.Pack(detail)
+        status.details.append(packed)
+    return code, status.SerializeToString()
+
+
+async def abort(context: grpc.aio.ServicerContext, error: EngineError) -> None:
+    code, details = status_details(error)
+    await context.abort(code, error.message, trailing_metadata=(("grpc-status-details-bin", details),))
+
+
+Servicer = TypeVar("Servicer", bound=type)
+
+
+def translates_errors(cls: Servicer) -> Servicer:
+    """Wrap every RPC method of a servicer so domain errors become rich gRPC statuses."""
+    for name, method in list(vars(cls).items()):
+        if name.startswith("_") or not inspect.iscoroutinefunction(method):
+            continue
+        setattr(cls, name, _wrap(method))
+    return cls
+
+
+def _wrap(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except EngineError as error:
+            await abort(context, error)
+        except Exception:
+            log.exception("unexpected error in %s", method.__qualname__)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the engine log")
+
+    return handler

@@ -1,0 +1,111 @@
+"""ExternalTaskService: thin translation onto leases, completions and the journal."""
+
+from __future__ import annotations
+
+import grpc
+from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
+
+from abada_engine.errors import Category, EngineError
+from abada_engine.runtime.completion import AttemptMetadata, Completions
+from abada_engine.runtime.contract import Verdict
+from abada_engine.runtime.leases import Leases, Subscription
+
+from . import messages
+from .convert import from_struct, parse_uuid, timestamp
+from .errors import translates_errors
+
+_OUTCOMES = {
+    (Verdict.ACCEPTED, False): external_task_pb2.COMPLETE_OUTCOME_ADVANCED,
+    (Verdict.INVALID_OUTPUT, True): external_task_pb2.COMPLETE_OUTCOME_INVALID_OUTPUT_ROUTED,
+    (Verdict.LOW_CONFIDENCE, True): external_task_pb2.COMPLETE_OUTCOME_LOW_CONFIDENCE_ROUTED,
+}
+
+
+def _metadata(message: external_task_pb2.AttemptMetadata) -> AttemptMetadata:
+    return AttemptMetadata(
+        model=message.model,
+        provider=message.provider,
+        input_tokens=message.input_tokens,
+        output_tokens=message.output_tokens,
+        tools_used=tuple(message.tools_used),
+        duration_ms=message.duration_ms,
+        prompt_hash=message.prompt_hash,
+        confidence=message.confidence if message.HasField("confidence") else None,
+        model_calls=message.model_calls,
+        tool_calls=message.tool_calls,
+    )
+
+
+def caller_is(context: grpc.aio.ServicerContext, worker_id: str) -> None:
+    """Hook for authentication: the identity the engine authenticated must be the claimed worker."""
+    authenticated = getattr(context, "abada_identity", None)
+    if authenticated is not None and authenticated != worker_id:
+        raise EngineError(
+            Category.PERMISSION_DENIED,
+            "WORKER_ID_MISMATCH",
+            f"you are authenticated as {authenticated!r}, not {worker_id!r}",
+            field="worker_id",
+        )
+
+
+@translates_errors
+class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
+    def __init__(self, leases: Leases, completions: Completions) -> None:
+        self._leases = leases
+        self._completions = completions
+
+    async def FetchAndLock(
+        self, request: external_task_pb2.FetchAndLockRequest, context: grpc.aio.ServicerContext
+    ) -> external_task_pb2.FetchAndLockResponse:
+        subscriptions = [Subscription(t.name, t.lease_ms) for t in request.topics]
+        locked = await self._leases.fetch_and_lock(
+            request.worker_id, subscriptions, request.max_tasks, request.wait_ms
+        )
+        return external_task_pb2.FetchAndLockResponse(tasks=[messages.locked_task(t) for t in locked])
+
+    async def ExtendLease(
+        self, request: external_task_pb2.ExtendLeaseRequest, context: grpc.aio.ServicerContext
+    ) -> external_task_pb2.ExtendLeaseResponse:
+        expires = await self._leases.extend(
+            parse_uuid(request.task_id, "task_id"), request.worker_id, request.lease_token, request.lease_ms
+        )
+        return external_task_pb2.ExtendLeaseResponse(lease_expires_at=timestamp(expires))
+
+    async def Complete(
+        self, request: external_task_pb2.CompleteRequest, context: grpc.aio.ServicerContext
+    ) -> external_task_pb2.CompleteResponse:
+        result = await self._completions.complete(
+            parse_uuid(request.task_id, "task_id"),
+            request.worker_id,
+            request.lease_token,
+            from_struct(request.variables),
+            _metadata(request.metadata),
+            request.invalid_output_reason,
+        )
+        outcome = _OUTCOMES.get(
+            (result.verdict, result.routed), external_task_pb2.COMPLETE_OUTCOME_INCIDENT_RAISED
+        )
+        return external_task_pb2.CompleteResponse(
+            outcome=outcome,
+            next_node_id=result.next_node_id,
+            incident_id=str(result.incident_id) if result.incident_id else "",
+            reason=result.reason,
+        )
+
+    async def Fail(
+        self, request: external_task_pb2.FailRequest, context: grpc.aio.ServicerContext
+    ) -> external_task_pb2.FailResponse:
+        result = await self._completions.fail(
+            parse_uuid(request.task_id, "task_id"),
+            request.worker_id,
+            request.lease_token,
+            request.error_code,
+            request.error_message,
+            from_struct(request.error_details),
+            request.no_retry,
+        )
+        return external_task_pb2.FailResponse(
+            will_retry=result.will_retry,
+            retry_at=timestamp(result.retry_at),
+            incident_id=str(result.incident_id) if result.incident_id else "",
+        )

@@ -1,0 +1,49 @@
+"""IncidentService: thin translation onto incidents."""
+
+from __future__ import annotations
+
+import grpc
+from abada.engine.v1 import incident_pb2, incident_pb2_grpc
+
+from abada_engine.errors import invalid
+from abada_engine.runtime.incidents import Incidents
+
+from . import messages
+from .convert import from_struct, optional_uuid, parse_uuid
+from .errors import translates_errors
+
+_RESOLUTIONS = {
+    incident_pb2.RESOLUTION_RETRY: "RETRY",
+    incident_pb2.RESOLUTION_HAPPENED: "HAPPENED",
+    incident_pb2.RESOLUTION_DID_NOT_HAPPEN: "DID_NOT_HAPPEN",
+    incident_pb2.RESOLUTION_CANCEL_INSTANCE: "CANCEL_INSTANCE",
+}
+
+
+@translates_errors
+class IncidentHandler(incident_pb2_grpc.IncidentServiceServicer):
+    def __init__(self, incidents: Incidents) -> None:
+        self._incidents = incidents
+
+    async def ListIncidents(
+        self, request: incident_pb2.ListIncidentsRequest, context: grpc.aio.ServicerContext
+    ) -> incident_pb2.ListIncidentsResponse:
+        state = messages.INCIDENT_STATE_NAMES.get(request.state, "OPEN")
+        found = await self._incidents.list(
+            optional_uuid(request.instance_id, "instance_id"), state, request.type
+        )
+        return incident_pb2.ListIncidentsResponse(incidents=[messages.incident(i) for i in found])
+
+    async def ResolveIncident(
+        self, request: incident_pb2.ResolveIncidentRequest, context: grpc.aio.ServicerContext
+    ) -> incident_pb2.ResolveIncidentResponse:
+        resolution = _RESOLUTIONS.get(request.resolution)
+        if resolution is None:
+            raise invalid(
+                "INVALID_ARGUMENT", "resolution", "say RETRY, HAPPENED, DID_NOT_HAPPEN or CANCEL_INSTANCE"
+            )
+        result = from_struct(request.result) if request.HasField("result") else None
+        resolved = await self._incidents.resolve(
+            parse_uuid(request.incident_id, "incident_id"), resolution, result, request.comment
+        )
+        return incident_pb2.ResolveIncidentResponse(incident=messages.incident(resolved))

@@ -1,0 +1,182 @@
+"""Building response messages from the engine's read models."""
+
+from __future__ import annotations
+
+from abada.engine.v1 import common_pb2, definition_pb2, external_task_pb2, incident_pb2, process_pb2
+
+from abada_engine.definitions.catalog import Definition
+from abada_engine.definitions.model import Limits, ToolBinding
+from abada_engine.runtime.views import (
+    HistoryView,
+    IncidentView,
+    InstanceView,
+    LockedTask,
+    StepView,
+    UserTaskView,
+)
+
+from .convert import timestamp, to_struct
+
+_POLICY = {"read": common_pb2.TOOL_POLICY_READ, "write": common_pb2.TOOL_POLICY_WRITE}
+_IDEMPOTENCY = {"key": common_pb2.IDEMPOTENCY_KEY, "none": common_pb2.IDEMPOTENCY_NONE}
+_INSTANCE_STATE = {
+    "ACTIVE": process_pb2.INSTANCE_STATE_ACTIVE,
+    "COMPLETED": process_pb2.INSTANCE_STATE_COMPLETED,
+    "CANCELED": process_pb2.INSTANCE_STATE_CANCELED,
+}
+INSTANCE_STATE_NAMES = {v: k for k, v in _INSTANCE_STATE.items()}
+_INCIDENT_STATE = {"OPEN": incident_pb2.INCIDENT_STATE_OPEN, "RESOLVED": incident_pb2.INCIDENT_STATE_RESOLVED}
+INCIDENT_STATE_NAMES = {v: k for k, v in _INCIDENT_STATE.items()}
+STEP_KINDS = {
+    "MODEL_CALL": external_task_pb2.STEP_KIND_MODEL_CALL,
+    "TOOL_CALL": external_task_pb2.STEP_KIND_TOOL_CALL,
+}
+STEP_STATES = {
+    "STARTED": external_task_pb2.STEP_STATE_STARTED,
+    "COMPLETED": external_task_pb2.STEP_STATE_COMPLETED,
+    "FAILED": external_task_pb2.STEP_STATE_FAILED,
+    "OUTCOME_UNKNOWN": external_task_pb2.STEP_STATE_OUTCOME_UNKNOWN,
+}
+
+
+def binding(value: ToolBinding) -> common_pb2.ToolBinding:
+    return common_pb2.ToolBinding(
+        server=value.server,
+        tool=value.tool,
+        policy=_POLICY[value.policy],
+        idempotency=_IDEMPOTENCY[value.idempotency],
+        url=value.url,
+        transport=value.transport,
+        credential=value.credential,
+        input_schema_sha256=value.input_schema_sha256,
+    )
+
+
+def limits(value: Limits) -> common_pb2.AgentLimits:
+    return common_pb2.AgentLimits(
+        max_model_calls=value.max_model_calls,
+        max_tool_calls=value.max_tool_calls,
+        max_tokens=value.max_tokens,
+    )
+
+
+def definition(value: Definition) -> definition_pb2.Definition:
+    return definition_pb2.Definition(
+        id=str(value.id),
+        process_id=value.process_id,
+        version=value.version,
+        content_sha256=value.content_sha256,
+        source_name=value.source_name,
+        create_time=timestamp(value.created_at),
+        tool_bindings=[binding(b) for b in value.tool_bindings],
+        spec=to_struct(value.spec_json()),
+    )
+
+
+def instance(value: InstanceView) -> process_pb2.Instance:
+    return process_pb2.Instance(
+        id=str(value.id),
+        definition_id=str(value.definition_id),
+        process_id=value.process_id,
+        version=value.version,
+        state=_INSTANCE_STATE[value.state],
+        variables=to_struct(value.variables),
+        current_node_id=value.current_node_id or "",
+        business_key=value.business_key,
+        create_time=timestamp(value.created_at),
+        end_time=timestamp(value.ended_at),
+        open_incidents=value.open_incidents,
+    )
+
+
+def history_event(value: HistoryView) -> process_pb2.HistoryEvent:
+    return process_pb2.HistoryEvent(
+        id=value.id,
+        instance_id=str(value.instance_id),
+        type=value.type,
+        node_id=value.node_id or "",
+        task_id=str(value.task_id) if value.task_id else "",
+        data=to_struct(value.data),
+        create_time=timestamp(value.created_at),
+    )
+
+
+def user_task(value: UserTaskView) -> process_pb2.UserTask:
+    return process_pb2.UserTask(
+        id=str(value.id),
+        instance_id=str(value.instance_id),
+        node_id=value.node_id,
+        process_id=value.process_id,
+        variables=to_struct(value.variables),
+        create_time=timestamp(value.created_at),
+    )
+
+
+def incident(value: IncidentView) -> incident_pb2.Incident:
+    return incident_pb2.Incident(
+        id=str(value.id),
+        type=value.type,
+        instance_id=str(value.instance_id),
+        task_id=str(value.task_id) if value.task_id else "",
+        node_id=value.node_id,
+        message=value.message,
+        details=to_struct(value.details),
+        state=_INCIDENT_STATE[value.state],
+        create_time=timestamp(value.created_at),
+        resolve_time=timestamp(value.resolved_at),
+        resolution=value.resolution or "",
+        process_id=value.process_id,
+    )
+
+
+def step(value: StepView) -> external_task_pb2.JournalStep:
+    message = external_task_pb2.JournalStep(
+        sequence=value.sequence,
+        attempt=value.attempt,
+        kind=STEP_KINDS[value.kind],
+        state=STEP_STATES[value.state],
+        tool_ref=value.tool_ref,
+        tokens=external_task_pb2.TokenUsage(
+            input_tokens=value.input_tokens, output_tokens=value.output_tokens
+        ),
+        idempotency_key=value.idempotency_key,
+        abandoned=value.abandoned,
+        create_time=timestamp(value.created_at),
+        update_time=timestamp(value.updated_at),
+    )
+    if value.request is not None:
+        message.request.CopyFrom(to_struct(value.request))
+    if value.response is not None:
+        message.response.CopyFrom(to_struct(value.response))
+    return message
+
+
+def locked_task(value: LockedTask) -> external_task_pb2.ExternalTask:
+    message = external_task_pb2.ExternalTask(
+        id=str(value.id),
+        topic_name=value.topic,
+        instance_id=str(value.instance_id),
+        process_id=value.process_id,
+        node_id=value.node_id,
+        variables=to_struct(value.variables),
+        attempt=value.attempt,
+        lease_token=value.lease_token,
+        lease_expires_at=timestamp(value.lease_expires_at),
+        steps=[step(s) for s in value.steps],
+    )
+    work = value.agent_work
+    if work is not None:
+        agent = external_task_pb2.AgentWork(
+            profile_version="abada.agent/v1",
+            model=work.model,
+            prompt=work.prompt,
+            tool_bindings=[binding(b) for b in work.tool_bindings],
+            limits=limits(work.limits),
+            result_variable=work.result_variable,
+        )
+        if work.output_schema is not None:
+            agent.output_schema.CopyFrom(to_struct(work.output_schema))
+        if work.confidence_threshold is not None:
+            agent.confidence_threshold = work.confidence_threshold
+        message.agent_work.CopyFrom(agent)
+    return message

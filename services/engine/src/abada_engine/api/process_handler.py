@@ -1,0 +1,89 @@
+"""ProcessService: thin translation onto instances."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+from abada.engine.v1 import process_pb2, process_pb2_grpc
+
+from abada_engine.errors import invalid
+from abada_engine.runtime.instances import MAX_VARIABLES_BYTES, Instances
+
+from . import messages
+from .convert import from_struct, optional_uuid, parse_uuid
+from .errors import translates_errors
+from .paging import page
+
+
+def _variables(struct: object, field: str) -> dict:
+    values = from_struct(struct)  # type: ignore[arg-type]
+    if len(json.dumps(values)) > MAX_VARIABLES_BYTES:
+        raise invalid("INVALID_ARGUMENT", field, f"are larger than {MAX_VARIABLES_BYTES} bytes as JSON")
+    return values
+
+
+@translates_errors
+class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
+    def __init__(self, instances: Instances) -> None:
+        self._instances = instances
+
+    async def StartInstance(
+        self, request: process_pb2.StartInstanceRequest, context: grpc.aio.ServicerContext
+    ) -> process_pb2.StartInstanceResponse:
+        if request.version < 0:
+            raise invalid("INVALID_ARGUMENT", "version", "must be 0 (latest) or a version number")
+        started = await self._instances.start(
+            request.process_id,
+            request.version,
+            _variables(request.variables, "variables"),
+            request.business_key,
+        )
+        return process_pb2.StartInstanceResponse(instance=messages.instance(started))
+
+    async def GetInstance(
+        self, request: process_pb2.GetInstanceRequest, context: grpc.aio.ServicerContext
+    ) -> process_pb2.GetInstanceResponse:
+        found = await self._instances.get(parse_uuid(request.instance_id, "instance_id"))
+        return process_pb2.GetInstanceResponse(instance=messages.instance(found))
+
+    async def ListInstances(
+        self, request: process_pb2.ListInstancesRequest, context: grpc.aio.ServicerContext
+    ) -> process_pb2.ListInstancesResponse:
+        window = page(request.page_size, request.page_token)
+        state = messages.INSTANCE_STATE_NAMES.get(request.state, "")
+        found = await self._instances.list(
+            request.process_id, state, limit=window.limit + 1, offset=window.offset
+        )
+        return process_pb2.ListInstancesResponse(
+            instances=[messages.instance(i) for i in found[: window.limit]],
+            next_page_token=window.next_token(len(found)),
+        )
+
+    async def GetHistory(
+        self, request: process_pb2.GetHistoryRequest, context: grpc.aio.ServicerContext
+    ) -> process_pb2.GetHistoryResponse:
+        events = await self._instances.history(parse_uuid(request.instance_id, "instance_id"))
+        return process_pb2.GetHistoryResponse(events=[messages.history_event(e) for e in events])
+
+    async def CancelInstance(
+        self, request: process_pb2.CancelInstanceRequest, context: grpc.aio.ServicerContext
+    ) -> process_pb2.CancelInstanceResponse:
+        canceled = await self._instances.cancel(
+            parse_uuid(request.instance_id, "instance_id"), request.reason
+        )
+        return process_pb2.CancelInstanceResponse(instance=messages.instance(canceled))
+
+    async def ListUserTasks(
+        self, request: process_pb2.ListUserTasksRequest, context: grpc.aio.ServicerContext
+    ) -> process_pb2.ListUserTasksResponse:
+        found = await self._instances.user_tasks(optional_uuid(request.instance_id, "instance_id"))
+        return process_pb2.ListUserTasksResponse(user_tasks=[messages.user_task(t) for t in found])
+
+    async def CompleteUserTask(
+        self, request: process_pb2.CompleteUserTaskRequest, context: grpc.aio.ServicerContext
+    ) -> process_pb2.CompleteUserTaskResponse:
+        instance = await self._instances.complete_user_task(
+            parse_uuid(request.user_task_id, "user_task_id"), _variables(request.variables, "variables")
+        )
+        return process_pb2.CompleteUserTaskResponse(instance=messages.instance(instance))

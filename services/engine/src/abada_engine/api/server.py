@@ -1,0 +1,108 @@
+"""Assembling the engine: database, domain services, gRPC server with health and reflection."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import grpc
+from abada.engine.v1 import (
+    definition_pb2,
+    definition_pb2_grpc,
+    external_task_pb2,
+    external_task_pb2_grpc,
+    incident_pb2,
+    incident_pb2_grpc,
+    process_pb2,
+    process_pb2_grpc,
+)
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from abada_engine.db.database import async_url
+from abada_engine.definitions.catalog import ContractCheck, DefinitionCatalog
+from abada_engine.runtime.completion import Completions
+from abada_engine.runtime.incidents import Incidents
+from abada_engine.runtime.instances import Instances
+from abada_engine.runtime.leases import Leases
+from abada_engine.runtime.wakeups import TaskWakeups
+
+from .definition_handler import DefinitionHandler
+from .external_task_handler import ExternalTaskHandler
+from .incident_handler import IncidentHandler
+from .process_handler import ProcessHandler
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    definition_pb2.DESCRIPTOR.services_by_name["DefinitionService"].full_name,
+    process_pb2.DESCRIPTOR.services_by_name["ProcessService"].full_name,
+    external_task_pb2.DESCRIPTOR.services_by_name["ExternalTaskService"].full_name,
+    incident_pb2.DESCRIPTOR.services_by_name["IncidentService"].full_name,
+)
+
+
+@dataclass
+class EngineCore:
+    """The engine's domain services over one database, independent of any transport."""
+
+    db: AsyncEngine
+    catalog: DefinitionCatalog
+    instances: Instances
+    leases: Leases
+    completions: Completions
+    incidents: Incidents
+    wakeups: TaskWakeups
+
+    @staticmethod
+    async def open(
+        db: AsyncEngine, database_url: str, contract_check: ContractCheck | None = None
+    ) -> EngineCore:
+        catalog = DefinitionCatalog(db, contract_check)
+        wakeups = TaskWakeups(async_url(database_url).replace("postgresql+asyncpg://", "postgresql://", 1))
+        await wakeups.start()
+        return EngineCore(
+            db=db,
+            catalog=catalog,
+            instances=Instances(db, catalog),
+            leases=Leases(db, catalog, wakeups),
+            completions=Completions(db, catalog),
+            incidents=Incidents(db, catalog),
+            wakeups=wakeups,
+        )
+
+    async def close(self) -> None:
+        await self.wakeups.stop()
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    port: int
+    health: health.HealthServicer
+
+    async def stop(self, grace: float = 2.0) -> None:
+        self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+async def start_grpc_server(core: EngineCore, address: str) -> RunningServer:
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 8 * 1024 * 1024)])
+    definition_pb2_grpc.add_DefinitionServiceServicer_to_server(DefinitionHandler(core.catalog), server)
+    process_pb2_grpc.add_ProcessServiceServicer_to_server(ProcessHandler(core.instances), server)
+    external_task_pb2_grpc.add_ExternalTaskServiceServicer_to_server(
+        ExternalTaskHandler(core.leases, core.completions), server
+    )
+    incident_pb2_grpc.add_IncidentServiceServicer_to_server(IncidentHandler(core.incidents), server)
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in (*SERVICE_NAMES, ""):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(address)
+    await server.start()
+    log.info("engine gRPC listening", extra={"address": address, "port": port})
+    return RunningServer(server, port, health_servicer)

@@ -1,0 +1,36 @@
+"""The connection to PostgreSQL: an async SQLAlchemy engine over asyncpg."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+
+def _json_default(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=_json_default)
+
+
+def async_url(url: str) -> str:
+    """Accept plain `postgresql://` URLs (as pgserver and most tools print them)."""
+    for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+asyncpg://" + url[len(prefix) :]
+    raise ValueError("ABADA_DATABASE_URL must be a postgresql:// URL")
+
+
+def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
+    return create_async_engine(
+        async_url(url),
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=False,
+        json_serializer=_dumps,
+        # Statements are compiled once and cached by SQLAlchemy; asyncpg prepares them per connection.
+        connect_args={"server_settings": {"application_name": "abada-engine"}},
+    )

@@ -1,0 +1,119 @@
+"""Table definitions for queries; the migrations under `migrations/` create them."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    Uuid,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData()
+
+definitions = Table(
+    "definitions",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("process_id", Text, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("content_sha256", Text, nullable=False),
+    Column("source_name", Text, nullable=False),
+    Column("spec", JSONB, nullable=False),
+    Column("tool_bindings", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+instances = Table(
+    "instances",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("definition_id", Uuid, ForeignKey("definitions.id"), nullable=False),
+    Column("process_id", Text, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("variables", JSONB, nullable=False),
+    Column("current_node_id", Text),
+    Column("business_key", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True)),
+)
+
+tasks = Table(
+    "tasks",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("instance_id", Uuid, ForeignKey("instances.id"), nullable=False),
+    Column("node_id", Text, nullable=False),
+    Column("kind", Text, nullable=False),  # external | user
+    Column("topic", Text),
+    Column("state", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("retries_left", Integer, nullable=False),
+    Column("due_at", DateTime(timezone=True), nullable=False),
+    Column("lease_owner", Text),
+    Column("lease_token_hash", LargeBinary),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("last_error", JSONB),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("completed_at", DateTime(timezone=True)),
+)
+
+history = Table(
+    "history",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("instance_id", Uuid, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("node_id", Text),
+    Column("task_id", Uuid),
+    Column("data", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+incidents = Table(
+    "incidents",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("instance_id", Uuid, ForeignKey("instances.id"), nullable=False),
+    Column("task_id", Uuid),
+    Column("node_id", Text, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("message", Text, nullable=False),
+    Column("details", JSONB, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("resolved_at", DateTime(timezone=True)),
+    Column("resolution", Text),
+)
+
+journal_steps = Table(
+    "journal_steps",
+    metadata,
+    Column("task_id", Uuid, primary_key=True),
+    Column("sequence", Integer, primary_key=True),
+    Column("attempt", Integer, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("tool_ref", Text, nullable=False),
+    Column("key_id", Text, nullable=False),
+    Column("request_ciphertext", LargeBinary),
+    Column("response_ciphertext", LargeBinary),
+    # Keyed digests of the plaintexts, so an identical re-send is recognised without decrypting.
+    Column("request_digest", LargeBinary),
+    Column("response_digest", LargeBinary),
+    Column("input_tokens", BigInteger, nullable=False),
+    Column("output_tokens", BigInteger, nullable=False),
+    Column("abandoned", Boolean, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)

@@ -1,0 +1,193 @@
+"""Deploying bundles and reading frozen definition versions back.
+
+A version never changes once written, so every replica may cache it forever.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from abada_engine.db.schema import definitions
+from abada_engine.errors import EngineError, not_found
+
+from .model import Bundle, Process, ToolBinding, ToolServerSpec, ToolSpec
+from .parser import parse_bundle
+
+# What deploy learned from the live tool servers: (server, tool) -> SHA-256 of the tool's inputSchema.
+ObservedSchemas = dict[tuple[str, str], str]
+ContractCheck = Callable[[Bundle], Awaitable[ObservedSchemas]]
+
+
+@dataclass(frozen=True)
+class Definition:
+    id: uuid.UUID
+    process_id: str
+    version: int
+    content_sha256: str
+    source_name: str
+    created_at: datetime
+    process: Process
+    tool_bindings: tuple[ToolBinding, ...]
+
+    def bindings_for(self, node_id: str) -> list[ToolBinding]:
+        node = self.process.node(node_id)
+        by_ref = {b.ref: b for b in self.tool_bindings}
+        return [by_ref[ref] for ref in node.tools]
+
+    def spec_json(self) -> dict[str, Any]:
+        return self.process.to_json()
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    definitions: list[Definition]
+    created_process_ids: list[str]
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def freeze_bindings(bundle: Bundle, process: Process, observed: ObservedSchemas) -> list[ToolBinding]:
+    bindings = []
+    for server, tool in bundle.bound_tools(process):
+        bindings.append(
+            _binding(server, tool, observed.get((server.name, tool.name), tool.input_schema_sha256 or ""))
+        )
+    return bindings
+
+
+def _binding(server: ToolServerSpec, tool: ToolSpec, schema_sha256: str) -> ToolBinding:
+    return ToolBinding(
+        server=server.name,
+        tool=tool.name,
+        policy=tool.policy,
+        idempotency=tool.idempotency if tool.policy == "write" else "none",
+        url=server.url,
+        transport=server.transport,
+        credential=server.credential,
+        input_schema_sha256=schema_sha256,
+    )
+
+
+class DefinitionCatalog:
+    def __init__(
+        self, engine: AsyncEngine, contract_check: ContractCheck | None = None, cache_size: int = 1024
+    ) -> None:
+        self._engine = engine
+        self._contract_check = contract_check
+        self._cache: OrderedDict[uuid.UUID, Definition] = OrderedDict()
+        self._cache_size = cache_size
+
+    async def deploy(self, content: str, source_name: str) -> DeployResult:
+        """Validate, check the live tool contracts, then freeze every changed process: all or nothing."""
+        bundle = parse_bundle(content, source_name or "bundle.yaml")
+        observed: ObservedSchemas = await self._contract_check(bundle) if self._contract_check else {}
+        results: list[Definition] = []
+        created: list[str] = []
+        async with self._engine.begin() as conn:
+            # Concurrent deploys of one process must not both take the same next version number.
+            await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('abada.deploy'))"))
+            for process in bundle.processes:
+                bindings = freeze_bindings(bundle, process, observed)
+                frozen = {"process": process.to_json(), "tool_bindings": [b.to_json() for b in bindings]}
+                digest = hashlib.sha256(_canonical(frozen).encode()).hexdigest()
+                latest = await self._latest_row(conn, process.id)
+                if latest is not None and latest.content_sha256 == digest:
+                    results.append(self._from_row(latest))
+                    continue
+                row = (
+                    await conn.execute(
+                        insert(definitions)
+                        .values(
+                            id=uuid.uuid4(),
+                            process_id=process.id,
+                            version=(latest.version + 1) if latest is not None else 1,
+                            content_sha256=digest,
+                            source_name=source_name,
+                            spec=frozen["process"],
+                            tool_bindings=frozen["tool_bindings"],
+                            created_at=func.now(),
+                        )
+                        .returning(*definitions.c)
+                    )
+                ).one()
+                results.append(self._from_row(row))
+                created.append(process.id)
+        return DeployResult(results, created)
+
+    async def get(self, definition_id: uuid.UUID) -> Definition:
+        cached = self._cache.get(definition_id)
+        if cached is not None:
+            self._cache.move_to_end(definition_id)
+            return cached
+        async with self._engine.connect() as conn:
+            row = (
+                await conn.execute(select(definitions).where(definitions.c.id == definition_id))
+            ).one_or_none()
+        if row is None:
+            raise not_found("definition", str(definition_id), "definition_id")
+        return self._from_row(row)
+
+    async def find(self, process_id: str, version: int = 0) -> Definition:
+        query = select(definitions).where(definitions.c.process_id == process_id)
+        if version:
+            query = query.where(definitions.c.version == version)
+        else:
+            query = query.order_by(definitions.c.version.desc()).limit(1)
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(query)).one_or_none()
+        if row is None:
+            ident = f"{process_id} v{version}" if version else process_id
+            raise not_found("process definition", ident, "version" if version else "process_id")
+        return self._from_row(row)
+
+    async def list(self, process_id: str = "", limit: int = 100, offset: int = 0) -> list[Definition]:
+        query = select(definitions).order_by(definitions.c.process_id, definitions.c.version.desc())
+        if process_id:
+            query = query.where(definitions.c.process_id == process_id)
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(query.limit(limit).offset(offset))).all()
+        return [self._from_row(r) for r in rows]
+
+    async def _latest_row(self, conn: AsyncConnection, process_id: str) -> Any:
+        return (
+            await conn.execute(
+                select(definitions)
+                .where(definitions.c.process_id == process_id)
+                .order_by(definitions.c.version.desc())
+                .limit(1)
+            )
+        ).one_or_none()
+
+    def _from_row(self, row: Any) -> Definition:
+        cached = self._cache.get(row.id)
+        if cached is not None:
+            return cached
+        definition = Definition(
+            id=row.id,
+            process_id=row.process_id,
+            version=row.version,
+            content_sha256=row.content_sha256,
+            source_name=row.source_name,
+            created_at=row.created_at,
+            process=Process.from_json(row.spec),
+            tool_bindings=tuple(ToolBinding.from_json(b) for b in row.tool_bindings),
+        )
+        self._cache[row.id] = definition
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return definition
+
+
+__all__ = ["ContractCheck", "DefinitionCatalog", "DeployResult", "EngineError", "ObservedSchemas"]

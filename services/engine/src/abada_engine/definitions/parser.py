@@ -1,0 +1,488 @@
+"""Parse and validate a deployment bundle (YAML) into a `Bundle`.
+
+Every problem is reported with the file, the line and the field path, and all
+problems are collected before anything is refused, so one deploy attempt shows
+the author everything that is wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+import yaml
+
+from abada_engine.errors import Category, EngineError, FieldProblem
+
+from .expressions import cel_syntax_error, reference_syntax_errors
+from .model import (
+    AGENT_TOPIC,
+    NODE_TYPES,
+    Branch,
+    Bundle,
+    Limits,
+    Node,
+    Process,
+    ToolServerSpec,
+    ToolSpec,
+)
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}$")
+_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_TOPIC = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+
+_BUNDLE_KEYS = {"tool_servers", "processes"}
+_SERVER_KEYS = {"name", "transport", "url", "credential", "tools"}
+_TOOL_KEYS = {"policy", "idempotency", "input_schema_sha256"}
+_PROCESS_KEYS = {"id", "start", "nodes"}
+_LIMIT_KEYS = {"max_model_calls", "max_tool_calls", "max_tokens"}
+_COMMON_NODE_KEYS = {"id", "type", "next"}
+_NODE_KEYS: dict[str, set[str]] = {
+    "agent": _COMMON_NODE_KEYS
+    | {
+        "model",
+        "prompt",
+        "inputs",
+        "tools",
+        "result_variable",
+        "output_schema",
+        "confidence_threshold",
+        "limits",
+        "on_invalid_output",
+        "on_low_confidence",
+        "retries",
+        "retry_backoff_ms",
+    },
+    "service": _COMMON_NODE_KEYS | {"topic", "inputs", "retries", "retry_backoff_ms"},
+    "exclusive": {"id", "type", "branches", "default"},
+    "user_task": _COMMON_NODE_KEYS | {"inputs"},
+    "end": {"id", "type"},
+}
+
+
+@dataclass
+class _Located:
+    """A YAML value with the line of every path in it, so errors can point at the source."""
+
+    value: Any
+    lines: dict[tuple[str | int, ...], int]
+
+
+def _load(text: str) -> _Located:
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    lines: dict[tuple[str | int, ...], int] = {}
+
+    def build(node: yaml.Node, path: tuple[str | int, ...]) -> Any:
+        lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            result: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                key = yaml.SafeLoader.construct_scalar(yaml.SafeLoader(""), key_node)  # type: ignore[arg-type]
+                key = str(key)
+                result[key] = build(value_node, (*path, key))
+                lines[(*path, key)] = key_node.start_mark.line + 1
+            return result
+        if isinstance(node, yaml.SequenceNode):
+            return [build(item, (*path, index)) for index, item in enumerate(node.value)]
+        loader = yaml.SafeLoader("")
+        return loader.construct_object(node, deep=True)
+
+    value = build(root, ()) if root is not None else None
+    return _Located(value, lines)
+
+
+def _path_text(path: tuple[str | int, ...]) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text or "(bundle)"
+
+
+@dataclass
+class _Checker:
+    source_name: str
+    located: _Located
+    problems: list[FieldProblem] = field(default_factory=list)
+
+    def line_of(self, path: tuple[str | int, ...]) -> int:
+        while path and path not in self.located.lines:
+            path = path[:-1]
+        return self.located.lines.get(path, 1)
+
+    def report(self, path: tuple[str | int, ...], why: str) -> None:
+        self.problems.append(FieldProblem(_path_text(path), why, self.source_name, self.line_of(path)))
+
+    def mapping(self, value: Any, path: tuple[str | int, ...], allowed: set[str]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.report(path, f"must be a mapping, not {_kind(value)}")
+            return {}
+        for key in value:
+            if key not in allowed:
+                self.report((*path, key), f"unknown field (expected one of: {', '.join(sorted(allowed))})")
+        return value
+
+    def string(
+        self,
+        data: dict[str, Any],
+        key: str,
+        path: tuple[str | int, ...],
+        *,
+        required: bool = True,
+        pattern: re.Pattern[str] | None = None,
+        what: str = "",
+    ) -> str | None:
+        if key not in data or data[key] is None:
+            if required:
+                self.report((*path, key), "is required")
+            return None
+        value = data[key]
+        if not isinstance(value, str) or not value.strip():
+            self.report((*path, key), f"must be a non-empty string, not {_kind(value)}")
+            return None
+        if pattern and not pattern.match(value):
+            self.report((*path, key), f"{value!r} is not a valid {what or key}")
+            return None
+        return value
+
+    def integer(
+        self, data: dict[str, Any], key: str, path: tuple[str | int, ...], default: int, minimum: int = 0
+    ) -> int:
+        value = data.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            self.report((*path, key), f"must be an integer >= {minimum}, not {value!r}")
+            return default
+        return value
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", type(None): "empty"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def parse_bundle(content: str, source_name: str = "bundle.yaml") -> Bundle:
+    """Parse and validate a bundle; raise one `EngineError` listing every problem."""
+    try:
+        located = _load(content)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        problem = FieldProblem(
+            "(bundle)", f"not valid YAML: {getattr(error, 'problem', error)}", source_name, line
+        )
+        raise _invalid([problem]) from None
+    checker = _Checker(source_name, located)
+    bundle = _check_bundle(checker)
+    if checker.problems or bundle is None:
+        raise _invalid(sorted(checker.problems, key=lambda p: p.line))
+    return bundle
+
+
+def _invalid(problems: list[FieldProblem]) -> EngineError:
+    first = problems[0]
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return EngineError(
+        Category.INVALID_ARGUMENT,
+        "DEFINITION_INVALID",
+        f"{first}{more}",
+        field=first.field,
+        problems=problems,
+        metadata={"file": first.file, "line": str(first.line)},
+    )
+
+
+def _check_bundle(checker: _Checker) -> Bundle | None:
+    root = checker.mapping(checker.located.value, (), _BUNDLE_KEYS)
+    servers = _check_tool_servers(checker, root.get("tool_servers", []))
+    raw_processes = root.get("processes")
+    if not isinstance(raw_processes, list) or not raw_processes:
+        checker.report(("processes",), "must be a non-empty list of processes")
+        return None
+    processes: list[Process] = []
+    seen_ids: dict[str, int] = {}
+    for index, raw in enumerate(raw_processes):
+        process = _check_process(checker, raw, ("processes", index), servers)
+        if process is None:
+            continue
+        if process.id in seen_ids:
+            checker.report(("processes", index, "id"), f"duplicate process id {process.id!r}")
+        seen_ids[process.id] = index
+        processes.append(process)
+    return Bundle(tool_servers=servers, processes=processes)
+
+
+def _check_tool_servers(checker: _Checker, raw: Any) -> dict[str, ToolServerSpec]:
+    servers: dict[str, ToolServerSpec] = {}
+    if not isinstance(raw, list):
+        checker.report(("tool_servers",), f"must be a list, not {_kind(raw)}")
+        return servers
+    for index, item in enumerate(raw):
+        path: tuple[str | int, ...] = ("tool_servers", index)
+        data = checker.mapping(item, path, _SERVER_KEYS)
+        name = checker.string(data, "name", path, pattern=_IDENTIFIER, what="server name")
+        transport = checker.string(data, "transport", path)
+        if transport and transport != "streamable-http":
+            checker.report((*path, "transport"), f"{transport!r} is not supported (use streamable-http)")
+        url = checker.string(data, "url", path)
+        if url and not re.match(r"^https?://[^\s/]+", url):
+            checker.report((*path, "url"), f"{url!r} is not an http(s) URL")
+        credential = (
+            checker.string(
+                data, "credential", path, required=False, pattern=_IDENTIFIER, what="credential name"
+            )
+            or ""
+        )
+        tools = _check_tools(checker, data.get("tools"), (*path, "tools"))
+        if name is None:
+            continue
+        if name in servers:
+            checker.report((*path, "name"), f"duplicate tool server {name!r}")
+            continue
+        servers[name] = ToolServerSpec(name, transport or "streamable-http", url or "", credential, tools)
+    return servers
+
+
+def _check_tools(checker: _Checker, raw: Any, path: tuple[str | int, ...]) -> dict[str, ToolSpec]:
+    tools: dict[str, ToolSpec] = {}
+    if not isinstance(raw, dict) or not raw:
+        checker.report(path, "must map at least one tool name to its policy")
+        return tools
+    for tool_name, spec in raw.items():
+        tool_path = (*path, tool_name)
+        if not _IDENTIFIER.match(tool_name):
+            checker.report(tool_path, f"{tool_name!r} is not a valid tool name")
+        data = checker.mapping(spec, tool_path, _TOOL_KEYS)
+        policy = checker.string(data, "policy", tool_path)
+        if policy and policy not in ("read", "write"):
+            checker.report((*tool_path, "policy"), f"{policy!r} is not read or write")
+        idempotency = checker.string(data, "idempotency", tool_path, required=False) or "none"
+        if idempotency not in ("key", "none"):
+            checker.report((*tool_path, "idempotency"), f"{idempotency!r} is not key or none")
+        if policy == "read" and "idempotency" in data:
+            checker.report((*tool_path, "idempotency"), "only applies to write tools")
+        pinned = checker.string(
+            data,
+            "input_schema_sha256",
+            tool_path,
+            required=False,
+            pattern=_SHA256,
+            what="lower-case hex SHA-256",
+        )
+        tools[tool_name] = ToolSpec(
+            tool_name,
+            policy if policy in ("read", "write") else "read",  # type: ignore[arg-type]
+            idempotency if idempotency in ("key", "none") else "none",  # type: ignore[arg-type]
+            pinned,
+        )
+    return tools
+
+
+def _check_process(
+    checker: _Checker, raw: Any, path: tuple[str | int, ...], servers: dict[str, ToolServerSpec]
+) -> Process | None:
+    data = checker.mapping(raw, path, _PROCESS_KEYS)
+    process_id = checker.string(data, "id", path, pattern=_IDENTIFIER, what="process id")
+    start = checker.string(data, "start", path)
+    raw_nodes = data.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        checker.report((*path, "nodes"), "must be a non-empty list of nodes")
+        return None
+    nodes: dict[str, Node] = {}
+    node_paths: dict[str, tuple[str | int, ...]] = {}
+    problems_before = len(checker.problems)
+    for index, raw_node in enumerate(raw_nodes):
+        node_path = (*path, "nodes", index)
+        node = _check_node(checker, raw_node, node_path, servers)
+        if node is None:
+            continue
+        if node.id in nodes:
+            checker.report((*node_path, "id"), f"duplicate node id {node.id!r}")
+            continue
+        nodes[node.id] = node
+        node_paths[node.id] = node_path
+    # A node that failed to parse still exists for references, so its mistakes are not reported twice.
+    declared = set(nodes) | {n["id"] for n in raw_nodes if isinstance(n, dict) and isinstance(n.get("id"), str)}
+    for node_id, node in nodes.items():
+        for key, target in _targets(node, node_paths[node_id]):
+            if target not in declared:
+                checker.report(key, f"unknown node {target!r}")
+    if start and start not in declared:
+        checker.report((*path, "start"), f"unknown node {start!r}")
+    if process_id is None or start is None or start not in nodes:
+        return None
+    reachable = _reachable(nodes, start)
+    for node_id, node_path in node_paths.items():
+        if node_id not in reachable:
+            checker.report((*node_path, "id"), f"node {node_id!r} is unreachable from start {start!r}")
+    # Only worth saying when the nodes themselves parsed; otherwise it is an echo of those problems.
+    if len(checker.problems) == problems_before and not any(n.type == "end" for n in nodes.values()):
+        checker.report((*path, "nodes"), "has no end node")
+    return Process(process_id, start, nodes)
+
+
+def _targets(node: Node, path: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], str]]:
+    for key in ("next", "on_invalid_output", "on_low_confidence", "default"):
+        target = getattr(node, key)
+        if target:
+            yield (*path, key), target
+    for index, branch in enumerate(node.branches):
+        yield (*path, "branches", index, "next"), branch.next
+
+
+def _reachable(nodes: dict[str, Node], start: str) -> set[str]:
+    seen: set[str] = set()
+    stack = [start]
+    while stack:
+        node_id = stack.pop()
+        if node_id in seen or node_id not in nodes:
+            continue
+        seen.add(node_id)
+        stack.extend(nodes[node_id].successors())
+    return seen
+
+
+def _check_node(
+    checker: _Checker, raw: Any, path: tuple[str | int, ...], servers: dict[str, ToolServerSpec]
+) -> Node | None:
+    if not isinstance(raw, dict):
+        checker.report(path, f"must be a mapping, not {_kind(raw)}")
+        return None
+    node_type = raw.get("type")
+    if node_type not in NODE_TYPES:
+        checker.report((*path, "type"), f"{node_type!r} is not one of: {', '.join(NODE_TYPES)}")
+        return None
+    data = checker.mapping(raw, path, _NODE_KEYS[node_type])
+    node_id = checker.string(data, "id", path, pattern=_IDENTIFIER, what="node id")
+    if node_id is None:
+        return None
+    needs_next = node_type in ("agent", "service", "user_task")
+    next_node = checker.string(data, "next", path, required=needs_next)
+    inputs = data.get("inputs")
+    if inputs is not None:
+        if not isinstance(inputs, dict):
+            checker.report((*path, "inputs"), f"must be a mapping, not {_kind(inputs)}")
+            inputs = None
+        else:
+            _check_references(checker, inputs, (*path, "inputs"))
+    values: dict[str, Any] = {"id": node_id, "type": node_type, "next": next_node, "inputs": inputs}
+    if node_type in ("agent", "service"):
+        values["retries"] = checker.integer(data, "retries", path, 3)
+        values["retry_backoff_ms"] = checker.integer(data, "retry_backoff_ms", path, 1000)
+    if node_type == "service":
+        topic = checker.string(data, "topic", path, pattern=_TOPIC, what="topic name")
+        if topic and topic.startswith("abada:"):
+            checker.report((*path, "topic"), "topics starting with 'abada:' are reserved for the engine")
+        values["topic"] = topic
+    elif node_type == "agent":
+        values.update(_check_agent(checker, data, path, servers))
+    elif node_type == "exclusive":
+        values["branches"], values["default"] = _check_branches(checker, data, path)
+    return Node(**values)
+
+
+def _check_agent(
+    checker: _Checker, data: dict[str, Any], path: tuple[str | int, ...], servers: dict[str, ToolServerSpec]
+) -> dict[str, Any]:
+    values: dict[str, Any] = {"topic": AGENT_TOPIC}
+    values["model"] = checker.string(data, "model", path)
+    prompt = checker.string(data, "prompt", path)
+    if prompt:
+        for problem in reference_syntax_errors(prompt):
+            checker.report((*path, "prompt"), problem)
+    values["prompt"] = prompt
+    values["result_variable"] = checker.string(
+        data, "result_variable", path, pattern=_VARIABLE, what="variable name"
+    )
+    refs = data.get("tools", [])
+    tools: list[str] = []
+    if not isinstance(refs, list):
+        checker.report((*path, "tools"), f"must be a list of server/tool references, not {_kind(refs)}")
+        refs = []
+    for index, ref in enumerate(refs):
+        ref_path = (*path, "tools", index)
+        if not isinstance(ref, str) or ref.count("/") != 1:
+            checker.report(ref_path, f"{ref!r} is not a server/tool reference")
+            continue
+        server_name, tool_name = ref.split("/")
+        if server_name not in servers:
+            checker.report(ref_path, f"unknown tool server {server_name!r}")
+        elif tool_name not in servers[server_name].tools:
+            checker.report(ref_path, f"tool {tool_name!r} is not declared on server {server_name!r}")
+        elif ref in tools:
+            checker.report(ref_path, f"{ref!r} is listed twice")
+        else:
+            tools.append(ref)
+    values["tools"] = tuple(tools)
+    schema = data.get("output_schema")
+    if schema is not None:
+        if not isinstance(schema, dict):
+            checker.report((*path, "output_schema"), f"must be a JSON Schema object, not {_kind(schema)}")
+        else:
+            try:
+                jsonschema.Draft202012Validator.check_schema(schema)
+                values["output_schema"] = schema
+            except jsonschema.SchemaError as error:
+                where = "/".join(str(p) for p in error.path)
+                checker.report(
+                    (*path, "output_schema"),
+                    f"not a valid JSON Schema 2020-12{f' at {where}' if where else ''}: {error.message}",
+                )
+    threshold = data.get("confidence_threshold")
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 100:
+            checker.report(
+                (*path, "confidence_threshold"), f"must be a number from 0 to 100, not {threshold!r}"
+            )
+        else:
+            values["confidence_threshold"] = float(threshold)
+    limits = data.get("limits", {})
+    limits_path = (*path, "limits")
+    limits = checker.mapping(limits, limits_path, _LIMIT_KEYS)
+    defaults = Limits()
+    values["limits"] = Limits(
+        max_model_calls=checker.integer(limits, "max_model_calls", limits_path, defaults.max_model_calls, 1),
+        max_tool_calls=checker.integer(limits, "max_tool_calls", limits_path, defaults.max_tool_calls, 0),
+        max_tokens=checker.integer(limits, "max_tokens", limits_path, defaults.max_tokens, 1),
+    )
+    values["on_invalid_output"] = checker.string(data, "on_invalid_output", path, required=False)
+    values["on_low_confidence"] = checker.string(data, "on_low_confidence", path, required=False)
+    return values
+
+
+def _check_branches(
+    checker: _Checker, data: dict[str, Any], path: tuple[str | int, ...]
+) -> tuple[tuple[Branch, ...], str | None]:
+    raw = data.get("branches")
+    branches: list[Branch] = []
+    if not isinstance(raw, list) or not raw:
+        checker.report((*path, "branches"), "must be a non-empty list of {when, next}")
+        raw = []
+    for index, item in enumerate(raw):
+        branch_path = (*path, "branches", index)
+        branch = checker.mapping(item, branch_path, {"when", "next"})
+        when = checker.string(branch, "when", branch_path)
+        target = checker.string(branch, "next", branch_path)
+        if when:
+            problem = cel_syntax_error(when)
+            if problem:
+                checker.report((*branch_path, "when"), problem)
+        if when and target:
+            branches.append(Branch(when, target))
+    default = checker.string(data, "default", path, required=False)
+    return tuple(branches), default
+
+
+def _check_references(checker: _Checker, value: Any, path: tuple[str | int, ...]) -> None:
+    if isinstance(value, str):
+        for problem in reference_syntax_errors(value):
+            checker.report(path, problem)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_references(checker, item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_references(checker, item, (*path, index))

@@ -1,0 +1,65 @@
+"""Domain errors: what went wrong, in terms a caller can act on.
+
+The gRPC layer maps each category onto a status code and each reason onto a
+`google.rpc.ErrorInfo`; the domain never imports gRPC.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+
+
+class Category(enum.Enum):
+    INVALID_ARGUMENT = "invalid_argument"
+    NOT_FOUND = "not_found"
+    FAILED_PRECONDITION = "failed_precondition"
+    PERMISSION_DENIED = "permission_denied"
+    UNAUTHENTICATED = "unauthenticated"
+    ALREADY_EXISTS = "already_exists"
+    ABORTED = "aborted"
+    RESOURCE_EXHAUSTED = "resource_exhausted"
+    UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    """One offending field: where it is and why it is wrong."""
+
+    field: str
+    why: str
+    file: str = ""
+    line: int = 0
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}: " if self.file else ""
+        return f"{where}{self.field}: {self.why}"
+
+
+@dataclass
+class EngineError(Exception):
+    category: Category
+    reason: str
+    message: str
+    field: str = ""
+    problems: list[FieldProblem] = dataclass_field(default_factory=list)
+    metadata: dict[str, str] = dataclass_field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def invalid(reason: str, field_name: str, why: str) -> EngineError:
+    return EngineError(Category.INVALID_ARGUMENT, reason, f"{field_name}: {why}", field=field_name)
+
+
+def not_found(what: str, ident: str, field_name: str) -> EngineError:
+    return EngineError(Category.NOT_FOUND, "NOT_FOUND", f"{what} {ident!r} not found", field=field_name)
+
+
+def precondition(reason: str, message: str, field_name: str = "") -> EngineError:
+    return EngineError(Category.FAILED_PRECONDITION, reason, message, field=field_name)

@@ -1,0 +1,263 @@
+"""Finishing an attempt: `Complete` under the output contract, and `Fail` with retries.
+
+Each runs in one transaction that first proves the caller holds the live lease;
+a refusal changes nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from abada_engine.definitions.catalog import DefinitionCatalog
+from abada_engine.errors import invalid
+
+from .contract import Verdict, check_written_variables, judge
+from .leases import hold_lease
+from .navigator import HistoryEntry, advance
+from .tokens import TASK_CHANNEL, apply_advance, history_row, raise_incident, write_history
+
+MAX_BACKOFF_MS = 600_000
+
+
+@dataclass(frozen=True)
+class AttemptMetadata:
+    model: str = ""
+    provider: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    tools_used: tuple[str, ...] = ()
+    duration_ms: int = 0
+    prompt_hash: str = ""
+    confidence: float | None = None
+    model_calls: int = 0
+    tool_calls: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "provider": self.provider,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "tools_used": list(self.tools_used),
+            "duration_ms": self.duration_ms,
+            "prompt_hash": self.prompt_hash,
+            "confidence": self.confidence,
+            "model_calls": self.model_calls,
+            "tool_calls": self.tool_calls,
+        }
+
+
+@dataclass(frozen=True)
+class CompleteResult:
+    verdict: Verdict
+    routed: bool
+    next_node_id: str
+    incident_id: uuid.UUID | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class FailResult:
+    will_retry: bool
+    retry_at: datetime | None
+    incident_id: uuid.UUID | None
+
+
+class Completions:
+    def __init__(self, engine: AsyncEngine, catalog: DefinitionCatalog) -> None:
+        self._engine = engine
+        self._catalog = catalog
+
+    async def complete(
+        self,
+        task_id: uuid.UUID,
+        worker_id: str,
+        lease_token: str,
+        variables: dict[str, Any],
+        metadata: AttemptMetadata,
+        invalid_output_reason: str = "",
+    ) -> CompleteResult:
+        async with self._engine.begin() as conn:
+            held = await hold_lease(conn, task_id, worker_id, lease_token)
+            definition = await self._catalog.get(held.definition_id)
+            node = definition.process.node(held.node_id)
+            check_written_variables(node, variables)
+            decision = judge(node, variables, metadata.confidence, invalid_output_reason)
+            await conn.execute(
+                text(
+                    "UPDATE tasks SET state = 'COMPLETED', completed_at = now(), lease_token_hash = NULL "
+                    "WHERE id = :id"
+                ),
+                {"id": task_id},
+            )
+            completed = HistoryEntry(
+                "TASK_COMPLETED",
+                node.id,
+                {
+                    "attempt": held.attempt,
+                    "worker_id": worker_id,
+                    "metadata": metadata.to_json(),
+                    "verdict": decision.verdict.value,
+                },
+            )
+            preceding = [completed]
+            if decision.verdict is Verdict.ACCEPTED:
+                new_variables = {**held.variables, **variables}
+                preceding += [
+                    HistoryEntry("VARIABLE_WRITTEN", node.id, {"name": name, "value": value})
+                    for name, value in variables.items()
+                ]
+                preceding.append(HistoryEntry("NODE_COMPLETED", node.id))
+                assert node.next is not None
+                moved = advance(definition.process, new_variables, node.next)
+                applied = await apply_advance(
+                    conn,
+                    instance_id=held.instance_id,
+                    advance=moved,
+                    variables=new_variables,
+                    preceding=preceding,
+                    preceding_task_id=task_id,
+                )
+                return CompleteResult(
+                    decision.verdict, False, applied.current_node_id, applied.incident_id, ""
+                )
+            rejected = HistoryEntry(
+                "OUTPUT_REJECTED",
+                node.id,
+                {
+                    "verdict": decision.verdict.value,
+                    "reason": decision.reason,
+                    "output": variables,
+                    "confidence": metadata.confidence,
+                },
+            )
+            preceding.append(rejected)
+            if decision.route is not None:
+                context = {
+                    "rejected": {
+                        "verdict": decision.verdict.value,
+                        "reason": decision.reason,
+                        "output": variables,
+                        "confidence": metadata.confidence,
+                    }
+                }
+                moved = advance(definition.process, held.variables, decision.route, context=context)
+                applied = await apply_advance(
+                    conn,
+                    instance_id=held.instance_id,
+                    advance=moved,
+                    variables=None,
+                    preceding=preceding,
+                    preceding_task_id=task_id,
+                )
+                return CompleteResult(
+                    decision.verdict, True, applied.current_node_id, applied.incident_id, decision.reason
+                )
+            incident_id = await raise_incident(
+                conn,
+                instance_id=held.instance_id,
+                node_id=node.id,
+                type_=decision.incident_type,
+                message=decision.reason,
+                task_id=task_id,
+                details={"output": variables, "confidence": metadata.confidence},
+            )
+            preceding.append(
+                HistoryEntry(
+                    "INCIDENT_RAISED",
+                    node.id,
+                    {
+                        "incident_id": str(incident_id),
+                        "type": decision.incident_type,
+                        "message": decision.reason,
+                    },
+                )
+            )
+            await write_history(conn, [history_row(held.instance_id, e, task_id) for e in preceding])
+            return CompleteResult(decision.verdict, False, node.id, incident_id, decision.reason)
+
+    async def fail(
+        self,
+        task_id: uuid.UUID,
+        worker_id: str,
+        lease_token: str,
+        error_code: str,
+        error_message: str,
+        error_details: dict[str, Any],
+        no_retry: bool,
+    ) -> FailResult:
+        if len(error_message) > 10_000:
+            raise invalid("INVALID_ARGUMENT", "error_message", "is longer than 10000 characters")
+        async with self._engine.begin() as conn:
+            held = await hold_lease(conn, task_id, worker_id, lease_token)
+            definition = await self._catalog.get(held.definition_id)
+            node = definition.process.node(held.node_id)
+            error = {
+                "code": error_code or "FAILED",
+                "message": error_message,
+                "details": error_details,
+                "attempt": held.attempt,
+                "worker_id": worker_id,
+            }
+            rows = [history_row(held.instance_id, HistoryEntry("TASK_FAILED", node.id, error), task_id)]
+            if not no_retry and held.retries_left > 0:
+                failures = node.retries - held.retries_left + 1
+                backoff_ms = min(node.retry_backoff_ms * 2 ** (failures - 1), MAX_BACKOFF_MS)
+                retry_at = (
+                    await conn.execute(
+                        text(
+                            "UPDATE tasks SET state = 'READY', retries_left = retries_left - 1, last_error = CAST(:error AS jsonb), "
+                            "lease_owner = NULL, lease_token_hash = NULL, lease_expires_at = NULL, "
+                            "due_at = now() + :ms * interval '1 millisecond' WHERE id = :id RETURNING due_at"
+                        ),
+                        {"id": task_id, "ms": backoff_ms, "error": _json(error)},
+                    )
+                ).scalar_one()
+                await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": TASK_CHANNEL, "t": node.topic})
+                await write_history(conn, rows)
+                return FailResult(True, retry_at, None)
+            await conn.execute(
+                text(
+                    "UPDATE tasks SET state = 'INCIDENT', last_error = CAST(:error AS jsonb), lease_owner = NULL, "
+                    "lease_token_hash = NULL, lease_expires_at = NULL WHERE id = :id"
+                ),
+                {"id": task_id, "error": _json(error)},
+            )
+            incident_type = error_code if no_retry and error_code else "FAILED_TASK"
+            message = error_message or "the task failed"
+            if not no_retry:
+                message = f"no retries left: {message}"
+            incident_id = await raise_incident(
+                conn,
+                instance_id=held.instance_id,
+                node_id=node.id,
+                type_=incident_type,
+                message=message,
+                details=error,
+                task_id=task_id,
+            )
+            rows.append(
+                history_row(
+                    held.instance_id,
+                    HistoryEntry(
+                        "INCIDENT_RAISED",
+                        node.id,
+                        {"incident_id": str(incident_id), "type": incident_type, "message": message},
+                    ),
+                    task_id,
+                )
+            )
+            await write_history(conn, rows)
+            return FailResult(False, None, incident_id)
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value, separators=(",", ":"))

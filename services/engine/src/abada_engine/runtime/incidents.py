@@ -1,0 +1,183 @@
+"""Incidents: what holds an instance until a person decides, and their resolutions."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from abada_engine.db.schema import incidents, instances
+from abada_engine.definitions.catalog import DefinitionCatalog
+from abada_engine.errors import Category, EngineError, invalid, not_found
+
+from .instances import cancel_instance
+from .navigator import HistoryEntry, advance
+from .tokens import TASK_CHANNEL, apply_advance, history_row, write_history
+from .views import IncidentView
+
+RESOLUTIONS = ("RETRY", "HAPPENED", "DID_NOT_HAPPEN", "CANCEL_INSTANCE")
+# A resolution that only some incident types understand (the journal adds HAPPENED / DID_NOT_HAPPEN).
+ResolutionHandler = Callable[[AsyncConnection, Any, str, dict[str, Any] | None], Awaitable[None]]
+
+
+class Incidents:
+    def __init__(self, engine: AsyncEngine, catalog: DefinitionCatalog) -> None:
+        self._engine = engine
+        self._catalog = catalog
+        self._handlers: dict[tuple[str, str], ResolutionHandler] = {}
+
+    def register(self, incident_type: str, resolution: str, handler: ResolutionHandler) -> None:
+        self._handlers[(incident_type, resolution)] = handler
+
+    async def list(
+        self, instance_id: uuid.UUID | None = None, state: str = "OPEN", incident_type: str = ""
+    ) -> list[IncidentView]:
+        query = (
+            select(incidents, instances.c.process_id)
+            .join(instances, instances.c.id == incidents.c.instance_id)
+            .order_by(incidents.c.created_at)
+        )
+        if instance_id is not None:
+            query = query.where(incidents.c.instance_id == instance_id)
+        if state:
+            query = query.where(incidents.c.state == state)
+        if incident_type:
+            query = query.where(incidents.c.type == incident_type)
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(query.limit(1000))).all()
+        return [_view(r) for r in rows]
+
+    async def get(self, incident_id: uuid.UUID) -> IncidentView:
+        async with self._engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(incidents, instances.c.process_id)
+                    .join(instances, instances.c.id == incidents.c.instance_id)
+                    .where(incidents.c.id == incident_id)
+                )
+            ).one_or_none()
+        if row is None:
+            raise not_found("incident", str(incident_id), "incident_id")
+        return _view(row)
+
+    async def resolve(
+        self, incident_id: uuid.UUID, resolution: str, result: dict[str, Any] | None, comment: str
+    ) -> IncidentView:
+        if resolution not in RESOLUTIONS:
+            raise invalid("INVALID_ARGUMENT", "resolution", f"must be one of {', '.join(RESOLUTIONS)}")
+        async with self._engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    text("SELECT * FROM incidents WHERE id = :id FOR UPDATE"), {"id": incident_id}
+                )
+            ).one_or_none()
+            if row is None:
+                raise not_found("incident", str(incident_id), "incident_id")
+            if row.state != "OPEN":
+                raise EngineError(
+                    Category.FAILED_PRECONDITION,
+                    "INCIDENT_RESOLVED",
+                    f"incident {incident_id} is already resolved ({row.resolution})",
+                    field="incident_id",
+                )
+            handler = self._handlers.get((row.type, resolution))
+            if resolution == "CANCEL_INSTANCE":
+                await self._close(conn, row, resolution, comment)
+                await cancel_instance(conn, row.instance_id, comment or f"incident {incident_id} resolved")
+            elif handler is not None:
+                await handler(conn, row, comment, result)
+                await self._close(conn, row, resolution, comment)
+            elif resolution == "RETRY" and row.type not in _NEEDS_A_DECISION:
+                await self._retry(conn, row)
+                await self._close(conn, row, resolution, comment)
+            else:
+                raise EngineError(
+                    Category.FAILED_PRECONDITION,
+                    "RESOLUTION_NOT_APPLICABLE",
+                    f"{resolution} does not apply to a {row.type} incident",
+                    field="resolution",
+                )
+        return await self.get(incident_id)
+
+    async def _close(self, conn: AsyncConnection, row: Any, resolution: str, comment: str) -> None:
+        await conn.execute(
+            text(
+                "UPDATE incidents SET state = 'RESOLVED', resolved_at = now(), resolution = :r WHERE id = :id"
+            ),
+            {"id": row.id, "r": resolution},
+        )
+        await write_history(
+            conn,
+            [
+                history_row(
+                    row.instance_id,
+                    HistoryEntry(
+                        "INCIDENT_RESOLVED",
+                        row.node_id,
+                        {
+                            "incident_id": str(row.id),
+                            "type": row.type,
+                            "resolution": resolution,
+                            "comment": comment,
+                        },
+                    ),
+                    row.task_id,
+                )
+            ],
+        )
+
+    async def _retry(self, conn: AsyncConnection, row: Any) -> None:
+        """A held task is offered again with fresh retries; otherwise the token re-enters the node."""
+        instance = (
+            await conn.execute(
+                text("SELECT * FROM instances WHERE id = :id FOR UPDATE"), {"id": row.instance_id}
+            )
+        ).one()
+        if instance.state != "ACTIVE":
+            raise EngineError(
+                Category.FAILED_PRECONDITION,
+                "INSTANCE_NOT_ACTIVE",
+                f"instance {row.instance_id} is {instance.state.lower()}",
+                field="incident_id",
+            )
+        definition = await self._catalog.get(instance.definition_id)
+        node = definition.process.node(row.node_id)
+        if row.task_id is not None:
+            reopened = (
+                await conn.execute(
+                    text(
+                        "UPDATE tasks SET state = 'READY', retries_left = :retries, due_at = now() "
+                        "WHERE id = :id AND state = 'INCIDENT' RETURNING topic"
+                    ),
+                    {"id": row.task_id, "retries": node.retries},
+                )
+            ).scalar_one_or_none()
+            if reopened is not None:
+                await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": TASK_CHANNEL, "t": reopened})
+                return
+        moved = advance(definition.process, instance.variables, node.id)
+        await apply_advance(conn, instance_id=row.instance_id, advance=moved, variables=None, preceding=[])
+
+
+# These ask a person what happened in the world; a blind retry is exactly what they exist to prevent.
+_NEEDS_A_DECISION = frozenset({"TOOL_OUTCOME_UNKNOWN"})
+
+
+def _view(r: Any) -> IncidentView:
+    return IncidentView(
+        r.id,
+        r.type,
+        r.instance_id,
+        r.process_id,
+        r.task_id,
+        r.node_id,
+        r.message,
+        r.details,
+        r.state,
+        r.created_at,
+        r.resolved_at,
+        r.resolution,
+    )

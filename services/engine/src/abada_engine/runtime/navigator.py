@@ -1,0 +1,115 @@
+"""Moving a token through a process: pure decisions, no I/O.
+
+Given where the token enters and the instance's variables, `advance` walks
+through nodes that decide on their own (exclusive gateways, end events) and
+stops where the process must wait: an external task, a user task, an incident
+or the end. The caller persists what it returns in one transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from abada_engine.definitions.expressions import ExpressionError, evaluate_condition, render
+from abada_engine.definitions.model import Node, Process
+
+# A cycle of gateways that never waits would spin forever; no real process takes this many hops.
+MAX_HOPS = 1000
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    type: str
+    node_id: str | None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskToCreate:
+    node: Node
+    kind: str  # "external" or "user"
+    topic: str | None
+    payload: dict[str, Any]
+    retries: int
+
+
+@dataclass(frozen=True)
+class IncidentToRaise:
+    node_id: str
+    type: str
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Advance:
+    current_node_id: str
+    history: list[HistoryEntry] = field(default_factory=list)
+    task: TaskToCreate | None = None
+    incident: IncidentToRaise | None = None
+    completed: bool = False
+
+
+def advance(
+    process: Process, variables: dict[str, Any], node_id: str, context: dict[str, Any] | None = None
+) -> Advance:
+    """Enter `node_id` and keep going until the token has to wait.
+
+    `context` travels into the payload of the first task created (a reviewer
+    sees why the output was rejected, for example).
+    """
+    result = Advance(current_node_id=node_id)
+    for _ in range(MAX_HOPS):
+        node = process.node(node_id)
+        result.current_node_id = node_id
+        result.history.append(HistoryEntry("NODE_ENTERED", node_id))
+        if node.type == "end":
+            result.history.append(HistoryEntry("INSTANCE_COMPLETED", node_id))
+            result.completed = True
+            return result
+        if node.type == "exclusive":
+            try:
+                chosen = _choose_branch(node, variables)
+            except ExpressionError as error:
+                result.incident = IncidentToRaise(node_id, "CONDITION_FAILED", str(error))
+                return result
+            if chosen is None:
+                result.incident = IncidentToRaise(
+                    node_id, "NO_BRANCH_MATCHED", f"no branch of {node_id!r} matched and it has no default"
+                )
+                return result
+            condition, target = chosen
+            result.history.append(HistoryEntry("BRANCH_TAKEN", node_id, {"when": condition, "next": target}))
+            node_id = target
+            continue
+        try:
+            payload = task_payload(node, variables)
+        except ExpressionError as error:
+            result.incident = IncidentToRaise(node_id, "INPUT_MISSING", str(error))
+            return result
+        if context:
+            payload["context"] = context
+        kind = "user" if node.type == "user_task" else "external"
+        result.task = TaskToCreate(node, kind, node.topic, payload, node.retries)
+        return result
+    result.incident = IncidentToRaise(node_id, "TOO_MANY_HOPS", f"more than {MAX_HOPS} hops without waiting")
+    return result
+
+
+def task_payload(node: Node, variables: dict[str, Any]) -> dict[str, Any]:
+    """The resolved inputs (and for agents the rendered prompt) a task carries."""
+    inputs = render(node.inputs, variables) if node.inputs is not None else dict(variables)
+    payload: dict[str, Any] = {"inputs": inputs}
+    if node.type == "agent":
+        payload["prompt"] = render(node.prompt or "", variables)
+    return payload
+
+
+def _choose_branch(node: Node, variables: dict[str, Any]) -> tuple[str, str] | None:
+    for branch in node.branches:
+        if evaluate_condition(branch.when, variables):
+            return branch.when, branch.next
+    if node.default:
+        return "default", node.default
+    return None

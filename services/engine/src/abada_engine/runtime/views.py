@@ -1,0 +1,105 @@
+"""Read models the engine hands out: plain data, no database rows, no protobuf."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from abada_engine.definitions.model import Limits, ToolBinding
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    id: uuid.UUID
+    definition_id: uuid.UUID
+    process_id: str
+    version: int
+    state: str
+    variables: dict[str, Any]
+    current_node_id: str | None
+    business_key: str
+    created_at: datetime
+    ended_at: datetime | None
+    open_incidents: int = 0
+
+
+@dataclass(frozen=True)
+class HistoryView:
+    id: int
+    instance_id: uuid.UUID
+    type: str
+    node_id: str | None
+    task_id: uuid.UUID | None
+    data: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class IncidentView:
+    id: uuid.UUID
+    type: str
+    instance_id: uuid.UUID
+    process_id: str
+    task_id: uuid.UUID | None
+    node_id: str
+    message: str
+    details: dict[str, Any]
+    state: str
+    created_at: datetime
+    resolved_at: datetime | None
+    resolution: str | None
+
+
+@dataclass(frozen=True)
+class UserTaskView:
+    id: uuid.UUID
+    instance_id: uuid.UUID
+    node_id: str
+    process_id: str
+    variables: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class AgentWorkView:
+    model: str
+    prompt: str
+    tool_bindings: list[ToolBinding]
+    limits: Limits
+    output_schema: dict[str, Any] | None
+    result_variable: str
+    confidence_threshold: float | None
+
+
+@dataclass(frozen=True)
+class StepView:
+    sequence: int
+    attempt: int
+    kind: str
+    state: str
+    tool_ref: str
+    request: dict[str, Any] | None
+    response: dict[str, Any] | None
+    input_tokens: int
+    output_tokens: int
+    idempotency_key: str
+    abandoned: bool
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class LockedTask:
+    id: uuid.UUID
+    topic: str
+    instance_id: uuid.UUID
+    process_id: str
+    node_id: str
+    variables: dict[str, Any]
+    attempt: int
+    lease_token: str
+    lease_expires_at: datetime
+    agent_work: AgentWorkView | None = None
+    steps: list[StepView] = field(default_factory=list)

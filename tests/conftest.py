@@ -1,0 +1,125 @@
+"""Shared fixtures: a real PostgreSQL, a real engine over a real gRPC socket, generated clients.
+
+PostgreSQL is the one in ABADA_TEST_DATABASE_URL when set (a fresh database is
+created in it for the session and dropped after), else an embedded pgserver.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import secrets
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import asyncpg
+import grpc
+import pytest
+from abada.engine.v1 import (
+    definition_pb2_grpc,
+    external_task_pb2_grpc,
+    incident_pb2_grpc,
+    process_pb2_grpc,
+)
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from abada_engine.api.server import EngineCore, RunningServer, start_grpc_server
+from abada_engine.db.database import create_engine
+from abada_engine.db.migrate import migrate
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _with_database(url: str, name: str) -> str:
+    base, _, query = url.partition("?")
+    head = base.rsplit("/", 1)[0]
+    return f"{head}/{name}" + (f"?{query}" if query else "")
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    admin_url = os.environ.get("ABADA_TEST_DATABASE_URL")
+    if not admin_url:
+        import pgserver
+
+        with tempfile.TemporaryDirectory(prefix="abada-pg-") as data_dir:
+            server = pgserver.get_server(data_dir, cleanup_mode="stop")
+            yield server.get_uri()
+            server.cleanup()
+        return
+    import asyncio
+
+    name = f"abada_test_{os.getpid()}_{secrets.token_hex(3)}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(admin_url)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield _with_database(admin_url, name)
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+async def db(database_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(database_url, pool_size=20)
+    await migrate(engine)
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture(scope="session")
+async def engine_core(db: AsyncEngine, database_url: str) -> AsyncIterator[EngineCore]:
+    core = await EngineCore.open(db, database_url)
+    yield core
+    await core.close()
+
+
+@pytest.fixture(scope="session")
+async def engine_server(engine_core: EngineCore) -> AsyncIterator[RunningServer]:
+    running = await start_grpc_server(engine_core, "127.0.0.1:0")
+    yield running
+    await running.stop(0)
+
+
+@dataclass
+class EngineClients:
+    channel: grpc.aio.Channel
+    address: str
+    definitions: definition_pb2_grpc.DefinitionServiceStub
+    processes: process_pb2_grpc.ProcessServiceStub
+    tasks: external_task_pb2_grpc.ExternalTaskServiceStub
+    incidents: incident_pb2_grpc.IncidentServiceStub
+
+
+@pytest.fixture(scope="session")
+async def engine_channel(engine_server: RunningServer) -> AsyncIterator[tuple[grpc.aio.Channel, str]]:
+    address = f"127.0.0.1:{engine_server.port}"
+    async with grpc.aio.insecure_channel(address) as channel:
+        yield channel, address
+
+
+@pytest.fixture
+async def engine(engine_channel: tuple[grpc.aio.Channel, str], db: AsyncEngine) -> AsyncIterator[EngineClients]:
+    """Generated clients on a clean database (every table emptied before the test)."""
+    async with db.begin() as conn:
+        from sqlalchemy import text
+
+        await conn.execute(
+            text("TRUNCATE journal_steps, incidents, history, tasks, instances, definitions RESTART IDENTITY CASCADE")
+        )
+    channel, address = engine_channel
+    yield EngineClients(
+        channel=channel,
+        address=address,
+        definitions=definition_pb2_grpc.DefinitionServiceStub(channel),
+        processes=process_pb2_grpc.ProcessServiceStub(channel),
+        tasks=external_task_pb2_grpc.ExternalTaskServiceStub(channel),
+        incidents=incident_pb2_grpc.IncidentServiceStub(channel),
+    )

@@ -1,0 +1,109 @@
+"""Helpers for engine tests: reading rich gRPC errors, deploying, a minimal test worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from abada.engine.v1 import definition_pb2, external_task_pb2, process_pb2
+from google.protobuf import json_format, struct_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+
+def error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
+    """The ErrorInfo the engine attached to a failed call."""
+    for key, value in error.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    detail.Unpack(info)
+                    return info
+    raise AssertionError(f"no ErrorInfo on {error.code()}: {error.details()}")
+
+
+def bad_request(error: grpc.aio.AioRpcError) -> list[str]:
+    for key, value in error.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            for detail in status_pb2.Status.FromString(value).details:
+                if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                    request = error_details_pb2.BadRequest()
+                    detail.Unpack(request)
+                    return [v.description for v in request.field_violations]
+    return []
+
+
+def struct(value: dict[str, Any]) -> struct_pb2.Struct:
+    message = struct_pb2.Struct()
+    message.update(value)
+    return message
+
+
+def plain(message: struct_pb2.Struct) -> dict[str, Any]:
+    def integral(v: Any) -> Any:
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        if isinstance(v, dict):
+            return {k: integral(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [integral(x) for x in v]
+        return v
+
+    return integral(json_format.MessageToDict(message))
+
+
+async def deploy(engine: Any, content: str, source_name: str = "bundle.yaml") -> definition_pb2.DeployResponse:
+    return await engine.definitions.Deploy(definition_pb2.DeployRequest(source_name=source_name, content=content))
+
+
+async def start(engine: Any, process_id: str, **variables: Any) -> process_pb2.Instance:
+    response = await engine.processes.StartInstance(
+        process_pb2.StartInstanceRequest(process_id=process_id, variables=struct(variables))
+    )
+    return response.instance
+
+
+async def fetch(
+    engine: Any, worker_id: str, topic: str, max_tasks: int = 1, lease_ms: int = 30_000, wait_ms: int = 0
+) -> list[external_task_pb2.ExternalTask]:
+    response = await engine.tasks.FetchAndLock(
+        external_task_pb2.FetchAndLockRequest(
+            worker_id=worker_id,
+            topics=[external_task_pb2.TopicSubscription(name=topic, lease_ms=lease_ms)],
+            max_tasks=max_tasks,
+            wait_ms=wait_ms,
+        )
+    )
+    return list(response.tasks)
+
+
+async def complete(
+    engine: Any,
+    task: external_task_pb2.ExternalTask,
+    worker_id: str,
+    variables: dict[str, Any],
+    confidence: float | None = None,
+    **metadata: Any,
+) -> external_task_pb2.CompleteResponse:
+    meta = external_task_pb2.AttemptMetadata(**metadata)
+    if confidence is not None:
+        meta.confidence = confidence
+    return await engine.tasks.Complete(
+        external_task_pb2.CompleteRequest(
+            task_id=task.id,
+            worker_id=worker_id,
+            lease_token=task.lease_token,
+            variables=struct(variables),
+            metadata=meta,
+        )
+    )
+
+
+async def history_types(engine: Any, instance_id: str) -> list[tuple[str, str]]:
+    response = await engine.processes.GetHistory(process_pb2.GetHistoryRequest(instance_id=instance_id))
+    return [(e.type, e.node_id) for e in response.events]
+
+
+async def instance(engine: Any, instance_id: str) -> process_pb2.Instance:
+    return (await engine.processes.GetInstance(process_pb2.GetInstanceRequest(instance_id=instance_id))).instance
