@@ -1,0 +1,76 @@
+"""Contract variants: a CRM whose tools changed after deploy, at start-up and switched live."""
+
+from __future__ import annotations
+
+import urllib.error
+
+import pytest
+from crm_mcp.testing import running_crm_server
+from crm_mcp_client import call_tool, crm_session, result_json, result_text
+from mcp.client.session import ClientSession
+from mcp_types import Tool
+
+PARCEL_TICKET = {"customerId": "C-42", "subject": "Parcel not received", "priority": "high"}
+
+
+async def tools_by_name(session: ClientSession) -> dict[str, Tool]:
+    return {tool.name: tool for tool in (await session.list_tools()).tools}
+
+
+async def test_no_create_ticket_variant_offers_only_the_lookup() -> None:
+    with running_crm_server(variant="no-create-ticket") as crm:
+        async with crm_session(crm.url, crm.token) as session:
+            tools = await tools_by_name(session)
+            refused = await call_tool(session, "create_ticket", PARCEL_TICKET)
+        stored = crm.tickets()
+
+    assert set(tools) == {"get_customer"}
+    assert refused.is_error is True
+    assert "Unknown tool" in result_text(refused)
+    assert stored == []
+
+
+async def test_changed_schema_variant_requires_a_channel() -> None:
+    with running_crm_server(variant="changed-schema") as crm:
+        async with crm_session(crm.url, crm.token) as session:
+            schema = (await tools_by_name(session))["create_ticket"].input_schema
+            without_channel = await call_tool(session, "create_ticket", PARCEL_TICKET)
+            with_channel = result_json(
+                await call_tool(session, "create_ticket", PARCEL_TICKET | {"channel": "email"})
+            )
+
+    assert sorted(schema["required"]) == ["channel", "customerId", "priority", "subject"]
+    assert without_channel.is_error is True
+    assert "channel" in result_text(without_channel)
+    assert with_channel["ticketId"] == "T-981"
+    assert with_channel["channel"] == "email"
+
+
+async def test_the_control_endpoint_switches_the_variant_live_within_one_session() -> None:
+    with running_crm_server(enable_control=True) as crm:
+        async with crm_session(crm.url, crm.token) as session:
+            standard = await tools_by_name(session)
+            crm.set_variant("changed-schema")
+            changed = await tools_by_name(session)
+            crm.set_variant("no-create-ticket")
+            withdrawn = await tools_by_name(session)
+            crm.set_variant("standard")
+            restored = await tools_by_name(session)
+            created = result_json(await call_tool(session, "create_ticket", PARCEL_TICKET))
+
+    assert "channel" not in standard["create_ticket"].input_schema["properties"]
+    assert "channel" in changed["create_ticket"].input_schema["required"]
+    assert set(withdrawn) == {"get_customer"}
+    assert restored["create_ticket"].input_schema == standard["create_ticket"].input_schema
+    assert created["ticketId"] == "T-981"
+
+
+async def test_the_control_endpoint_does_not_exist_unless_enabled() -> None:
+    with running_crm_server() as crm:
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            crm.set_variant("no-create-ticket")
+        async with crm_session(crm.url, crm.token) as session:
+            tools = await tools_by_name(session)
+
+    assert missing.value.code == 404
+    assert set(tools) == {"get_customer", "create_ticket"}
