@@ -1,0 +1,72 @@
+"""The record of every generateContent call, so tests can prove no model turn was played twice."""
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    sequence: int
+    conversation: str
+    turn: int
+    model: str
+    script: str | None
+    time: float
+    # HTTP status returned: 200 for a played turn, 400 for a script or request error.
+    status: int
+    function_calls: tuple[str, ...]
+    error: str | None = None
+
+
+class CallLedger:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._records: list[CallRecord] = []
+
+    def record(
+        self,
+        *,
+        conversation: str,
+        turn: int,
+        model: str,
+        script: str | None,
+        status: int,
+        function_calls: tuple[str, ...] = (),
+        error: str | None = None,
+    ) -> CallRecord:
+        entry = CallRecord(
+            sequence=len(self._records) + 1,
+            conversation=conversation,
+            turn=turn,
+            model=model,
+            script=script,
+            time=self._clock(),
+            status=status,
+            function_calls=function_calls,
+            error=error,
+        )
+        self._records.append(entry)
+        return entry
+
+    def reset(self) -> None:
+        self._records.clear()
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON for `GET /_script/calls`: every call, and how often each (conversation, turn) was played.
+
+        `counts` and `repeated` cover played turns (status 200) only: a request the script refused
+        was not a model turn, and counting it would make a later good answer look like a replay.
+        """
+        counts = Counter((entry.conversation, entry.turn) for entry in self._records if entry.status == 200)
+        per_turn = [
+            {"conversation": conversation, "turn": turn, "count": count}
+            for (conversation, turn), count in sorted(counts.items())
+        ]
+        return {
+            "total": len(self._records),
+            "calls": [asdict(entry) for entry in self._records],
+            "counts": per_turn,
+            "repeated": [entry for entry in per_turn if entry["count"] > 1],
+        }
