@@ -12,7 +12,7 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def _dumps(value: Any) -> str:
+def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), default=_json_default)
 
 
@@ -30,7 +30,12 @@ def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=False,
-        json_serializer=_dumps,
+        json_serializer=dumps,
         # Statements are compiled once and cached by SQLAlchemy; asyncpg prepares them per connection.
         connect_args={"server_settings": {"application_name": "abada-engine"}},
     )
+
+
+def autocommit(engine: AsyncEngine) -> AsyncEngine:
+    """The same pool without BEGIN/ROLLBACK round trips: for reads and single-statement writes."""
+    return engine.execution_options(isolation_level="AUTOCOMMIT")

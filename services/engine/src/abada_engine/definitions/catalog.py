@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from abada_engine.db.database import autocommit
 from abada_engine.db.schema import definitions
 from abada_engine.errors import EngineError, not_found
 
@@ -85,6 +86,7 @@ class DefinitionCatalog:
         self, engine: AsyncEngine, contract_check: ContractCheck | None = None, cache_size: int = 1024
     ) -> None:
         self._engine = engine
+        self._reads = autocommit(engine)
         self._contract_check = contract_check
         self._cache: OrderedDict[uuid.UUID, Definition] = OrderedDict()
         self._cache_size = cache_size
@@ -131,7 +133,7 @@ class DefinitionCatalog:
         if cached is not None:
             self._cache.move_to_end(definition_id)
             return cached
-        async with self._engine.connect() as conn:
+        async with self._reads.connect() as conn:
             row = (
                 await conn.execute(select(definitions).where(definitions.c.id == definition_id))
             ).one_or_none()
@@ -145,7 +147,7 @@ class DefinitionCatalog:
             query = query.where(definitions.c.version == version)
         else:
             query = query.order_by(definitions.c.version.desc()).limit(1)
-        async with self._engine.connect() as conn:
+        async with self._reads.connect() as conn:
             row = (await conn.execute(query)).one_or_none()
         if row is None:
             ident = f"{process_id} v{version}" if version else process_id
@@ -156,7 +158,7 @@ class DefinitionCatalog:
         query = select(definitions).order_by(definitions.c.process_id, definitions.c.version.desc())
         if process_id:
             query = query.where(definitions.c.process_id == process_id)
-        async with self._engine.connect() as conn:
+        async with self._reads.connect() as conn:
             rows = (await conn.execute(query.limit(limit).offset(offset))).all()
         return [self._from_row(r) for r in rows]
 

@@ -305,7 +305,9 @@ def _check_process(
         nodes[node.id] = node
         node_paths[node.id] = node_path
     # A node that failed to parse still exists for references, so its mistakes are not reported twice.
-    declared = set(nodes) | {n["id"] for n in raw_nodes if isinstance(n, dict) and isinstance(n.get("id"), str)}
+    declared = set(nodes) | {
+        n["id"] for n in raw_nodes if isinstance(n, dict) and isinstance(n.get("id"), str)
+    }
     for node_id, node in nodes.items():
         for key, target in _targets(node, node_paths[node_id]):
             if target not in declared:

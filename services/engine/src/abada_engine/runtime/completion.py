@@ -19,7 +19,7 @@ from abada_engine.errors import invalid
 
 from .contract import Verdict, check_written_variables, judge
 from .leases import hold_lease
-from .navigator import HistoryEntry, advance
+from .navigator import Advance, HistoryEntry, IncidentToRaise, advance
 from .tokens import TASK_CHANNEL, apply_advance, history_row, raise_incident, write_history
 
 MAX_BACKOFF_MS = 600_000
@@ -89,13 +89,6 @@ class Completions:
             node = definition.process.node(held.node_id)
             check_written_variables(node, variables)
             decision = judge(node, variables, metadata.confidence, invalid_output_reason)
-            await conn.execute(
-                text(
-                    "UPDATE tasks SET state = 'COMPLETED', completed_at = now(), lease_token_hash = NULL "
-                    "WHERE id = :id"
-                ),
-                {"id": task_id},
-            )
             completed = HistoryEntry(
                 "TASK_COMPLETED",
                 node.id,
@@ -107,6 +100,7 @@ class Completions:
                 },
             )
             preceding = [completed]
+            new_variables: dict[str, Any] | None = None
             if decision.verdict is Verdict.ACCEPTED:
                 new_variables = {**held.variables, **variables}
                 preceding += [
@@ -116,71 +110,43 @@ class Completions:
                 preceding.append(HistoryEntry("NODE_COMPLETED", node.id))
                 assert node.next is not None
                 moved = advance(definition.process, new_variables, node.next)
-                applied = await apply_advance(
-                    conn,
-                    instance_id=held.instance_id,
-                    advance=moved,
-                    variables=new_variables,
-                    preceding=preceding,
-                    preceding_task_id=task_id,
-                )
-                return CompleteResult(
-                    decision.verdict, False, applied.current_node_id, applied.incident_id, ""
-                )
-            rejected = HistoryEntry(
-                "OUTPUT_REJECTED",
-                node.id,
-                {
+            else:
+                rejected = {
                     "verdict": decision.verdict.value,
                     "reason": decision.reason,
                     "output": variables,
                     "confidence": metadata.confidence,
-                },
-            )
-            preceding.append(rejected)
-            if decision.route is not None:
-                context = {
-                    "rejected": {
-                        "verdict": decision.verdict.value,
-                        "reason": decision.reason,
-                        "output": variables,
-                        "confidence": metadata.confidence,
-                    }
                 }
-                moved = advance(definition.process, held.variables, decision.route, context=context)
-                applied = await apply_advance(
-                    conn,
-                    instance_id=held.instance_id,
-                    advance=moved,
-                    variables=None,
-                    preceding=preceding,
-                    preceding_task_id=task_id,
-                )
-                return CompleteResult(
-                    decision.verdict, True, applied.current_node_id, applied.incident_id, decision.reason
-                )
-            incident_id = await raise_incident(
+                preceding.append(HistoryEntry("OUTPUT_REJECTED", node.id, rejected))
+                if decision.route is not None:
+                    moved = advance(
+                        definition.process, held.variables, decision.route, context={"rejected": rejected}
+                    )
+                else:
+                    # No route: an incident holds the instance at this node; nothing of the output is kept.
+                    moved = Advance(
+                        current_node_id=node.id,
+                        incident=IncidentToRaise(
+                            node.id,
+                            decision.incident_type,
+                            decision.reason,
+                            {"output": variables, "confidence": metadata.confidence},
+                            task_id=task_id,
+                        ),
+                    )
+            applied = await apply_advance(
                 conn,
                 instance_id=held.instance_id,
-                node_id=node.id,
-                type_=decision.incident_type,
-                message=decision.reason,
-                task_id=task_id,
-                details={"output": variables, "confidence": metadata.confidence},
+                advance=moved,
+                variables=new_variables,
+                preceding=preceding,
+                preceding_task_id=task_id,
+                finished_task_id=task_id,
             )
-            preceding.append(
-                HistoryEntry(
-                    "INCIDENT_RAISED",
-                    node.id,
-                    {
-                        "incident_id": str(incident_id),
-                        "type": decision.incident_type,
-                        "message": decision.reason,
-                    },
-                )
-            )
-            await write_history(conn, [history_row(held.instance_id, e, task_id) for e in preceding])
-            return CompleteResult(decision.verdict, False, node.id, incident_id, decision.reason)
+        routed = decision.verdict is not Verdict.ACCEPTED and decision.route is not None
+        return CompleteResult(
+            decision.verdict, routed, applied.current_node_id, applied.incident_id, decision.reason
+        )
 
     async def fail(
         self,

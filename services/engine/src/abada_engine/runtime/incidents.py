@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from abada_engine.db.database import autocommit
 from abada_engine.db.schema import incidents, instances
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid, not_found
@@ -26,6 +27,7 @@ ResolutionHandler = Callable[[AsyncConnection, Any, str, dict[str, Any] | None],
 class Incidents:
     def __init__(self, engine: AsyncEngine, catalog: DefinitionCatalog) -> None:
         self._engine = engine
+        self._reads = autocommit(engine)
         self._catalog = catalog
         self._handlers: dict[tuple[str, str], ResolutionHandler] = {}
 
@@ -46,12 +48,12 @@ class Incidents:
             query = query.where(incidents.c.state == state)
         if incident_type:
             query = query.where(incidents.c.type == incident_type)
-        async with self._engine.connect() as conn:
+        async with self._reads.connect() as conn:
             rows = (await conn.execute(query.limit(1000))).all()
         return [_view(r) for r in rows]
 
     async def get(self, incident_id: uuid.UUID) -> IncidentView:
-        async with self._engine.connect() as conn:
+        async with self._reads.connect() as conn:
             row = (
                 await conn.execute(
                     select(incidents, instances.c.process_id)

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from abada_engine.db.database import autocommit
 from abada_engine.db.schema import history, incidents, instances, tasks
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid, not_found
@@ -23,6 +24,7 @@ MAX_VARIABLES_BYTES = 1_000_000
 class Instances:
     def __init__(self, engine: AsyncEngine, catalog: DefinitionCatalog) -> None:
         self._engine = engine
+        self._reads = autocommit(engine)
         self._catalog = catalog
 
     async def start(
@@ -33,19 +35,23 @@ class Instances:
         definition = await self._catalog.find(process_id, version)
         instance_id = uuid.uuid4()
         async with self._engine.begin() as conn:
-            await conn.execute(
-                insert(instances).values(
-                    id=instance_id,
-                    definition_id=definition.id,
-                    process_id=definition.process_id,
-                    version=definition.version,
-                    state="ACTIVE",
-                    variables=variables,
-                    current_node_id=definition.process.start,
-                    business_key=business_key,
-                    created_at=func.now(),
+            created_at = (
+                await conn.execute(
+                    insert(instances)
+                    .values(
+                        id=instance_id,
+                        definition_id=definition.id,
+                        process_id=definition.process_id,
+                        version=definition.version,
+                        state="ACTIVE",
+                        variables=variables,
+                        current_node_id=definition.process.start,
+                        business_key=business_key,
+                        created_at=func.now(),
+                    )
+                    .returning(instances.c.created_at)
                 )
-            )
+            ).scalar_one()
             started = HistoryEntry(
                 "INSTANCE_STARTED",
                 None,
@@ -55,7 +61,19 @@ class Instances:
             await apply_advance(
                 conn, instance_id=instance_id, advance=moved, variables=None, preceding=[started]
             )
-        return await self.get(instance_id)
+        return InstanceView(
+            id=instance_id,
+            definition_id=definition.id,
+            process_id=definition.process_id,
+            version=definition.version,
+            state="COMPLETED" if moved.completed else "ACTIVE",
+            variables=variables,
+            current_node_id=moved.current_node_id,
+            business_key=business_key,
+            created_at=created_at,
+            ended_at=None,
+            open_incidents=1 if moved.incident else 0,
+        )
 
     async def get(self, instance_id: uuid.UUID) -> InstanceView:
         rows = await self._query(instances.c.id == instance_id, limit=1)
@@ -86,7 +104,7 @@ class Instances:
             .limit(limit)
             .offset(offset)
         )
-        async with self._engine.connect() as conn:
+        async with self._reads.connect() as conn:
             rows = (await conn.execute(query)).all()
         return [
             InstanceView(
@@ -107,7 +125,7 @@ class Instances:
 
     async def history(self, instance_id: uuid.UUID) -> list[HistoryView]:
         await self.get(instance_id)
-        async with self._engine.connect() as conn:
+        async with self._reads.connect() as conn:
             rows = (
                 await conn.execute(
                     select(history).where(history.c.instance_id == instance_id).order_by(history.c.id)
@@ -138,7 +156,7 @@ class Instances:
         )
         if instance_id is not None:
             query = query.where(tasks.c.instance_id == instance_id)
-        async with self._engine.connect() as conn:
+        async with self._reads.connect() as conn:
             rows = (await conn.execute(query)).all()
         return [
             UserTaskView(r.id, r.instance_id, r.node_id, r.process_id, r.payload, r.created_at) for r in rows

@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid, not_found
 
@@ -98,6 +99,7 @@ _NEXT_DUE_SQL = text(
 class Leases:
     def __init__(self, engine: AsyncEngine, catalog: DefinitionCatalog, wakeups: TaskWakeups | None) -> None:
         self._engine = engine
+        self._reads = autocommit(engine)
         self._catalog = catalog
         self._wakeups = wakeups
 
@@ -115,7 +117,7 @@ class Leases:
             if remaining <= 0:
                 return []
             # Sleep until new work is announced, or until a backoff or a lease runs out.
-            async with self._engine.connect() as conn:
+            async with self._reads.connect() as conn:
                 due_in = (await conn.execute(_NEXT_DUE_SQL, {"topics": topics})).scalar()
             timeout = remaining if due_in is None else min(remaining, max(float(due_in), 0.0) + 0.005)
             if self._wakeups is None:
@@ -134,18 +136,16 @@ class Leases:
             "worker_id": worker_id,
             "hashes": [hash_token(t) for t in tokens],
         }
-        async with self._engine.begin() as conn:
+        # One statement, so autocommit is atomic and saves the BEGIN/COMMIT round trips.
+        async with self._reads.connect() as conn:
             rows = (await conn.execute(_LOCK_SQL, params)).all()
-            if not rows:
-                return []
-            tasks = [await self._locked_task(row, tokens[row.n - 1]) for row in rows]
-            tasks = await self.on_locked(conn, tasks, [row.prior_state for row in rows])
-        return tasks
+        if not rows:
+            return []
+        tasks = [await self._locked_task(row, tokens[row.n - 1]) for row in rows]
+        return await self.on_locked(tasks, [row.prior_state for row in rows])
 
-    async def on_locked(
-        self, conn: AsyncConnection, tasks: list[LockedTask], prior_states: list[str]
-    ) -> list[LockedTask]:
-        """Hook for what happens in the locking transaction (the journal attaches steps here)."""
+    async def on_locked(self, tasks: list[LockedTask], prior_states: list[str]) -> list[LockedTask]:
+        """Hook run after locking (the journal attaches steps and decides takeovers here)."""
         return tasks
 
     async def _locked_task(self, row: Any, token: str) -> LockedTask:
@@ -193,7 +193,7 @@ class Leases:
         return expires
 
     async def verify(self, task_id: uuid.UUID, worker_id: str, lease_token: str) -> LeaseHeld:
-        async with self._engine.connect() as conn:
+        async with self._reads.connect() as conn:
             return await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
 
 

@@ -8,6 +8,7 @@ or the end. The caller persists what it returns in one transaction.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ class IncidentToRaise:
     type: str
     message: str
     details: dict[str, Any] = field(default_factory=dict)
+    task_id: uuid.UUID | None = None
 
 
 @dataclass

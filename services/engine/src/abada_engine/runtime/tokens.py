@@ -6,10 +6,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, insert, text, update
+from sqlalchemy import func, insert, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from abada_engine.db.schema import history, incidents, instances, tasks
+from abada_engine.db.database import dumps as _dumps
+from abada_engine.db.schema import history, incidents
 
 from .navigator import Advance, HistoryEntry
 
@@ -68,6 +69,61 @@ async def raise_incident(
     return incident_id
 
 
+_APPLY_SQL = text(
+    """
+    WITH finished AS (
+        UPDATE tasks SET state = 'COMPLETED', completed_at = now(), lease_token_hash = NULL
+        WHERE id = CAST(:finished_task_id AS uuid)
+        RETURNING id
+    ),
+    new_task AS (
+        INSERT INTO tasks (id, instance_id, node_id, kind, topic, state, payload, attempt, retries_left, due_at,
+                           created_at)
+        SELECT CAST(:task_id AS uuid), CAST(:instance_id AS uuid), :task_node, :task_kind, :task_topic,
+               :task_state, CAST(:task_payload AS jsonb), 0, :task_retries, now(), now()
+        WHERE CAST(:task_id AS uuid) IS NOT NULL
+        RETURNING id
+    ),
+    new_incident AS (
+        INSERT INTO incidents (id, instance_id, task_id, node_id, type, message, details, state, created_at)
+        SELECT CAST(:incident_id AS uuid), CAST(:instance_id AS uuid), CAST(:incident_task AS uuid),
+               :incident_node, :incident_type,
+               :incident_message, CAST(:incident_details AS jsonb), 'OPEN', now()
+        WHERE CAST(:incident_id AS uuid) IS NOT NULL
+        RETURNING id
+    ),
+    moved AS (
+        UPDATE instances
+        SET current_node_id = :current_node,
+            variables = COALESCE(CAST(:variables AS jsonb), variables),
+            state = CASE WHEN :completed THEN 'COMPLETED' ELSE state END,
+            ended_at = CASE WHEN :completed THEN now() ELSE ended_at END
+        WHERE id = CAST(:instance_id AS uuid)
+        RETURNING id
+    ),
+    written AS (
+        INSERT INTO history (instance_id, type, node_id, task_id, data)
+        SELECT CAST(:instance_id AS uuid), h.item ->> 'type', h.item ->> 'node_id',
+               CAST(h.item ->> 'task_id' AS uuid), h.item -> 'data'
+        FROM jsonb_array_elements(CAST(:history AS jsonb)) WITH ORDINALITY AS h(item, n)
+        ORDER BY h.n
+        RETURNING id
+    )
+    SELECT (SELECT count(*) FROM moved) AS moved,
+           CASE WHEN :task_topic IS NOT NULL THEN pg_notify(:channel, :task_topic) END AS notified
+    """
+)
+
+
+def _history_json(entries: list[tuple[HistoryEntry, uuid.UUID | None]]) -> str:
+    return _dumps(
+        [
+            {"type": e.type, "node_id": e.node_id, "task_id": str(t) if t else None, "data": e.data}
+            for e, t in entries
+        ]
+    )
+
+
 async def apply_advance(
     conn: AsyncConnection,
     *,
@@ -76,71 +132,57 @@ async def apply_advance(
     variables: dict[str, Any] | None,
     preceding: list[HistoryEntry],
     preceding_task_id: uuid.UUID | None = None,
+    finished_task_id: uuid.UUID | None = None,
 ) -> AppliedAdvance:
-    """Write what `advance` decided: the next task or incident, the instance's new position, history.
+    """Write what `advance` decided in one statement: the next task or incident, the instance's new
+    position and variables, and the history, in order.
 
-    `variables` is the instance's new variable map, or None when it did not change.
+    `variables` is the instance's new variable map, or None when it did not change;
+    `finished_task_id` is a task this move completes.
     """
-    rows = [history_row(instance_id, entry, preceding_task_id) for entry in preceding]
-    task_id: uuid.UUID | None = None
-    incident_id: uuid.UUID | None = None
-    if advance.task is not None:
-        task_id = uuid.uuid4()
-        spec = advance.task
-        await conn.execute(
-            insert(tasks).values(
-                id=task_id,
-                instance_id=instance_id,
-                node_id=spec.node.id,
-                kind=spec.kind,
-                topic=spec.topic,
-                state="READY" if spec.kind == "external" else "WAITING",
-                payload=spec.payload,
-                attempt=0,
-                retries_left=spec.retries,
-                due_at=func.now(),
-                created_at=func.now(),
-            )
-        )
-        if spec.topic:
-            await conn.execute(
-                text("SELECT pg_notify(:channel, :topic)"), {"channel": TASK_CHANNEL, "topic": spec.topic}
-            )
-    rows += [history_row(instance_id, entry, None) for entry in advance.history]
-    if advance.task is not None:
-        created = "USER_TASK_CREATED" if advance.task.kind == "user" else "TASK_CREATED"
-        rows.append(
-            history_row(
-                instance_id,
-                HistoryEntry(created, advance.task.node.id, {"topic": advance.task.topic}),
-                task_id,
-            )
-        )
-    if advance.incident is not None:
-        found = advance.incident
-        incident_id = await raise_incident(
-            conn,
-            instance_id=instance_id,
-            node_id=found.node_id,
-            type_=found.type,
-            message=found.message,
-            details=found.details,
-        )
-        rows.append(
-            history_row(
-                instance_id,
+    entries: list[tuple[HistoryEntry, uuid.UUID | None]] = [(e, preceding_task_id) for e in preceding]
+    entries += [(e, None) for e in advance.history]
+    task = advance.task
+    task_id = uuid.uuid4() if task is not None else None
+    if task is not None:
+        created = "USER_TASK_CREATED" if task.kind == "user" else "TASK_CREATED"
+        entries.append((HistoryEntry(created, task.node.id, {"topic": task.topic}), task_id))
+    incident = advance.incident
+    incident_id = uuid.uuid4() if incident is not None else None
+    if incident is not None:
+        entries.append(
+            (
                 HistoryEntry(
                     "INCIDENT_RAISED",
-                    found.node_id,
-                    {"incident_id": str(incident_id), "type": found.type, "message": found.message},
+                    incident.node_id,
+                    {"incident_id": str(incident_id), "type": incident.type, "message": incident.message},
                 ),
+                None,
             )
         )
-    values: dict[str, Any] = {"current_node_id": advance.current_node_id}
-    if variables is not None:
-        values["variables"] = variables
-    if advance.completed:
-        values.update(state="COMPLETED", ended_at=func.now())
-    await conn.execute(update(instances).where(instances.c.id == instance_id).values(**values))
-    await write_history(conn, rows)
+    await conn.execute(
+        _APPLY_SQL,
+        {
+            "instance_id": str(instance_id),
+            "task_id": str(task_id) if task_id else None,
+            "task_node": task.node.id if task else None,
+            "task_kind": task.kind if task else None,
+            "task_topic": task.topic if task else None,
+            "task_state": ("READY" if task.kind == "external" else "WAITING") if task else None,
+            "task_payload": _dumps(task.payload) if task else None,
+            "task_retries": task.retries if task else 0,
+            "incident_id": str(incident_id) if incident_id else None,
+            "incident_node": incident.node_id if incident else None,
+            "incident_task": str(incident.task_id) if incident and incident.task_id else None,
+            "finished_task_id": str(finished_task_id) if finished_task_id else None,
+            "incident_type": incident.type if incident else None,
+            "incident_message": incident.message if incident else None,
+            "incident_details": _dumps(incident.details) if incident else None,
+            "current_node": advance.current_node_id,
+            "variables": _dumps(variables) if variables is not None else None,
+            "completed": advance.completed,
+            "history": _history_json(entries),
+            "channel": TASK_CHANNEL,
+        },
+    )
     return AppliedAdvance(task_id, incident_id, advance.current_node_id, advance.completed)

@@ -1,0 +1,3 @@
+from abada_engine.cli.app import main
+
+main()

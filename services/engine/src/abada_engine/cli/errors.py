@@ -1,0 +1,73 @@
+"""Turning failed calls and bad input into one clear message and an exit code."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+INVALID_INPUT = 2
+FAILURE = 1
+
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+# Codes that mean the request itself was wrong, so a script can tell "fix your input" from "try later".
+_INVALID_INPUT_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
+
+
+class CliError(Exception):
+    """A failure the user can act on: printed as `error: ...` lines, never as a traceback."""
+
+    def __init__(self, message: str, exit_code: int = FAILURE, details: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+        self.details = list(details)
+
+    def lines(self) -> list[str]:
+        return [f"error: {self.message}", *(f"  {detail}" for detail in self.details)]
+
+
+def invalid_input(message: str) -> CliError:
+    return CliError(message, INVALID_INPUT)
+
+
+def from_rpc_error(error: grpc.RpcError, address: str, timeout: float) -> CliError:
+    code: grpc.StatusCode = error.code()  # type: ignore[attr-defined]
+    text: str = error.details() or ""  # type: ignore[attr-defined]
+    info, violations = _rich_details(error)
+    exit_code = INVALID_INPUT if code in _INVALID_INPUT_CODES else FAILURE
+    if info is None:
+        # Without ErrorInfo the status came from the transport, not from the engine's own checks.
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return CliError(f"cannot reach the engine at {address} (UNAVAILABLE)", exit_code)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return CliError(
+                f"the engine at {address} did not answer within {timeout:g}s (DEADLINE_EXCEEDED)", exit_code
+            )
+        return CliError(f"{code.name}: {text}" if text else code.name, exit_code, violations)
+    message = f"{info.reason or code.name}: {text}"
+    field = info.metadata.get("field", "")
+    if field and field not in text:
+        message += f" (field {field})"
+    if violations == [text]:
+        violations = []
+    return CliError(message, exit_code, violations)
+
+
+def _rich_details(error: grpc.RpcError) -> tuple[error_details_pb2.ErrorInfo | None, list[str]]:
+    info: error_details_pb2.ErrorInfo | None = None
+    violations: list[str] = []
+    trailers = error.trailing_metadata() or ()  # type: ignore[attr-defined]
+    for key, value in trailers:
+        if key != _STATUS_DETAILS_KEY:
+            continue
+        for detail in status_pb2.Status.FromString(value).details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad_request = error_details_pb2.BadRequest()
+                detail.Unpack(bad_request)
+                violations.extend(v.description or v.field for v in bad_request.field_violations)
+    return info, violations

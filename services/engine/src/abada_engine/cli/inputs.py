@@ -1,0 +1,55 @@
+"""Reading variables and results from the command line into JSON values."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from google.protobuf import struct_pb2
+
+from .errors import invalid_input
+
+
+def _refuse_constant(name: str) -> Any:
+    # Python's json accepts NaN and Infinity, which no JSON peer (and no protobuf Struct) can carry.
+    raise ValueError(name)
+
+
+def _loads(text: str) -> Any:
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+def typed_value(text: str) -> Any:
+    """`3` is a number, `true` a boolean, `{"a":1}` an object; anything that is not JSON stays a string."""
+    try:
+        return _loads(text)
+    except ValueError:
+        return text
+
+
+def json_object(text: str, option: str) -> dict[str, Any]:
+    try:
+        value = _loads(text)
+    except ValueError as error:
+        raise invalid_input(f"{option}: not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise invalid_input(f"{option}: must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def variables(assignments: Sequence[str], vars_json: str | None) -> dict[str, Any]:
+    """`--vars-json` first, then every `--var KEY=VALUE` on top of it, in order."""
+    values = json_object(vars_json, "--vars-json") if vars_json else {}
+    for assignment in assignments:
+        key, separator, raw = assignment.partition("=")
+        if not separator or not key:
+            raise invalid_input(f"--var {assignment!r}: expected KEY=VALUE")
+        values[key] = typed_value(raw)
+    return values
+
+
+def to_struct(values: dict[str, Any]) -> struct_pb2.Struct:
+    message = struct_pb2.Struct()
+    message.update(values)
+    return message

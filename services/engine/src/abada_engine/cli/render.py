@@ -1,0 +1,107 @@
+"""Output primitives: aligned columns, JSON of protobuf messages, times, ages and short summaries."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from google.protobuf import json_format, timestamp_pb2
+from google.protobuf.message import Message
+
+EMPTY = "-"
+ELLIPSIS = "…"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """Plain columns two spaces apart, so output stays greppable and never wraps a cell."""
+    lines = [list(headers), *(list(row) for row in rows)]
+    widths = [max(len(line[column]) for line in lines) for column in range(len(headers))]
+    rendered = [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)) for line in lines
+    ]
+    return "\n".join(line.rstrip() for line in rendered)
+
+
+def fields(pairs: Sequence[tuple[str, str]], indent: str = "") -> str:
+    """A key/value card: the keys aligned in one column."""
+    width = max(len(key) for key, _ in pairs)
+    return "\n".join(f"{indent}{key.ljust(width)}  {value}" for key, value in pairs)
+
+
+def plain_numbers(value: Any) -> Any:
+    """Struct holds every number as a double; show `3`, as the user wrote it, rather than `3.0`."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: plain_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain_numbers(item) for item in value]
+    return value
+
+
+def message_dict(message: Message) -> dict[str, Any]:
+    return plain_numbers(json_format.MessageToDict(message, preserving_proto_field_name=False))
+
+
+def to_json(value: Any, sort_keys: bool = False) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=sort_keys)
+
+
+def pretty_json(value: Any) -> str:
+    """For people: keys sorted, because a Struct's map comes back in no stable order."""
+    return to_json(value, sort_keys=True)
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
+def shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + ELLIPSIS
+
+
+def summary(value: Any, width: int = 60) -> str:
+    """`key=value, ...` on one line, keys sorted, strings unquoted, cut to `width`."""
+    if value is None or value == {} or value == []:
+        return EMPTY
+    if isinstance(value, dict):
+        parts = [
+            f"{key}={item if isinstance(item, str) else compact_json(item)}"
+            for key, item in sorted(value.items())
+        ]
+        text = ", ".join(parts)
+    else:
+        text = value if isinstance(value, str) else compact_json(value)
+    return shorten(" ".join(text.split()), width)
+
+
+def enum_label(name: str, prefix: str) -> str:
+    """`INSTANCE_STATE_ACTIVE` -> `ACTIVE`."""
+    return name.removeprefix(prefix)
+
+
+def is_set(stamp: timestamp_pb2.Timestamp) -> bool:
+    return bool(stamp.seconds or stamp.nanos)
+
+
+def moment(stamp: timestamp_pb2.Timestamp, precise: bool = False) -> str:
+    """UTC, to the second (or the millisecond for history, where order within a second matters)."""
+    if not is_set(stamp):
+        return EMPTY
+    when = stamp.ToDatetime(tzinfo=datetime.UTC)
+    if precise:
+        return when.strftime("%Y-%m-%d %H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+    return when.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def age(stamp: timestamp_pb2.Timestamp, now: datetime.datetime | None = None) -> str:
+    if not is_set(stamp):
+        return EMPTY
+    current = now or datetime.datetime.now(datetime.UTC)
+    seconds = max(0, int((current - stamp.ToDatetime(tzinfo=datetime.UTC)).total_seconds()))
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

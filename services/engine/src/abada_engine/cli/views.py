@@ -1,0 +1,268 @@
+"""How each engine object reads to a person: tables and cards built from the API's messages."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from abada.engine.v1 import common_pb2, definition_pb2, external_task_pb2, incident_pb2, process_pb2
+from google.protobuf import json_format
+
+from .render import (
+    EMPTY,
+    age,
+    enum_label,
+    fields,
+    moment,
+    plain_numbers,
+    pretty_json,
+    shorten,
+    summary,
+    table,
+)
+
+# The journal's keys are long HMACs; the first characters are enough to match them with a tool server's log.
+_KEY_PREFIX = 12
+_SHA_PREFIX = 12
+# What an operator needs first when deciding whether a tool call happened; other details follow.
+_CALL_DETAIL_ORDER = (
+    "tool_ref",
+    "arguments",
+    "idempotency",
+    "idempotency_key",
+    "started_at",
+    "attempt",
+    "sequence",
+)
+
+
+def struct_value(message: object) -> dict:
+    return plain_numbers(json_format.MessageToDict(message))  # type: ignore[arg-type]
+
+
+def instance_state(state: int) -> str:
+    return enum_label(process_pb2.InstanceState.Name(state), "INSTANCE_STATE_")
+
+
+def binding_ref(binding: common_pb2.ToolBinding) -> str:
+    return f"{binding.server}/{binding.tool}"
+
+
+def bindings_table(bindings: Sequence[common_pb2.ToolBinding]) -> str:
+    rows = [
+        (
+            binding_ref(b),
+            enum_label(common_pb2.ToolPolicy.Name(b.policy), "TOOL_POLICY_").lower(),
+            enum_label(common_pb2.Idempotency.Name(b.idempotency), "IDEMPOTENCY_")
+            .lower()
+            .replace("unspecified", EMPTY),
+            b.transport or EMPTY,
+            b.url or EMPTY,
+            b.credential or EMPTY,
+            shorten(b.input_schema_sha256, _SHA_PREFIX) if b.input_schema_sha256 else EMPTY,
+        )
+        for b in bindings
+    ]
+    return table(("TOOL", "POLICY", "IDEMPOTENCY", "TRANSPORT", "URL", "CREDENTIAL", "SCHEMA SHA-256"), rows)
+
+
+def deployment(source_name: str, response: definition_pb2.DeployResponse) -> str:
+    created = set(response.created_process_ids)
+    rows = [
+        (
+            d.process_id,
+            str(d.version),
+            "new" if d.process_id in created else "unchanged",
+            str(len(d.tool_bindings)),
+            d.id,
+        )
+        for d in response.definitions
+    ]
+    parts = [
+        f"deployed {source_name}",
+        table(("PROCESS", "VERSION", "STATUS", "TOOLS", "DEFINITION"), rows),
+    ]
+    for d in response.definitions:
+        if d.tool_bindings:
+            parts.append(
+                f"\n{d.process_id} v{d.version} frozen tool bindings:\n{bindings_table(d.tool_bindings)}"
+            )
+    return "\n".join(parts)
+
+
+def definitions_table(definitions: Sequence[definition_pb2.Definition]) -> str:
+    rows = [
+        (
+            d.process_id,
+            str(d.version),
+            d.id,
+            d.source_name or EMPTY,
+            moment(d.create_time),
+            ", ".join(binding_ref(b) for b in d.tool_bindings) or EMPTY,
+        )
+        for d in definitions
+    ]
+    return table(("PROCESS", "VERSION", "ID", "SOURCE", "CREATED", "TOOLS"), rows)
+
+
+def started(instance: process_pb2.Instance) -> str:
+    return fields(
+        [
+            ("instance", instance.id),
+            ("process", f"{instance.process_id} v{instance.version}"),
+            ("state", instance_state(instance.state)),
+            ("token at", instance.current_node_id or EMPTY),
+            *([("business key", instance.business_key)] if instance.business_key else []),
+        ]
+    )
+
+
+def instances_table(instances: Sequence[process_pb2.Instance]) -> str:
+    rows = [
+        (
+            i.id,
+            i.process_id,
+            str(i.version),
+            instance_state(i.state),
+            i.current_node_id or EMPTY,
+            str(i.open_incidents),
+            i.business_key or EMPTY,
+            moment(i.create_time),
+        )
+        for i in instances
+    ]
+    return table(("ID", "PROCESS", "VERSION", "STATE", "NODE", "INCIDENTS", "BUSINESS KEY", "STARTED"), rows)
+
+
+def history_table(events: Sequence[process_pb2.HistoryEvent]) -> str:
+    rows = [
+        (moment(e.create_time, precise=True), e.type, e.node_id or EMPTY, summary(struct_value(e.data)))
+        for e in events
+    ]
+    return table(("TIME", "TYPE", "NODE", "DATA"), rows)
+
+
+def instance_card(instance: process_pb2.Instance, events: Sequence[process_pb2.HistoryEvent]) -> str:
+    card = fields(
+        [
+            ("instance", instance.id),
+            ("process", f"{instance.process_id} v{instance.version} (definition {instance.definition_id})"),
+            ("state", instance_state(instance.state)),
+            ("current node", instance.current_node_id or EMPTY),
+            ("business key", instance.business_key or EMPTY),
+            ("started", moment(instance.create_time)),
+            ("ended", moment(instance.end_time)),
+            ("open incidents", str(instance.open_incidents)),
+        ]
+    )
+    history = history_table(events) if events else "(no history)"
+    return f"{card}\n\nvariables:\n{pretty_json(struct_value(instance.variables))}\n\nhistory:\n{history}"
+
+
+def incidents_table(incidents: Sequence[incident_pb2.Incident], with_state: bool) -> str:
+    headers = ["ID", "TYPE", "INSTANCE", "NODE", "AGE"]
+    if with_state:
+        headers += ["STATE", "RESOLUTION"]
+    headers.append("MESSAGE")
+    rows = []
+    for incident in incidents:
+        row = [
+            incident.id,
+            incident.type,
+            incident.instance_id,
+            incident.node_id or EMPTY,
+            age(incident.create_time),
+        ]
+        if with_state:
+            row += [
+                enum_label(incident_pb2.IncidentState.Name(incident.state), "INCIDENT_STATE_"),
+                incident.resolution or EMPTY,
+            ]
+        row.append(" ".join(incident.message.split()) or EMPTY)
+        rows.append(row)
+    parts = [table(headers, rows)]
+    parts += [outcome_unknown_card(i) for i in incidents if i.type == "TOOL_OUTCOME_UNKNOWN"]
+    return "\n\n".join(parts)
+
+
+def outcome_unknown_card(incident: incident_pb2.Incident) -> str:
+    details = struct_value(incident.details)
+    ordered = [key for key in _CALL_DETAIL_ORDER if key in details] + sorted(
+        set(details) - set(_CALL_DETAIL_ORDER)
+    )
+    pairs = [
+        (key, value if isinstance(value, str) else pretty_json(value).replace("\n", "\n    "))
+        for key in ordered
+        for value in [details[key]]
+    ]
+    lines = [f"incident {incident.id}: did this call happen?"]
+    if pairs:
+        lines.append(fields(pairs, indent="  "))
+    if incident.state == incident_pb2.INCIDENT_STATE_OPEN:
+        lines.append(
+            f"  decide with: abada resolve {incident.id} --happened --result '{{...}}' | --did-not-happen | --cancel"
+        )
+    return "\n".join(lines)
+
+
+def resolved(incident: incident_pb2.Incident) -> str:
+    return fields(
+        [
+            ("incident", incident.id),
+            ("type", incident.type),
+            ("state", enum_label(incident_pb2.IncidentState.Name(incident.state), "INCIDENT_STATE_")),
+            ("resolution", incident.resolution or EMPTY),
+            ("instance", incident.instance_id),
+        ]
+    )
+
+
+def user_tasks_table(tasks: Sequence[process_pb2.UserTask]) -> str:
+    rows = [
+        (
+            t.id,
+            t.instance_id,
+            t.process_id,
+            t.node_id,
+            age(t.create_time),
+            summary(struct_value(t.variables), 50),
+        )
+        for t in tasks
+    ]
+    return table(("ID", "INSTANCE", "PROCESS", "NODE", "WAITING", "VARIABLES"), rows)
+
+
+def user_task_completed(task_id: str, instance: process_pb2.Instance) -> str:
+    return f"completed user task {task_id}\n" + started(instance)
+
+
+def journal_table(steps: Sequence[external_task_pb2.JournalStep]) -> str:
+    rows = [
+        (
+            str(s.sequence),
+            str(s.attempt),
+            enum_label(external_task_pb2.StepKind.Name(s.kind), "STEP_KIND_"),
+            enum_label(external_task_pb2.StepState.Name(s.state), "STEP_STATE_"),
+            s.tool_ref or EMPTY,
+            f"{s.tokens.input_tokens}/{s.tokens.output_tokens}"
+            if s.tokens.input_tokens or s.tokens.output_tokens
+            else EMPTY,
+            shorten(s.idempotency_key, _KEY_PREFIX) if s.idempotency_key else EMPTY,
+            "yes" if s.abandoned else EMPTY,
+            summary(struct_value(s.request), 40) if s.HasField("request") else EMPTY,
+            summary(struct_value(s.response), 40) if s.HasField("response") else EMPTY,
+        )
+        for s in steps
+    ]
+    headers = (
+        "SEQ",
+        "ATTEMPT",
+        "KIND",
+        "STATE",
+        "TOOL",
+        "TOKENS IN/OUT",
+        "IDEMPOTENCY KEY",
+        "ABANDONED",
+        "REQUEST",
+        "RESPONSE",
+    )
+    return table(headers, rows)
