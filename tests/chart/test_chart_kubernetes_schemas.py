@@ -1,0 +1,280 @@
+"""Every manifest the chart renders is one Kubernetes (or KEDA) would accept.
+
+Built-in kinds are checked with kubernetes-validate's strict schemas (unknown fields are errors) at
+the oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest the package knows.
+KEDA's CRDs are not in those schemas, so the fields KEDA documents for ScaledObject (keda.sh
+reference/scaledobject-spec), the metrics-api and prometheus scalers and TriggerAuthentication are
+written out below; the HPA behavior a ScaledObject carries is checked as the HPA KEDA creates.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+
+import jsonschema
+import kubernetes_validate
+import pytest
+from chart_support import Manifest, Release, render_set
+
+KUBERNETES_VERSIONS = ("1.27", "1.37")
+KEDA_KINDS = {"ScaledObject", "TriggerAuthentication"}
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+KEDA_METADATA = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "maxLength": 253},
+        "namespace": {"type": "string"},
+        "labels": STRING_MAP,
+        "annotations": STRING_MAP,
+    },
+}
+
+SCALED_OBJECT = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": KEDA_METADATA,
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": {"type": "string", "minLength": 1},
+                        "envSourceContainerName": {"type": "string"},
+                    },
+                },
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "initialCooldownPeriod": {"type": "integer", "minimum": 0},
+                "idleReplicaCount": {"type": "integer", "minimum": 0},
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "fallback": {
+                    "type": "object",
+                    "required": ["failureThreshold", "replicas"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "failureThreshold": {"type": "integer"},
+                        "replicas": {"type": "integer"},
+                        "behavior": {"type": "string"},
+                    },
+                },
+                "advanced": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "restoreToOriginalReplicaCount": {"type": "boolean"},
+                        "horizontalPodAutoscalerConfig": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {"name": {"type": "string"}, "behavior": {"type": "object"}},
+                        },
+                        "scalingModifiers": {"type": "object"},
+                    },
+                },
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "type": {"type": "string"},
+                            "name": {"type": "string"},
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "useCachedMetrics": {"type": "boolean"},
+                            # KEDA's trigger metadata is map[string]string: a bare number is refused.
+                            "metadata": STRING_MAP,
+                            "authenticationRef": {
+                                "type": "object",
+                                "required": ["name"],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "name": {"type": "string", "minLength": 1},
+                                    "kind": {
+                                        "enum": ["TriggerAuthentication", "ClusterTriggerAuthentication"]
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+# The parameters each scaler documents (keda.sh/docs scalers/metrics-api, scalers/prometheus).
+TRIGGER_METADATA: dict[str, tuple[set[str], set[str]]] = {
+    "metrics-api": (
+        {"url", "valueLocation", "targetValue"},
+        {
+            "format",
+            "activationTargetValue",
+            "unsafeSsl",
+            "aggregateFromKubeServiceEndpoints",
+            "aggregationType",
+            "authMode",
+            "method",
+            "keyParamName",
+        },
+    ),
+    "prometheus": (
+        {"serverAddress", "query", "threshold"},
+        {
+            "activationThreshold",
+            "namespace",
+            "customHeaders",
+            "ignoreNullValues",
+            "queryParameters",
+            "unsafeSsl",
+            "authModes",
+        },
+    ),
+}
+
+TRIGGER_AUTHENTICATION = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "TriggerAuthentication"},
+        "metadata": KEDA_METADATA,
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "minProperties": 1,
+            "properties": {
+                "secretTargetRef": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["parameter", "name", "key"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "parameter": {"type": "string", "minLength": 1},
+                            "name": {"type": "string", "minLength": 1},
+                            "key": {"type": "string", "minLength": 1},
+                        },
+                    },
+                },
+                "env": {"type": "array"},
+                "hashiCorpVault": {"type": "object"},
+                "podIdentity": {"type": "object"},
+            },
+        },
+    },
+}
+
+
+def check_scaled_object(scaled_object: Manifest) -> None:
+    jsonschema.validate(scaled_object, SCALED_OBJECT)
+    for trigger in scaled_object["spec"]["triggers"]:
+        assert trigger["type"] in TRIGGER_METADATA, f"unexpected trigger type {trigger['type']}"
+        required, optional = TRIGGER_METADATA[trigger["type"]]
+        keys = set(trigger["metadata"])
+        assert required <= keys, f"{trigger['type']} trigger misses {required - keys}"
+        assert keys <= required | optional, (
+            f"{trigger['type']} trigger has unknown {keys - required - optional}"
+        )
+    spec = scaled_object["spec"]
+    behavior = spec.get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("behavior")
+    if behavior is not None:
+        # KEDA copies this block into the autoscaling/v2 HPA it owns; check it as that HPA.
+        hpa = {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": f"keda-hpa-{scaled_object['metadata']['name']}"},
+            "spec": {
+                "scaleTargetRef": {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "name": spec["scaleTargetRef"]["name"],
+                },
+                "minReplicas": max(1, spec.get("minReplicaCount", 1)),
+                "maxReplicas": spec.get("maxReplicaCount", 100),
+                "metrics": [
+                    {
+                        "type": "External",
+                        "external": {
+                            "metric": {"name": "s0-metric"},
+                            "target": {"type": "AverageValue", "averageValue": "1"},
+                        },
+                    }
+                ],
+                "behavior": behavior,
+            },
+        }
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(hpa, version, strict=True)
+
+
+def check(manifest: Manifest) -> None:
+    name = manifest["metadata"]["name"]
+    assert DNS_SUBDOMAIN.match(name) and len(name) <= 63, (
+        f"{manifest['kind']} name {name!r} is not a DNS label"
+    )
+    if manifest["kind"] == "ScaledObject":
+        check_scaled_object(manifest)
+    elif manifest["kind"] == "TriggerAuthentication":
+        jsonschema.validate(manifest, TRIGGER_AUTHENTICATION)
+    else:
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_every_manifest_is_valid(release: Release) -> None:
+    assert release.manifests
+    for manifest in release.manifests:
+        check(manifest)
+
+
+def test_every_manifest_lands_in_the_release_namespace(release: Release) -> None:
+    assert {m["metadata"].get("namespace") for m in release.manifests} == {"abada"}
+
+
+def test_no_two_manifests_share_kind_and_name(release: Release) -> None:
+    keys = [(m["kind"], m["metadata"]["name"]) for m in release.manifests]
+    assert len(keys) == len(set(keys))
+
+
+@pytest.mark.parametrize(
+    ("broken", "why"),
+    [
+        (lambda so: so["spec"]["triggers"][0]["metadata"].update(targetValue=4), "a number in metadata"),
+        (lambda so: so["spec"]["triggers"][0]["metadata"].pop("valueLocation"), "no valueLocation"),
+        (lambda so: so["spec"].update(minReplicas=1), "an HPA field name"),
+        (
+            lambda so: so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"][
+                "scaleDown"
+            ].update(policies=[{"type": "Percent", "value": 50}]),
+            "a policy without periodSeconds",
+        ),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_the_keda_check_catches_mistakes(broken: Callable[[Manifest], object], why: str) -> None:
+    # The hand-written KEDA check must refuse what KEDA would refuse, or passing it means nothing.
+    scaled_object = copy.deepcopy(render_set("default").of_kind("ScaledObject")[0])
+    broken(scaled_object)
+    with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError, AssertionError)):
+        check_scaled_object(scaled_object)
