@@ -45,5 +45,14 @@ demo: venv proto
 bench: venv proto
 	$(PY) bench/task_cycle.py
 
+IMAGE_PREFIX ?= abada
+IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' charts/abada/Chart.yaml)
+
+# Builds where a Docker engine (with BuildKit) is available; CI machines here have none.
+images:
+	docker build -f services/engine/Dockerfile -t $(IMAGE_PREFIX)/engine:$(IMAGE_TAG) .
+	docker build -f services/credential-broker/Dockerfile -t $(IMAGE_PREFIX)/credential-broker:$(IMAGE_TAG) .
+	docker build -f services/agent-worker/Dockerfile -t $(IMAGE_PREFIX)/agent-worker:$(IMAGE_TAG) .
+
 clean:
 	rm -rf $(VENV) api/python/abada .abada
