@@ -6,7 +6,6 @@ import enum
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from abada.engine.v1 import definition_pb2, external_task_pb2, incident_pb2, process_pb2
 from google.protobuf.message import Message
@@ -32,7 +31,7 @@ _MAX_PAGE_SIZE = 500
 class _ReportingGroup(TyperGroup):
     """Every command's CliError becomes `error: ...` on stderr and its exit code, never a traceback."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
         except CliError as error:
@@ -78,10 +77,11 @@ _INSTANCE_STATES = {
 def _choose_token(ctx: typer.Context, token: str | None, token_file: Path | None) -> str | None:
     if token and token_file:
         # A flag on the command line beats a variable left in the environment; two flags are a mistake.
+        # Compared by name: newer typer vendors click, so its ParameterSource is not click's.
         from_command_line = {
             name
             for name in ("token", "token_file")
-            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+            if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
         }
         if from_command_line == {"token_file"}:
             token = None

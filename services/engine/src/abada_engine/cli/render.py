@@ -25,9 +25,14 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 
 def fields(pairs: Sequence[tuple[str, str]], indent: str = "") -> str:
-    """A key/value card: the keys aligned in one column."""
+    """A key/value card: keys in one column, values (even multi-line ones) in the next."""
     width = max(len(key) for key, _ in pairs)
-    return "\n".join(f"{indent}{key.ljust(width)}  {value}" for key, value in pairs)
+    continuation = "\n" + " " * (len(indent) + width + 2)
+    lines = []
+    for key, value in pairs:
+        aligned = continuation.join(value.splitlines()) or value
+        lines.append(f"{indent}{key.ljust(width)}  {aligned}")
+    return "\n".join(lines)
 
 
 def plain_numbers(value: Any) -> Any:

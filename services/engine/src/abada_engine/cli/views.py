@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from abada.engine.v1 import common_pb2, definition_pb2, external_task_pb2, incident_pb2, process_pb2
-from google.protobuf import json_format
+from google.protobuf import struct_pb2
 
 from .render import (
     EMPTY,
     age,
     enum_label,
     fields,
+    message_dict,
     moment,
-    plain_numbers,
     pretty_json,
     shorten,
     summary,
@@ -35,8 +36,8 @@ _CALL_DETAIL_ORDER = (
 )
 
 
-def struct_value(message: object) -> dict:
-    return plain_numbers(json_format.MessageToDict(message))  # type: ignore[arg-type]
+def struct_value(message: struct_pb2.Struct) -> dict[str, Any]:
+    return message_dict(message)
 
 
 def instance_state(state: int) -> str:
@@ -47,14 +48,18 @@ def binding_ref(binding: common_pb2.ToolBinding) -> str:
     return f"{binding.server}/{binding.tool}"
 
 
+def idempotency(binding: common_pb2.ToolBinding) -> str:
+    if binding.idempotency == common_pb2.IDEMPOTENCY_UNSPECIFIED:
+        return EMPTY  # reads have none to declare
+    return enum_label(common_pb2.Idempotency.Name(binding.idempotency), "IDEMPOTENCY_").lower()
+
+
 def bindings_table(bindings: Sequence[common_pb2.ToolBinding]) -> str:
     rows = [
         (
             binding_ref(b),
             enum_label(common_pb2.ToolPolicy.Name(b.policy), "TOOL_POLICY_").lower(),
-            enum_label(common_pb2.Idempotency.Name(b.idempotency), "IDEMPOTENCY_")
-            .lower()
-            .replace("unspecified", EMPTY),
+            idempotency(b),
             b.transport or EMPTY,
             b.url or EMPTY,
             b.credential or EMPTY,
@@ -186,14 +191,9 @@ def incidents_table(incidents: Sequence[incident_pb2.Incident], with_state: bool
 
 def outcome_unknown_card(incident: incident_pb2.Incident) -> str:
     details = struct_value(incident.details)
-    ordered = [key for key in _CALL_DETAIL_ORDER if key in details] + sorted(
-        set(details) - set(_CALL_DETAIL_ORDER)
-    )
-    pairs = [
-        (key, value if isinstance(value, str) else pretty_json(value).replace("\n", "\n    "))
-        for key in ordered
-        for value in [details[key]]
-    ]
+    known_first = [key for key in _CALL_DETAIL_ORDER if key in details]
+    ordered = known_first + sorted(set(details) - set(known_first))
+    pairs = [(key, _detail_text(details[key])) for key in ordered]
     lines = [f"incident {incident.id}: did this call happen?"]
     if pairs:
         lines.append(fields(pairs, indent="  "))
@@ -202,6 +202,10 @@ def outcome_unknown_card(incident: incident_pb2.Incident) -> str:
             f"  decide with: abada resolve {incident.id} --happened --result '{{...}}' | --did-not-happen | --cancel"
         )
     return "\n".join(lines)
+
+
+def _detail_text(value: Any) -> str:
+    return value if isinstance(value, str) else pretty_json(value)
 
 
 def resolved(incident: incident_pb2.Incident) -> str:

@@ -1,0 +1,91 @@
+"""Running the `abada` CLI against the test engine without blocking the event loop the engine serves on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from abada.engine.v1 import definition_pb2, external_task_pb2, process_pb2
+from abada_engine.cli.app import app
+from google.protobuf import struct_pb2
+from typer.testing import CliRunner
+
+# Settings from the developer's shell must not leak into what a test asserts.
+_CLEAN_ENV: dict[str, str | None] = {
+    name: None
+    for name in (
+        "ABADA_ENGINE_ADDRESS",
+        "ABADA_TOKEN",
+        "ABADA_TOKEN_FILE",
+        "ABADA_TLS_CA_FILE",
+        "ABADA_TLS_CERT_FILE",
+        "ABADA_TLS_KEY_FILE",
+        "ABADA_TIMEOUT",
+    )
+}
+
+
+@dataclass
+class Ran:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+async def abada(
+    address: str, *args: str, options: Sequence[str] = ("--timeout", "10"), env: dict[str, str] | None = None
+) -> Ran:
+    """`abada --engine ADDRESS OPTIONS... ARGS...` in a worker thread; the sync gRPC client must not run on the loop."""
+    runner = CliRunner()
+    result = await asyncio.to_thread(
+        runner.invoke,
+        app,
+        ["--engine", address, *options, *args],
+        env={**_CLEAN_ENV, **(env or {})},
+        prog_name="abada",
+    )
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return Ran(result.exit_code, result.stdout, result.stderr)
+
+
+def struct(values: dict[str, Any]) -> struct_pb2.Struct:
+    message = struct_pb2.Struct()
+    message.update(values)
+    return message
+
+
+async def deploy(
+    engine: Any, content: str, source_name: str = "bundle.yaml"
+) -> definition_pb2.DeployResponse:
+    return await engine.definitions.Deploy(
+        definition_pb2.DeployRequest(source_name=source_name, content=content)
+    )
+
+
+async def start(engine: Any, process_id: str, **variables: Any) -> process_pb2.Instance:
+    response = await engine.processes.StartInstance(
+        process_pb2.StartInstanceRequest(process_id=process_id, variables=struct(variables))
+    )
+    return response.instance
+
+
+async def fetch_one(
+    engine: Any, topic: str, worker_id: str = "cli-test-worker"
+) -> external_task_pb2.ExternalTask:
+    response = await engine.tasks.FetchAndLock(
+        external_task_pb2.FetchAndLockRequest(
+            worker_id=worker_id,
+            topics=[external_task_pb2.TopicSubscription(name=topic, lease_ms=30_000)],
+            max_tasks=1,
+            wait_ms=0,
+        )
+    )
+    assert len(response.tasks) == 1, f"expected one task on {topic}"
+    return response.tasks[0]

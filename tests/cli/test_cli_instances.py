@@ -1,0 +1,182 @@
+"""`abada start`, `abada instances` and `abada show` against a real engine."""
+
+from __future__ import annotations
+
+from abada.engine.v1 import process_pb2
+from abada_engine.cli.render import plain_numbers
+from cli_support import abada, deploy, start
+
+NOTIFY = """
+processes:
+  - id: notify
+    start: send
+    nodes:
+      - { id: send, type: service, topic: notify, next: done }
+      - { id: done, type: end }
+  - id: instant
+    start: done
+    nodes:
+      - { id: done, type: end }
+"""
+
+
+async def variables_of(engine, instance_id: str) -> dict:
+    from google.protobuf import json_format
+
+    got = await engine.processes.GetInstance(process_pb2.GetInstanceRequest(instance_id=instance_id))
+    return plain_numbers(json_format.MessageToDict(got.instance.variables))
+
+
+def card(stdout: str) -> dict[str, str]:
+    pairs = {}
+    for line in stdout.splitlines():
+        key, _, value = line.partition("  ")
+        if value:
+            pairs[key.strip()] = value.strip()
+    return pairs
+
+
+async def test_start_types_var_values_as_json_when_they_parse(engine):
+    await deploy(engine, NOTIFY)
+    ran = await abada(
+        engine.address,
+        "start",
+        "notify",
+        "--var", "count=3",
+        "--var", "ratio=0.5",
+        "--var", "vip=true",
+        "--var", 'order={"id": 5531, "items": ["parcel"]}',
+        "--var", "customerId=C-42",
+        "--var", "zip=007",
+        "--var", "message=My parcel never arrived",
+        "--var", "nothing=null",
+        "--var", "weird=NaN",
+        "--var", "empty=",
+        "--business-key", "ticket-17",
+    )  # fmt: skip
+    assert ran.exit_code == 0, ran.stderr
+    shown = card(ran.stdout)
+    assert shown["token at"] == "send"
+    assert shown["state"] == "ACTIVE"
+    assert shown["process"] == "notify v1"
+    assert shown["business key"] == "ticket-17"
+    assert await variables_of(engine, shown["instance"]) == {
+        "count": 3,
+        "ratio": 0.5,
+        "vip": True,
+        "order": {"id": 5531, "items": ["parcel"]},
+        "customerId": "C-42",
+        "zip": "007",
+        "message": "My parcel never arrived",
+        "nothing": None,
+        "weird": "NaN",
+        "empty": "",
+    }
+
+
+async def test_var_overrides_vars_json_and_version_is_pinned(engine):
+    await deploy(engine, NOTIFY)
+    await deploy(engine, NOTIFY.replace("topic: notify", "topic: mail"))
+    ran = await abada(
+        engine.address,
+        "start",
+        "notify",
+        "--vars-json", '{"customerId": "C-1", "priority": "low"}',
+        "--var", "priority=high",
+        "--version", "1",
+        "--json",
+    )  # fmt: skip
+    assert ran.exit_code == 0, ran.stderr
+    started = ran.json()["instance"]
+    assert started["version"] == 1
+    assert started["currentNodeId"] == "send"
+    assert started["state"] == "INSTANCE_STATE_ACTIVE"
+    assert started["variables"] == {"customerId": "C-1", "priority": "high"}
+
+
+async def test_bad_variables_are_refused_before_calling_the_engine(engine):
+    await deploy(engine, NOTIFY)
+    no_equals = await abada(engine.address, "start", "notify", "--var", "customerId")
+    assert no_equals.exit_code == 2
+    assert no_equals.stderr.strip() == "error: --var 'customerId': expected KEY=VALUE"
+    not_object = await abada(engine.address, "start", "notify", "--vars-json", "[1, 2]")
+    assert not_object.exit_code == 2
+    assert "--vars-json: must be a JSON object" in not_object.stderr
+    listed = await engine.processes.ListInstances(process_pb2.ListInstancesRequest())
+    assert list(listed.instances) == []
+
+
+async def test_unknown_process_is_not_found_and_exits_1(engine):
+    ran = await abada(engine.address, "start", "missing")
+    assert ran.exit_code == 1
+    message = ran.stderr.strip()
+    assert message.startswith("error: NOT_FOUND: ") and "'missing'" in message
+    assert message.endswith("(field process_id)")
+
+
+async def test_instances_lists_and_filters_by_state_and_process(engine):
+    await deploy(engine, NOTIFY)
+    waiting = await start(engine, "notify", customerId="C-42")
+    finished = await start(engine, "instant")
+
+    ran = await abada(engine.address, "instances")
+    assert ran.exit_code == 0, ran.stderr
+    header, *rows = ran.stdout.splitlines()
+    assert header.split()[:5] == ["ID", "PROCESS", "VERSION", "STATE", "NODE"]
+    by_id = {row.split()[0]: row.split() for row in rows}
+    assert by_id[waiting.id][1:5] == ["notify", "1", "ACTIVE", "send"]
+    assert by_id[finished.id][1:5] == ["instant", "1", "COMPLETED", "done"]
+
+    active = await abada(engine.address, "instances", "--state", "active", "--json")
+    assert [i["id"] for i in active.json()["instances"]] == [waiting.id]
+    of_instant = await abada(engine.address, "instances", "--process", "instant", "--json")
+    assert [i["id"] for i in of_instant.json()["instances"]] == [finished.id]
+    none = await abada(engine.address, "instances", "--state", "canceled")
+    assert none.stdout.strip() == "no instances"
+
+
+async def test_instances_limit_stops_early_and_says_there_is_more(engine):
+    await deploy(engine, NOTIFY)
+    for _ in range(3):
+        await start(engine, "instant")
+    ran = await abada(engine.address, "instances", "--limit", "2")
+    assert ran.exit_code == 0, ran.stderr
+    assert len(ran.stdout.splitlines()) == 1 + 2
+    assert "raise --limit" in ran.stderr
+    everything = await abada(engine.address, "instances", "--json")
+    assert len(everything.json()["instances"]) == 3
+
+
+async def test_show_prints_state_variables_and_history(engine):
+    await deploy(engine, NOTIFY)
+    instance = await start(engine, "notify", customerId="C-42", order={"id": 5531})
+    ran = await abada(engine.address, "show", instance.id)
+    assert ran.exit_code == 0, ran.stderr
+    shown = card(ran.stdout.split("variables:")[0])
+    assert shown["instance"] == instance.id
+    assert shown["state"] == "ACTIVE"
+    assert shown["current node"] == "send"
+    assert '"customerId": "C-42"' in ran.stdout
+    assert '"id": 5531' in ran.stdout
+    history = ran.stdout.split("history:\n", 1)[1].splitlines()
+    assert history[0].split() == ["TIME", "TYPE", "NODE", "DATA"]
+    types = [line.split()[2] for line in history[1:]]
+    assert types[0] == "INSTANCE_STARTED"
+    assert "TASK_CREATED" in types
+
+
+async def test_show_json_holds_instance_and_history(engine):
+    await deploy(engine, NOTIFY)
+    instance = await start(engine, "instant")
+    shown = (await abada(engine.address, "show", instance.id, "--json")).json()
+    assert shown["instance"]["id"] == instance.id
+    assert shown["instance"]["state"] == "INSTANCE_STATE_COMPLETED"
+    assert shown["events"][0]["type"] == "INSTANCE_STARTED"
+    assert shown["events"][-1]["type"] == "INSTANCE_COMPLETED"
+
+
+async def test_show_of_a_malformed_id_is_invalid_input(engine):
+    ran = await abada(engine.address, "show", "not-a-uuid")
+    assert ran.exit_code == 2
+    assert ran.stderr.startswith("error: ")
+    assert "instance_id" in ran.stderr
