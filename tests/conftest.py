@@ -6,6 +6,7 @@ created in it for the session and dropped after), else an embedded pgserver.
 
 from __future__ import annotations
 
+import base64
 import os
 import pathlib
 import secrets
@@ -22,13 +23,18 @@ from abada.engine.v1 import (
     incident_pb2_grpc,
     process_pb2_grpc,
 )
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from abada_engine.api.server import EngineCore, RunningServer, start_grpc_server
 from abada_engine.db.database import create_engine
 from abada_engine.db.migrate import migrate
+from abada_engine.definitions.tool_contracts import FileCredentials, McpContractCheck
+from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Two keys, so every test exercises a ring where the primary is not the only key.
+TEST_JOURNAL_KEYS = KeyRing.parse(
+    "k2:" + base64.b64encode(b"\x02" * 32).decode() + ",k1:" + base64.b64encode(b"\x01" * 32).decode()
+)
 
 
 def _with_database(url: str, name: str) -> str:
@@ -75,8 +81,27 @@ async def db(database_url: str) -> AsyncIterator[AsyncEngine]:
 
 
 @pytest.fixture(scope="session")
-async def engine_core(db: AsyncEngine, database_url: str) -> AsyncIterator[EngineCore]:
-    core = await EngineCore.open(db, database_url)
+def deploy_credentials(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The file the engine reads tool-server credentials from at deploy time (name: value).
+
+    A test that deploys a bundle with tool servers writes their credentials here first.
+    """
+    path = tmp_path_factory.mktemp("deploy") / "credentials.yaml"
+    path.write_text("{}\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+async def engine_core(
+    db: AsyncEngine, database_url: str, deploy_credentials: pathlib.Path
+) -> AsyncIterator[EngineCore]:
+    core = await EngineCore.open(
+        db,
+        database_url,
+        TEST_JOURNAL_KEYS,
+        IdempotencyKeys(b"test-idempotency-secret"),
+        McpContractCheck(FileCredentials(deploy_credentials), timeout_seconds=5),
+    )
     yield core
     await core.close()
 
@@ -106,13 +131,17 @@ async def engine_channel(engine_server: RunningServer) -> AsyncIterator[tuple[gr
 
 
 @pytest.fixture
-async def engine(engine_channel: tuple[grpc.aio.Channel, str], db: AsyncEngine) -> AsyncIterator[EngineClients]:
+async def engine(
+    engine_channel: tuple[grpc.aio.Channel, str], db: AsyncEngine
+) -> AsyncIterator[EngineClients]:
     """Generated clients on a clean database (every table emptied before the test)."""
     async with db.begin() as conn:
         from sqlalchemy import text
 
         await conn.execute(
-            text("TRUNCATE journal_steps, incidents, history, tasks, instances, definitions RESTART IDENTITY CASCADE")
+            text(
+                "TRUNCATE journal_steps, incidents, history, tasks, instances, definitions RESTART IDENTITY CASCADE"
+            )
         )
     channel, address = engine_channel
     yield EngineClients(

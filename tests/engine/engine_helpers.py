@@ -53,8 +53,12 @@ def plain(message: struct_pb2.Struct) -> dict[str, Any]:
     return integral(json_format.MessageToDict(message))
 
 
-async def deploy(engine: Any, content: str, source_name: str = "bundle.yaml") -> definition_pb2.DeployResponse:
-    return await engine.definitions.Deploy(definition_pb2.DeployRequest(source_name=source_name, content=content))
+async def deploy(
+    engine: Any, content: str, source_name: str = "bundle.yaml"
+) -> definition_pb2.DeployResponse:
+    return await engine.definitions.Deploy(
+        definition_pb2.DeployRequest(source_name=source_name, content=content)
+    )
 
 
 async def start(engine: Any, process_id: str, **variables: Any) -> process_pb2.Instance:
@@ -106,4 +110,43 @@ async def history_types(engine: Any, instance_id: str) -> list[tuple[str, str]]:
 
 
 async def instance(engine: Any, instance_id: str) -> process_pb2.Instance:
-    return (await engine.processes.GetInstance(process_pb2.GetInstanceRequest(instance_id=instance_id))).instance
+    return (
+        await engine.processes.GetInstance(process_pb2.GetInstanceRequest(instance_id=instance_id))
+    ).instance
+
+
+async def append(
+    engine: Any,
+    task: external_task_pb2.ExternalTask,
+    sequence: int,
+    kind: str,
+    state: str,
+    tool_ref: str = "",
+    request: dict[str, Any] | None = None,
+    response: dict[str, Any] | None = None,
+    tokens: tuple[int, int] = (0, 0),
+    worker_id: str = "w",
+    attempt: int | None = None,
+    lease_token: str | None = None,
+) -> external_task_pb2.AppendStepResponse:
+    message = external_task_pb2.AppendStepRequest(
+        task_id=task.id,
+        worker_id=worker_id,
+        lease_token=task.lease_token if lease_token is None else lease_token,
+        attempt=task.attempt if attempt is None else attempt,
+        sequence=sequence,
+        kind=getattr(external_task_pb2, f"STEP_KIND_{kind}"),
+        state=getattr(external_task_pb2, f"STEP_STATE_{state}"),
+        tool_ref=tool_ref,
+        tokens=external_task_pb2.TokenUsage(input_tokens=tokens[0], output_tokens=tokens[1]),
+    )
+    if request is not None:
+        message.request.CopyFrom(struct(request))
+    if response is not None:
+        message.response.CopyFrom(struct(response))
+    return await engine.tasks.AppendStep(message)
+
+
+async def journal(engine: Any, task_id: str) -> list[external_task_pb2.JournalStep]:
+    response = await engine.tasks.GetJournal(external_task_pb2.GetJournalRequest(task_id=task_id))
+    return list(response.steps)

@@ -38,7 +38,9 @@ async def test_deploy_creates_version_one_and_identical_redeploy_returns_it(engi
     again = await deploy(engine, SIMPLE + "\n# only a comment changed\n", "greet.yaml")
     assert again.definitions[0].id == first.definitions[0].id
     assert list(again.created_process_ids) == []
-    listed = await engine.definitions.ListDefinitions(definition_pb2.ListDefinitionsRequest(process_id="greet"))
+    listed = await engine.definitions.ListDefinitions(
+        definition_pb2.ListDefinitionsRequest(process_id="greet")
+    )
     assert [d.version for d in listed.definitions] == [1]
 
 
@@ -52,7 +54,9 @@ async def test_changed_process_gets_a_new_version_and_instances_stay_on_theirs(e
     assert (old.version, new.version) == (1, 2)
     got = await engine.processes.GetInstance(process_pb2.GetInstanceRequest(instance_id=old.id))
     assert got.instance.version == 1
-    pinned = await engine.processes.StartInstance(process_pb2.StartInstanceRequest(process_id="greet", version=1))
+    pinned = await engine.processes.StartInstance(
+        process_pb2.StartInstanceRequest(process_id="greet", version=1)
+    )
     assert pinned.instance.version == 1
     latest = await engine.definitions.GetDefinition(definition_pb2.GetDefinitionRequest(process_id="greet"))
     assert latest.definition.version == 2
@@ -67,21 +71,35 @@ async def test_bundle_with_two_processes_deploys_both(engine):
 @pytest.mark.parametrize(
     ("bundle", "field", "line", "why"),
     [
-        (SIMPLE.replace("next: done }", "next: nowhere }"), "processes[0].nodes[0].next", 6, "unknown node 'nowhere'"),
         (
-            SIMPLE.replace("- { id: done, type: end }", "- { id: done, type: end }\n      - { id: lost, type: end }"),
+            SIMPLE.replace("next: done }", "next: nowhere }"),
+            "processes[0].nodes[0].next",
+            6,
+            "unknown node 'nowhere'",
+        ),
+        (
+            SIMPLE.replace(
+                "- { id: done, type: end }", "- { id: done, type: end }\n      - { id: lost, type: end }"
+            ),
             "processes[0].nodes[2].id",
             8,
             "unreachable",
         ),
         (
-            SIMPLE.replace("- { id: done, type: end }", "- { id: done, type: end }\n      - { id: hello, type: end }"),
+            SIMPLE.replace(
+                "- { id: done, type: end }", "- { id: done, type: end }\n      - { id: hello, type: end }"
+            ),
             "processes[0].nodes[2].id",
             8,
             "duplicate node id 'hello'",
         ),
         (SIMPLE.replace("type: service", "type: robot"), "processes[0].nodes[0].type", 6, "is not one of"),
-        (SIMPLE.replace("topic: greetings", "topik: greetings"), "processes[0].nodes[0].topik", 6, "unknown field"),
+        (
+            SIMPLE.replace("topic: greetings", "topik: greetings"),
+            "processes[0].nodes[0].topik",
+            6,
+            "unknown field",
+        ),
         (SIMPLE.replace("start: hello", "start: nope"), "processes[0].start", 4, "unknown node 'nope'"),
         ("processes: [", "(bundle)", 1, "not valid YAML"),
     ],
@@ -133,10 +151,20 @@ processes:
     [
         ("        result_variable: triage\n", "", "processes[0].nodes[0].result_variable", "is required"),
         ("required: [priority]", "required: 7", "processes[0].nodes[0].output_schema", "JSON Schema"),
-        ("'triage.priority == \"high\"'", "'triage.priority =='", "processes[0].nodes[1].branches[0].when", "CEL"),
+        (
+            "'triage.priority == \"high\"'",
+            "'triage.priority =='",
+            "processes[0].nodes[1].branches[0].when",
+            "CEL",
+        ),
         ("[crm/get_customer]", "[crm/delete_everything]", "processes[0].nodes[0].tools[0]", "not declared"),
         ("[crm/get_customer]", "[erp/get_customer]", "processes[0].nodes[0].tools[0]", "unknown tool server"),
-        ("{ policy: read }", "{ policy: maybe }", "tool_servers[0].tools.get_customer.policy", "read or write"),
+        (
+            "{ policy: read }",
+            "{ policy: maybe }",
+            "tool_servers[0].tools.get_customer.policy",
+            "read or write",
+        ),
         ("transport: streamable-http", "transport: stdio", "tool_servers[0].transport", "not supported"),
         ("Look up ${customerId}", "Look up ${customer id}", "processes[0].nodes[0].prompt", "bad reference"),
     ],
@@ -152,9 +180,10 @@ async def test_agent_bundle_problems_are_named(engine, old, new, field, why):
 
 
 async def test_every_problem_is_listed_and_nothing_is_stored(engine):
-    broken = TWO_PROCESSES.replace("next: end }\n      - { id: end, type: end }\n  - id: second", "next: ende }\n      - { id: end, type: end }\n  - id: second").replace(
-        "type: user_task", "type: user_tsk"
-    )
+    broken = TWO_PROCESSES.replace(
+        "next: end }\n      - { id: end, type: end }\n  - id: second",
+        "next: ende }\n      - { id: end, type: end }\n  - id: second",
+    ).replace("type: user_task", "type: user_tsk")
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await deploy(engine, broken, "two.yaml")
     violations = bad_request(caught.value)

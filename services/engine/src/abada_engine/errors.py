@@ -21,6 +21,7 @@ class Category(enum.Enum):
     ABORTED = "aborted"
     RESOURCE_EXHAUSTED = "resource_exhausted"
     UNAVAILABLE = "unavailable"
+    DATA_LOSS = "data_loss"
 
 
 @dataclass(frozen=True)

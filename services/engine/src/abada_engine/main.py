@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 
 from .api.server import EngineCore, start_grpc_server
@@ -13,7 +14,9 @@ from .config import EngineSettings
 from .db.database import create_engine
 from .db.embedded import start_embedded_postgres
 from .db.migrate import migrate
+from .definitions.tool_contracts import McpContractCheck, credentials_from_env
 from .logs import configure_logging
+from .runtime.crypto import idempotency_from_env, journal_keys_from_env
 
 log = logging.getLogger("abada_engine")
 
@@ -28,7 +31,14 @@ async def serve(settings: EngineSettings) -> None:
     url, embedded = _database_url(settings)
     db = create_engine(url, settings.db_pool_size)
     await migrate(db)
-    core = await EngineCore.open(db, url)
+    env = dict(os.environ)
+    core = await EngineCore.open(
+        db,
+        url,
+        journal_keys_from_env(env, settings.state_dir),
+        idempotency_from_env(env, settings.state_dir),
+        McpContractCheck(credentials_from_env(env), float(env.get("ABADA_DEPLOY_MCP_TIMEOUT_SECONDS", "10"))),
+    )
     running = await start_grpc_server(core, settings.grpc_address)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

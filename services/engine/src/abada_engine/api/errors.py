@@ -28,6 +28,7 @@ _CODES: dict[Category, grpc.StatusCode] = {
     Category.ABORTED: grpc.StatusCode.ABORTED,
     Category.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Category.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Category.DATA_LOSS: grpc.StatusCode.DATA_LOSS,
 }
 
 

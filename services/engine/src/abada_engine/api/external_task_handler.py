@@ -5,15 +5,20 @@ from __future__ import annotations
 import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
 
-from abada_engine.errors import Category, EngineError
+from abada_engine.errors import Category, EngineError, invalid
 from abada_engine.runtime.completion import AttemptMetadata, Completions
 from abada_engine.runtime.contract import Verdict
+from abada_engine.runtime.journal import Journal, StepRequest
 from abada_engine.runtime.leases import Leases, Subscription
 
 from . import messages
 from .convert import from_struct, parse_uuid, timestamp
 from .errors import translates_errors
 
+_KIND_NAMES = {value: name for name, value in messages.STEP_KINDS.items()}
+_STATE_NAMES = {
+    value: name for name, value in messages.STEP_STATES.items() if name in ("STARTED", "COMPLETED", "FAILED")
+}
 _OUTCOMES = {
     (Verdict.ACCEPTED, False): external_task_pb2.COMPLETE_OUTCOME_ADVANCED,
     (Verdict.INVALID_OUTPUT, True): external_task_pb2.COMPLETE_OUTCOME_INVALID_OUTPUT_ROUTED,
@@ -50,9 +55,45 @@ def caller_is(context: grpc.aio.ServicerContext, worker_id: str) -> None:
 
 @translates_errors
 class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
-    def __init__(self, leases: Leases, completions: Completions) -> None:
+    def __init__(self, leases: Leases, completions: Completions, journal: Journal) -> None:
         self._leases = leases
         self._completions = completions
+        self._journal = journal
+
+    async def AppendStep(
+        self, request: external_task_pb2.AppendStepRequest, context: grpc.aio.ServicerContext
+    ) -> external_task_pb2.AppendStepResponse:
+        kind = _KIND_NAMES.get(request.kind)
+        if kind is None:
+            raise invalid("INVALID_ARGUMENT", "kind", "must be STEP_KIND_MODEL_CALL or STEP_KIND_TOOL_CALL")
+        state = _STATE_NAMES.get(request.state)
+        if state is None:
+            raise invalid("INVALID_ARGUMENT", "state", "must be STARTED, COMPLETED or FAILED")
+        result = await self._journal.append(
+            StepRequest(
+                task_id=parse_uuid(request.task_id, "task_id"),
+                worker_id=request.worker_id,
+                lease_token=request.lease_token,
+                attempt=request.attempt,
+                sequence=request.sequence,
+                kind=kind,
+                state=state,
+                tool_ref=request.tool_ref,
+                request=from_struct(request.request) if request.HasField("request") else None,
+                response=from_struct(request.response) if request.HasField("response") else None,
+                input_tokens=request.tokens.input_tokens,
+                output_tokens=request.tokens.output_tokens,
+            )
+        )
+        return external_task_pb2.AppendStepResponse(
+            step=messages.step(result.step), idempotency_key=result.idempotency_key
+        )
+
+    async def GetJournal(
+        self, request: external_task_pb2.GetJournalRequest, context: grpc.aio.ServicerContext
+    ) -> external_task_pb2.GetJournalResponse:
+        steps = await self._journal.journal(parse_uuid(request.task_id, "task_id"))
+        return external_task_pb2.GetJournalResponse(steps=[messages.step(s) for s in steps])
 
     async def FetchAndLock(
         self, request: external_task_pb2.FetchAndLockRequest, context: grpc.aio.ServicerContext

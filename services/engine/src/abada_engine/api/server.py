@@ -13,6 +13,8 @@ from abada.engine.v1 import (
     external_task_pb2_grpc,
     incident_pb2,
     incident_pb2_grpc,
+    lease_pb2,
+    lease_pb2_grpc,
     process_pb2,
     process_pb2_grpc,
 )
@@ -23,14 +25,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from abada_engine.db.database import async_url
 from abada_engine.definitions.catalog import ContractCheck, DefinitionCatalog
 from abada_engine.runtime.completion import Completions
+from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
 from abada_engine.runtime.incidents import Incidents
 from abada_engine.runtime.instances import Instances
+from abada_engine.runtime.journal import Journal
 from abada_engine.runtime.leases import Leases
 from abada_engine.runtime.wakeups import TaskWakeups
 
 from .definition_handler import DefinitionHandler
 from .external_task_handler import ExternalTaskHandler
 from .incident_handler import IncidentHandler
+from .lease_handler import LeaseHandler
 from .process_handler import ProcessHandler
 
 log = logging.getLogger(__name__)
@@ -40,6 +45,7 @@ SERVICE_NAMES = (
     process_pb2.DESCRIPTOR.services_by_name["ProcessService"].full_name,
     external_task_pb2.DESCRIPTOR.services_by_name["ExternalTaskService"].full_name,
     incident_pb2.DESCRIPTOR.services_by_name["IncidentService"].full_name,
+    lease_pb2.DESCRIPTOR.services_by_name["LeaseService"].full_name,
 )
 
 
@@ -54,21 +60,31 @@ class EngineCore:
     completions: Completions
     incidents: Incidents
     wakeups: TaskWakeups
+    journal: Journal
 
     @staticmethod
     async def open(
-        db: AsyncEngine, database_url: str, contract_check: ContractCheck | None = None
+        db: AsyncEngine,
+        database_url: str,
+        keys: KeyRing,
+        idempotency: IdempotencyKeys,
+        contract_check: ContractCheck | None = None,
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
+        journal = Journal(db, catalog, keys, idempotency)
+        incidents = Incidents(db, catalog)
+        incidents.register("TOOL_OUTCOME_UNKNOWN", "HAPPENED", journal.resolve_happened)
+        incidents.register("TOOL_OUTCOME_UNKNOWN", "DID_NOT_HAPPEN", journal.resolve_did_not_happen)
         wakeups = TaskWakeups(async_url(database_url).replace("postgresql+asyncpg://", "postgresql://", 1))
         await wakeups.start()
         return EngineCore(
             db=db,
             catalog=catalog,
             instances=Instances(db, catalog),
-            leases=Leases(db, catalog, wakeups),
+            leases=Leases(db, catalog, wakeups, after_lock=journal.on_locked),
             completions=Completions(db, catalog),
-            incidents=Incidents(db, catalog),
+            incidents=incidents,
+            journal=journal,
             wakeups=wakeups,
         )
 
@@ -92,9 +108,10 @@ async def start_grpc_server(core: EngineCore, address: str) -> RunningServer:
     definition_pb2_grpc.add_DefinitionServiceServicer_to_server(DefinitionHandler(core.catalog), server)
     process_pb2_grpc.add_ProcessServiceServicer_to_server(ProcessHandler(core.instances), server)
     external_task_pb2_grpc.add_ExternalTaskServiceServicer_to_server(
-        ExternalTaskHandler(core.leases, core.completions), server
+        ExternalTaskHandler(core.leases, core.completions, core.journal), server
     )
     incident_pb2_grpc.add_IncidentServiceServicer_to_server(IncidentHandler(core.incidents), server)
+    lease_pb2_grpc.add_LeaseServiceServicer_to_server(LeaseHandler(core.leases), server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in (*SERVICE_NAMES, ""):

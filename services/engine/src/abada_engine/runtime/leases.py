@@ -14,7 +14,7 @@ import hmac
 import secrets
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
+from abada_engine.definitions.model import ToolBinding
 from abada_engine.errors import Category, EngineError, invalid, not_found
 
 from .views import AgentWorkView, LockedTask
@@ -33,6 +34,10 @@ MIN_LEASE_MS = 1_000
 MAX_LEASE_MS = 3_600_000
 MAX_WAIT_MS = 60_000
 MAX_TASKS = 500
+
+
+# Runs on the tasks just locked (the journal attaches steps and holds unsafe takeovers here).
+AfterLock = Callable[[list[LockedTask], list[str]], Awaitable[list[LockedTask]]]
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,14 @@ _NEXT_DUE_SQL = text(
 
 
 class Leases:
-    def __init__(self, engine: AsyncEngine, catalog: DefinitionCatalog, wakeups: TaskWakeups | None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        catalog: DefinitionCatalog,
+        wakeups: TaskWakeups | None,
+        after_lock: AfterLock | None = None,
+    ) -> None:
+        self._after_lock = after_lock
         self._engine = engine
         self._reads = autocommit(engine)
         self._catalog = catalog
@@ -142,11 +154,9 @@ class Leases:
         if not rows:
             return []
         tasks = [await self._locked_task(row, tokens[row.n - 1]) for row in rows]
-        return await self.on_locked(tasks, [row.prior_state for row in rows])
-
-    async def on_locked(self, tasks: list[LockedTask], prior_states: list[str]) -> list[LockedTask]:
-        """Hook run after locking (the journal attaches steps and decides takeovers here)."""
-        return tasks
+        if self._after_lock is None:
+            return tasks
+        return await self._after_lock(tasks, [row.prior_state for row in rows])
 
     async def _locked_task(self, row: Any, token: str) -> LockedTask:
         payload = row.payload
@@ -196,6 +206,32 @@ class Leases:
         async with self._reads.connect() as conn:
             return await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
 
+    async def verify_for_server(
+        self, task_id: uuid.UUID, worker_id: str, lease_token: str, server: str
+    ) -> tuple[LeaseHeld, list[ToolBinding]]:
+        """For the credential broker: the live lease, and the task's frozen bindings of `server`.
+
+        Every refusal is PERMISSION_DENIED, so the broker learns nothing it could leak about
+        tasks it was not asked about.
+        """
+        try:
+            held = await self.verify(task_id, worker_id, lease_token)
+        except EngineError as error:
+            reason = "UNKNOWN_TASK" if error.category is Category.NOT_FOUND else error.reason
+            if reason == "TASK_NOT_LEASED":
+                reason = "NOT_LEASE_HOLDER"
+            raise EngineError(Category.PERMISSION_DENIED, reason, error.message, field=error.field) from None
+        definition = await self._catalog.get(held.definition_id)
+        bindings = [b for b in definition.bindings_for(held.node_id) if b.server == server]
+        if not bindings:
+            raise EngineError(
+                Category.PERMISSION_DENIED,
+                "SERVER_NOT_BOUND",
+                f"task {task_id} has no binding to tool server {server!r}",
+                field="server",
+            )
+        return held, bindings
+
 
 _HOLD_SQL = text(
     """
@@ -209,14 +245,21 @@ _HOLD_SQL = text(
 
 
 async def hold_lease(
-    conn: AsyncConnection, task_id: uuid.UUID, worker_id: str, lease_token: str, lock: bool = True
+    conn: AsyncConnection,
+    task_id: uuid.UUID,
+    worker_id: str,
+    lease_token: str,
+    lock: bool = True,
+    lock_instance: bool = True,
 ) -> LeaseHeld:
     """Prove the caller holds the task's live lease; lock task and instance rows for the transaction.
 
     Refusals never change anything: NOT_FOUND, TASK_NOT_LEASED, NOT_LEASE_HOLDER (wrong worker or token,
     indistinguishably) and LEASE_EXPIRED (the right holder, too late).
     """
-    statement = _HOLD_SQL.text + (" FOR UPDATE OF t, i" if lock else "")
+    statement = _HOLD_SQL.text + (
+        (" FOR UPDATE OF t, i" if lock_instance else " FOR UPDATE OF t") if lock else ""
+    )
     row = (await conn.execute(text(statement), {"id": task_id})).one_or_none()
     if row is None or row.state == "WAITING":
         raise not_found("external task", str(task_id), "task_id")

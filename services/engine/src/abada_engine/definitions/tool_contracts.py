@@ -1,0 +1,214 @@
+"""Deploy-time contract check: every bound tool exists on its live MCP server with the pinned schema.
+
+For each tool server of a bundle the engine opens an MCP session over streamable-http (with the
+server's credential from the credential source), lists the tools and compares. The observed
+input-schema hashes are frozen into the definition version, so the worker can detect a server
+that changed after deploy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import pathlib
+from collections.abc import Generator
+from typing import Any, Protocol
+
+import httpx2
+import yaml
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import PaginatedRequestParams
+
+from abada_engine.errors import Category, EngineError
+
+from .catalog import ObservedSchemas
+from .model import Bundle, ToolServerSpec
+
+log = logging.getLogger(__name__)
+
+
+def schema_sha256(schema: Any) -> str:
+    """SHA-256 of the canonical JSON (sorted keys, no spaces) of a tool's inputSchema."""
+    return hashlib.sha256(json.dumps(schema, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class CredentialSource(Protocol):
+    async def secret(self, credential: str, server: str) -> str: ...
+
+
+class FileCredentials:
+    """Credentials from a YAML file (name: value), read on every deploy so rotation needs no restart."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self._path = path
+
+    async def secret(self, credential: str, server: str) -> str:
+        try:
+            data = yaml.safe_load(self._path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as error:
+            raise EngineError(
+                Category.UNAVAILABLE,
+                "CREDENTIAL_UNAVAILABLE",
+                f"cannot read the deploy credentials file: {type(error).__name__}",
+            ) from None
+        value = data.get(credential)
+        if isinstance(value, dict):
+            value = value.get("value")
+        if not isinstance(value, str) or not value:
+            raise EngineError(
+                Category.FAILED_PRECONDITION,
+                "CREDENTIAL_NOT_FOUND",
+                f"no credential {credential!r} for tool server {server!r}",
+                field=f"tool_servers.{server}.credential",
+            )
+        return value
+
+
+class _Bearer(httpx2.Auth):
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def auth_flow(self, request: httpx2.Request) -> Generator[httpx2.Request, httpx2.Response, None]:
+        request.headers["Authorization"] = f"Bearer {self._token}"
+        yield request
+
+
+class McpContractCheck:
+    def __init__(self, credentials: CredentialSource | None, timeout_seconds: float = 10.0) -> None:
+        self._credentials = credentials
+        self._timeout = timeout_seconds
+
+    async def __call__(self, bundle: Bundle) -> ObservedSchemas:
+        results = await asyncio.gather(
+            *(self._check_server(server) for server in bundle.tool_servers.values()), return_exceptions=True
+        )
+        observed: ObservedSchemas = {}
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+            observed.update(result)
+        return observed
+
+    async def _check_server(self, server: ToolServerSpec) -> ObservedSchemas:
+        secret = None
+        if server.credential and self._credentials is not None:
+            secret = await self._credentials.secret(server.credential, server.name)
+        try:
+            listed = await asyncio.wait_for(self._list_tools(server.url, secret), timeout=self._timeout)
+        except EngineError:
+            raise
+        except (TimeoutError, Exception) as error:  # any transport failure means the same to the deployer
+            cause = (
+                "no answer within the deploy timeout" if isinstance(error, TimeoutError) else _describe(error)
+            )
+            raise EngineError(
+                Category.UNAVAILABLE,
+                "TOOL_SERVER_UNAVAILABLE",
+                f"tool server {server.name!r} at {server.url} is unreachable: {cause}",
+                field=f"tool_servers.{server.name}.url",
+                metadata={"server": server.name},
+            ) from None
+        observed: ObservedSchemas = {}
+        for tool in server.tools.values():
+            if tool.name not in listed:
+                raise _mismatch(
+                    server,
+                    tool.name,
+                    f"tool {tool.name!r} is not offered by server {server.name!r} "
+                    f"(it offers: {', '.join(sorted(listed)) or 'nothing'})",
+                )
+            digest = schema_sha256(listed[tool.name])
+            if tool.input_schema_sha256 and tool.input_schema_sha256 != digest:
+                raise _mismatch(
+                    server,
+                    tool.name,
+                    f"the input schema of {server.name}/{tool.name} changed: pinned "
+                    f"sha256 {tool.input_schema_sha256}, server has {digest}",
+                )
+            observed[(server.name, tool.name)] = digest
+        return observed
+
+    async def _list_tools(self, url: str, secret: str | None) -> dict[str, Any]:
+        auth = _Bearer(secret) if secret else None
+        async with httpx2.AsyncClient(auth=auth, timeout=self._timeout) as http:
+            async with streamable_http_client(url, http_client=http) as (read_stream, write_stream):
+                async with ClientSession(read_stream, write_stream) as session:
+                    await session.initialize()
+                    tools: dict[str, Any] = {}
+                    cursor = None
+                    while True:
+                        params = PaginatedRequestParams(cursor=cursor) if cursor else None
+                        page = await session.list_tools(params=params)
+                        for tool in page.tools:
+                            tools[tool.name] = tool.input_schema
+                        cursor = page.next_cursor
+                        if not cursor:
+                            return tools
+
+
+def _mismatch(server: ToolServerSpec, tool: str, message: str) -> EngineError:
+    return EngineError(
+        Category.FAILED_PRECONDITION,
+        "TOOL_CONTRACT_MISMATCH",
+        message,
+        field=f"tool_servers.{server.name}.tools.{tool}",
+        metadata={"server": server.name, "tool": tool},
+    )
+
+
+def _describe(error: BaseException) -> str:
+    # Task groups wrap the real cause; the innermost one says what happened.
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return f"{type(error).__name__}: {error}"[:300]
+
+
+class BrokerCredentials:
+    """Credentials through the credential broker (purpose: deploy), so only the broker touches Vault."""
+
+    def __init__(self, address: str, token_file: pathlib.Path | None) -> None:
+        self._address = address
+        self._token_file = token_file
+
+    async def secret(self, credential: str, server: str) -> str:
+        import grpc
+        from abada.broker.v1 import credential_pb2, credential_pb2_grpc
+
+        metadata = []
+        if self._token_file is not None:
+            metadata.append(("authorization", f"Bearer {self._token_file.read_text().strip()}"))
+        async with grpc.aio.insecure_channel(self._address) as channel:
+            stub = credential_pb2_grpc.CredentialServiceStub(channel)
+            try:
+                answer = await stub.GetDeployCredential(
+                    credential_pb2.GetDeployCredentialRequest(credential=credential, server=server),
+                    metadata=metadata,
+                    timeout=10,
+                )
+            except grpc.aio.AioRpcError as error:
+                category = (
+                    Category.UNAVAILABLE
+                    if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                    else Category.FAILED_PRECONDITION
+                )
+                raise EngineError(
+                    category,
+                    "CREDENTIAL_UNAVAILABLE",
+                    f"the broker did not give credential {credential!r}: {error.code().name}",
+                    field=f"tool_servers.{server}.credential",
+                ) from None
+        return answer.secret
+
+
+def credentials_from_env(env: dict[str, str]) -> CredentialSource | None:
+    if env.get("ABADA_BROKER_ADDRESS"):
+        token_file = env.get("ABADA_BROKER_TOKEN_FILE")
+        return BrokerCredentials(
+            env["ABADA_BROKER_ADDRESS"], pathlib.Path(token_file) if token_file else None
+        )
+    if env.get("ABADA_DEPLOY_CREDENTIALS_FILE"):
+        return FileCredentials(pathlib.Path(env["ABADA_DEPLOY_CREDENTIALS_FILE"]))
+    return None

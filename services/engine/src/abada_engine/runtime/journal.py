@@ -1,0 +1,490 @@
+"""The step journal: what a worker did under a lease, step by step, sealed at rest.
+
+Every model and tool call is journaled; the engine checks the lease, the attempt,
+the sequence, the binding and the limits before a step is accepted, so a worker that
+takes over after a crash can replay finished steps instead of paying for them again,
+and a write is never re-sent blindly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from abada_engine.db.database import autocommit, dumps
+from abada_engine.definitions.catalog import DefinitionCatalog
+from abada_engine.definitions.model import ToolBinding
+from abada_engine.errors import Category, EngineError, invalid, not_found
+
+from .crypto import IdempotencyKeys, JournalIntegrityError, KeyRing
+from .leases import hold_lease
+from .navigator import HistoryEntry
+from .tokens import TASK_CHANNEL, history_row, raise_incident, write_history
+from .views import LockedTask, StepView
+
+KINDS = ("MODEL_CALL", "TOOL_CALL")
+WORKER_STATES = ("STARTED", "COMPLETED", "FAILED")
+FINISHED = ("COMPLETED", "FAILED")
+MAX_PAYLOAD_BYTES = 1_000_000
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    task_id: uuid.UUID
+    worker_id: str
+    lease_token: str
+    attempt: int
+    sequence: int
+    kind: str
+    state: str
+    tool_ref: str
+    request: dict[str, Any] | None
+    response: dict[str, Any] | None
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    step: StepView
+    idempotency_key: str
+
+
+_STEPS_SQL = text(
+    """
+    SELECT task_id, sequence, attempt, kind, state, tool_ref, key_id, request_ciphertext, response_ciphertext,
+           request_digest, response_digest, input_tokens, output_tokens, abandoned, created_at, updated_at
+    FROM journal_steps WHERE task_id = ANY(CAST(:ids AS uuid[])) ORDER BY task_id, sequence
+    """
+)
+
+
+class Journal:
+    def __init__(
+        self, engine: AsyncEngine, catalog: DefinitionCatalog, keys: KeyRing, idempotency: IdempotencyKeys
+    ) -> None:
+        self._engine = engine
+        self._reads = autocommit(engine)
+        self._catalog = catalog
+        self._keys = keys
+        self._idempotency = idempotency
+
+    async def append(self, step: StepRequest) -> AppendResult:
+        _check_shape(step)
+        async with self._engine.begin() as conn:
+            held = await hold_lease(conn, step.task_id, step.worker_id, step.lease_token, lock_instance=False)
+            if step.attempt != held.attempt:
+                raise EngineError(
+                    Category.FAILED_PRECONDITION,
+                    "ATTEMPT_MISMATCH",
+                    f"the lease is for attempt {held.attempt}, not {step.attempt}",
+                    field="attempt",
+                )
+            definition = await self._catalog.get(held.definition_id)
+            node = definition.process.node(held.node_id)
+            bindings = {b.ref: b for b in definition.bindings_for(node.id)}
+            rows = (await conn.execute(_STEPS_SQL, {"ids": [str(step.task_id)]})).all()
+            existing = {row.sequence: row for row in rows}
+            taken = existing.get(step.sequence)
+            if taken is not None:
+                return await self._revisit(conn, step, taken, bindings)
+            next_free = len(rows) + 1
+            if step.sequence != next_free:
+                raise EngineError(
+                    Category.FAILED_PRECONDITION,
+                    "SEQUENCE_GAP",
+                    f"the next sequence of task {step.task_id} is {next_free}, not {step.sequence}",
+                    field="sequence",
+                )
+            binding = _binding_for(step, bindings)
+            _check_limits(step, rows, node.limits)
+            # A new attempt moving past a model call an earlier attempt left STARTED has re-run it.
+            await conn.execute(
+                text(
+                    "UPDATE journal_steps SET abandoned = true, updated_at = now() WHERE task_id = :id "
+                    "AND kind = 'MODEL_CALL' AND state = 'STARTED' AND attempt < :attempt AND NOT abandoned"
+                ),
+                {"id": step.task_id, "attempt": step.attempt},
+            )
+            key_id = self._keys.primary
+            row = (
+                await conn.execute(
+                    text(
+                        """
+                        INSERT INTO journal_steps (task_id, sequence, attempt, kind, state, tool_ref, key_id,
+                            request_ciphertext, response_ciphertext, request_digest, response_digest,
+                            input_tokens, output_tokens, abandoned, created_at, updated_at)
+                        VALUES (:task_id, :sequence, :attempt, :kind, :state, :tool_ref, :key_id, :request_ct,
+                            :response_ct, :request_digest, :response_digest, :input_tokens, :output_tokens,
+                            false, now(), now())
+                        RETURNING *
+                        """
+                    ),
+                    {
+                        "task_id": step.task_id,
+                        "sequence": step.sequence,
+                        "attempt": step.attempt,
+                        "kind": step.kind,
+                        "state": step.state,
+                        "tool_ref": step.tool_ref,
+                        "key_id": key_id,
+                        **self._sealed(step, key_id, "request", step.request),
+                        **self._sealed(step, key_id, "response", step.response),
+                        "input_tokens": step.input_tokens,
+                        "output_tokens": step.output_tokens,
+                    },
+                )
+            ).one()
+            return AppendResult(self._view(row, step.request, step.response), self._key_for(row, binding))
+
+    async def _revisit(
+        self, conn: AsyncConnection, step: StepRequest, taken: Any, bindings: dict[str, ToolBinding]
+    ) -> AppendResult:
+        """A step at a taken sequence: the same step again, a STARTED step finishing, or a conflict."""
+        binding = bindings.get(taken.tool_ref)
+        same_request = step.request is None or self._keys.digest(taken.key_id, step.request) == bytes(
+            taken.request_digest or b""
+        )
+        same_response = (step.response is None and taken.response_digest is None) or (
+            step.response is not None
+            and taken.response_digest is not None
+            and self._keys.digest(taken.key_id, step.response) == bytes(taken.response_digest)
+        )
+        if (
+            (taken.kind, taken.state, taken.tool_ref) == (step.kind, step.state, step.tool_ref)
+            and same_request
+            and same_response
+            and (taken.input_tokens, taken.output_tokens) == (step.input_tokens, step.output_tokens)
+        ):
+            return AppendResult(self._view(taken), self._key_for(taken, binding))
+        finishing = (
+            taken.state == "STARTED"
+            and step.state in FINISHED
+            and (taken.kind, taken.tool_ref) == (step.kind, step.tool_ref)
+            and same_request
+            and not taken.abandoned
+            # A later attempt may only finish a write it re-sent under the same key.
+            and (taken.attempt == step.attempt or (binding is not None and binding.idempotency == "key"))
+        )
+        if not finishing:
+            raise EngineError(
+                Category.ABORTED,
+                "SEQUENCE_CONFLICT",
+                f"sequence {step.sequence} of task {step.task_id} already holds a different step "
+                f"({taken.kind} {taken.state}{' ' + taken.tool_ref if taken.tool_ref else ''})",
+                field="sequence",
+            )
+        sealed = self._sealed(step, taken.key_id, "response", step.response)
+        row = (
+            await conn.execute(
+                text(
+                    "UPDATE journal_steps SET state = :state, response_ciphertext = :response_ct, "
+                    "response_digest = :response_digest, input_tokens = :input_tokens, "
+                    "output_tokens = :output_tokens, updated_at = now() "
+                    "WHERE task_id = :task_id AND sequence = :sequence RETURNING *"
+                ),
+                {
+                    "state": step.state,
+                    **sealed,
+                    "input_tokens": step.input_tokens,
+                    "output_tokens": step.output_tokens,
+                    "task_id": step.task_id,
+                    "sequence": step.sequence,
+                },
+            )
+        ).one()
+        return AppendResult(self._view(row, response=step.response), self._key_for(row, binding))
+
+    async def steps(self, task_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[Any]]:
+        """The raw (still sealed) journal rows of each task, in sequence order."""
+        if not task_ids:
+            return {}
+        async with self._reads.connect() as conn:
+            rows = (await conn.execute(_STEPS_SQL, {"ids": [str(i) for i in task_ids]})).all()
+        found: dict[uuid.UUID, list[Any]] = {}
+        for row in rows:
+            found.setdefault(row.task_id, []).append(row)
+        return found
+
+    def views(self, rows: list[Any], bindings: list[ToolBinding]) -> list[StepView]:
+        """Open the rows, and give each keyed write its idempotency key."""
+        by_ref = {b.ref: b for b in bindings}
+        return [self._view(row, key=self._key_for(row, by_ref.get(row.tool_ref))) for row in rows]
+
+    async def journal(self, task_id: uuid.UUID) -> list[StepView]:
+        async with self._reads.connect() as conn:
+            found = (
+                await conn.execute(
+                    text(
+                        "SELECT t.node_id, i.definition_id FROM tasks t JOIN instances i ON i.id = t.instance_id "
+                        "WHERE t.id = :id"
+                    ),
+                    {"id": task_id},
+                )
+            ).one_or_none()
+        if found is None:
+            raise not_found("task", str(task_id), "task_id")
+        definition = await self._catalog.get(found.definition_id)
+        rows = (await self.steps([task_id])).get(task_id, [])
+        return self.views(rows, definition.bindings_for(found.node_id))
+
+    # -- takeover ---------------------------------------------------------------------------------
+
+    async def on_locked(self, tasks: list[LockedTask], prior_states: list[str]) -> list[LockedTask]:
+        """Attach each task's journal; hold a re-offered task whose unkeyed write may have happened."""
+        journals = await self.steps([t.id for t in tasks if t.attempt > 1])
+        offered: list[LockedTask] = []
+        for task, prior in zip(tasks, prior_states, strict=True):
+            bindings = task.agent_work.tool_bindings if task.agent_work else []
+            steps = self.views(journals.get(task.id, []), bindings)
+            unknown = [
+                s
+                for s in steps
+                if s.kind == "TOOL_CALL"
+                and s.state == "STARTED"
+                and not s.abandoned
+                and self._unkeyed(task, s)
+            ]
+            if unknown:
+                await self._hold_for_a_person(task, unknown[0], taken_over=prior == "LEASED")
+                continue
+            offered.append(LockedTask(**{**task.__dict__, "steps": steps}))
+        return offered
+
+    def _unkeyed(self, task: LockedTask, step: StepView) -> bool:
+        bindings = {b.ref: b for b in (task.agent_work.tool_bindings if task.agent_work else [])}
+        binding = bindings.get(step.tool_ref)
+        return binding is not None and binding.policy == "write" and binding.idempotency != "key"
+
+    async def _hold_for_a_person(self, task: LockedTask, step: StepView, taken_over: bool) -> None:
+        details = {
+            "task_id": str(task.id),
+            "sequence": step.sequence,
+            "attempt": step.attempt,
+            "tool_ref": step.tool_ref,
+            "request": step.request,
+            "idempotency": "none",
+            "started_at": step.created_at.isoformat(),
+        }
+        message = (
+            f"{step.tool_ref} was sent (step {step.sequence}, attempt {step.attempt}) and its outcome is unknown; "
+            "it has no idempotency key, so it is never re-sent: say whether it happened"
+        )
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "UPDATE journal_steps SET state = 'OUTCOME_UNKNOWN', updated_at = now() "
+                    "WHERE task_id = :id AND sequence = :sequence"
+                ),
+                {"id": task.id, "sequence": step.sequence},
+            )
+            # The task was never handed out: give back the attempt the lock took.
+            await conn.execute(
+                text(
+                    "UPDATE tasks SET state = 'INCIDENT', attempt = attempt - 1, lease_owner = NULL, "
+                    "lease_token_hash = NULL, lease_expires_at = NULL WHERE id = :id"
+                ),
+                {"id": task.id},
+            )
+            incident_id = await raise_incident(
+                conn,
+                instance_id=task.instance_id,
+                node_id=task.node_id,
+                type_="TOOL_OUTCOME_UNKNOWN",
+                message=message,
+                details=details,
+                task_id=task.id,
+            )
+            await write_history(
+                conn,
+                [
+                    history_row(
+                        task.instance_id,
+                        HistoryEntry(
+                            "INCIDENT_RAISED",
+                            task.node_id,
+                            {
+                                "incident_id": str(incident_id),
+                                "type": "TOOL_OUTCOME_UNKNOWN",
+                                "message": message,
+                                "taken_over": taken_over,
+                            },
+                        ),
+                        task.id,
+                    )
+                ],
+            )
+
+    async def resolve_happened(
+        self, conn: AsyncConnection, incident: Any, comment: str, result: dict[str, Any] | None
+    ) -> None:
+        """A person says the unknown write happened: journal their result as its response, go on."""
+        if result is None:
+            raise invalid("INVALID_ARGUMENT", "result", "say what the tool returned when it happened")
+        sequence = int(incident.details["sequence"])
+        key_id = (
+            await conn.execute(
+                text("SELECT key_id FROM journal_steps WHERE task_id = :id AND sequence = :s FOR UPDATE"),
+                {"id": incident.task_id, "s": sequence},
+            )
+        ).scalar_one()
+        await conn.execute(
+            text(
+                "UPDATE journal_steps SET state = 'COMPLETED', response_ciphertext = :ct, response_digest = :digest, "
+                "updated_at = now() WHERE task_id = :id AND sequence = :s"
+            ),
+            {
+                "ct": self._keys.seal(key_id, dumps(result).encode(), incident.task_id, sequence, "response"),
+                "digest": self._keys.digest(key_id, result),
+                "id": incident.task_id,
+                "s": sequence,
+            },
+        )
+        await _offer_again(conn, incident.task_id)
+
+    async def resolve_did_not_happen(
+        self, conn: AsyncConnection, incident: Any, comment: str, result: dict[str, Any] | None
+    ) -> None:
+        """A person says the write did not happen: the step is set aside and may be called again."""
+        await conn.execute(
+            text(
+                "UPDATE journal_steps SET abandoned = true, updated_at = now() WHERE task_id = :id AND sequence = :s"
+            ),
+            {"id": incident.task_id, "s": int(incident.details["sequence"])},
+        )
+        await _offer_again(conn, incident.task_id)
+
+    # -- sealing ----------------------------------------------------------------------------------
+
+    def _sealed(
+        self, step: StepRequest, key_id: str, field: str, value: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        if value is None:
+            return {f"{field}_ct": None, f"{field}_digest": None}
+        blob = self._keys.seal(key_id, dumps(value).encode(), step.task_id, step.sequence, field)
+        return {f"{field}_ct": blob, f"{field}_digest": self._keys.digest(key_id, value)}
+
+    def _open(self, row: Any, field: str) -> dict[str, Any] | None:
+        import json
+
+        blob = getattr(row, f"{field}_ciphertext")
+        if blob is None:
+            return None
+        try:
+            return json.loads(self._keys.open(row.key_id, bytes(blob), row.task_id, row.sequence, field))
+        except JournalIntegrityError as error:
+            raise EngineError(Category.DATA_LOSS, "JOURNAL_INTEGRITY", str(error), field="task_id") from None
+
+    def _view(
+        self,
+        row: Any,
+        request: dict[str, Any] | None = None,
+        response: dict[str, Any] | None = None,
+        key: str = "",
+    ) -> StepView:
+        return StepView(
+            sequence=row.sequence,
+            attempt=row.attempt,
+            kind=row.kind,
+            state=row.state,
+            tool_ref=row.tool_ref,
+            request=request if request is not None else self._open(row, "request"),
+            response=response if response is not None else self._open(row, "response"),
+            input_tokens=row.input_tokens,
+            output_tokens=row.output_tokens,
+            idempotency_key=key,
+            abandoned=row.abandoned,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+    def _key_for(self, row: Any, binding: ToolBinding | None) -> str:
+        if binding is None or binding.policy != "write" or binding.idempotency != "key":
+            return ""
+        return self._idempotency.key(row.task_id, row.attempt, row.sequence)
+
+
+async def _offer_again(conn: AsyncConnection, task_id: uuid.UUID) -> None:
+    topic = (
+        await conn.execute(
+            text(
+                "UPDATE tasks SET state = 'READY', due_at = now() WHERE id = :id AND state = 'INCIDENT' "
+                "RETURNING topic"
+            ),
+            {"id": task_id},
+        )
+    ).scalar_one_or_none()
+    if topic is not None:
+        await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": TASK_CHANNEL, "t": topic})
+
+
+def _binding_for(step: StepRequest, bindings: dict[str, ToolBinding]) -> ToolBinding | None:
+    if step.kind == "MODEL_CALL":
+        if step.tool_ref:
+            raise invalid("INVALID_ARGUMENT", "tool_ref", "a model call names no tool")
+        return None
+    binding = bindings.get(step.tool_ref)
+    if binding is None:
+        raise EngineError(
+            Category.FAILED_PRECONDITION,
+            "BINDING_NOT_FOUND",
+            f"{step.tool_ref!r} is not a tool bound to this node (bound: {', '.join(sorted(bindings)) or 'none'})",
+            field="tool_ref",
+        )
+    if binding.policy == "write" and step.state != "STARTED":
+        raise EngineError(
+            Category.FAILED_PRECONDITION,
+            "WRITE_NOT_STARTED",
+            f"{step.tool_ref} is a write: journal it STARTED before calling it",
+            field="state",
+        )
+    return binding
+
+
+def _check_limits(step: StepRequest, rows: list[Any], limits: Any) -> None:
+    live = [r for r in rows if not r.abandoned]
+    if step.kind == "MODEL_CALL":
+        calls = sum(1 for r in live if r.kind == "MODEL_CALL") + 1
+        if calls > limits.max_model_calls:
+            raise _limit(
+                "max_model_calls", f"model call {calls} exceeds max_model_calls {limits.max_model_calls}"
+            )
+        spent = sum(r.input_tokens + r.output_tokens for r in rows)
+        if spent >= limits.max_tokens:
+            raise _limit("max_tokens", f"{spent} tokens spent reach max_tokens {limits.max_tokens}")
+    else:
+        calls = sum(1 for r in live if r.kind == "TOOL_CALL") + 1
+        if calls > limits.max_tool_calls:
+            raise _limit(
+                "max_tool_calls", f"tool call {calls} exceeds max_tool_calls {limits.max_tool_calls}"
+            )
+
+
+def _limit(which: str, message: str) -> EngineError:
+    return EngineError(
+        Category.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED", message, field="sequence", metadata={"limit": which}
+    )
+
+
+def _check_shape(step: StepRequest) -> None:
+    if step.kind not in KINDS:
+        raise invalid("INVALID_ARGUMENT", "kind", "must be MODEL_CALL or TOOL_CALL")
+    if step.state not in WORKER_STATES:
+        raise invalid(
+            "INVALID_ARGUMENT",
+            "state",
+            "must be STARTED, COMPLETED or FAILED (OUTCOME_UNKNOWN is the engine's)",
+        )
+    if step.sequence < 1:
+        raise invalid("INVALID_ARGUMENT", "sequence", "starts at 1")
+    if step.attempt < 1:
+        raise invalid("INVALID_ARGUMENT", "attempt", "starts at 1")
+    if step.input_tokens < 0 or step.output_tokens < 0:
+        raise invalid("INVALID_ARGUMENT", "tokens", "cannot be negative")
+    for name, value in (("request", step.request), ("response", step.response)):
+        if value is not None and len(dumps(value)) > MAX_PAYLOAD_BYTES:
+            raise invalid("INVALID_ARGUMENT", name, f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")

@@ -1,0 +1,172 @@
+"""Leases: exactly-once hand-out under concurrency, expiry, renewal, and refusing non-holders."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+from abada.engine.v1 import external_task_pb2, process_pb2
+from engine_helpers import complete, deploy, error_info, fetch, instance, start
+from sqlalchemy import text
+
+ONE_STEP = """
+processes:
+  - id: job
+    start: work
+    nodes:
+      - { id: work, type: service, topic: jobs, next: done }
+      - { id: done, type: end }
+"""
+
+
+async def _start_many(db, count: int) -> None:
+    """Start instances in bulk through the domain API (500 gRPC round trips would only slow the test)."""
+    from abada_engine.definitions.catalog import DefinitionCatalog
+    from abada_engine.runtime.instances import Instances
+
+    instances = Instances(db, DefinitionCatalog(db))
+    for _ in range(count):
+        await instances.start("job", 0, {})
+
+
+async def test_twenty_concurrent_fetchers_over_500_tasks_get_each_task_exactly_once(engine, db):
+    await deploy(engine, ONE_STEP)
+    await _start_many(db, 500)
+    received: dict[str, list[str]] = {}
+
+    async def fetcher(worker: str) -> None:
+        while True:
+            tasks = await fetch(engine, worker, "jobs", max_tasks=7)
+            if not tasks:
+                return
+            for task in tasks:
+                received.setdefault(task.id, []).append(worker)
+
+    await asyncio.gather(*(fetcher(f"w{i}") for i in range(20)))
+    assert len(received) == 500
+    assert all(len(holders) == 1 for holders in received.values())
+    assert len({h[0] for h in received.values()}) > 1  # the work really was shared
+
+
+async def test_expired_lease_is_offered_again_with_the_next_attempt_and_the_old_holder_is_refused(engine):
+    await deploy(engine, ONE_STEP)
+    started = await start(engine, "job")
+    [first] = await fetch(engine, "slow-worker", "jobs", lease_ms=1000)
+    assert first.attempt == 1
+    assert await fetch(engine, "other", "jobs") == []  # live lease: nobody else gets it
+    await asyncio.sleep(1.1)
+    [second] = await fetch(engine, "fast-worker", "jobs")
+    assert (second.id, second.attempt) == (first.id, 2)
+    assert second.lease_token != first.lease_token
+
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await complete(engine, first, "slow-worker", {"result": "late"})
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert error_info(caught.value).reason == "NOT_LEASE_HOLDER"
+    assert "result" not in dict((await instance(engine, started.id)).variables)
+
+    await complete(engine, second, "fast-worker", {"result": "on time"})
+    assert (await instance(engine, started.id)).state == process_pb2.INSTANCE_STATE_COMPLETED
+
+
+async def test_complete_after_expiry_by_the_holder_is_lease_expired_and_changes_nothing(engine):
+    await deploy(engine, ONE_STEP)
+    started = await start(engine, "job")
+    [task] = await fetch(engine, "w", "jobs", lease_ms=1000)
+    await asyncio.sleep(1.1)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await complete(engine, task, "w", {"x": 1})
+    assert error_info(caught.value).reason == "LEASE_EXPIRED"
+    assert (await instance(engine, started.id)).current_node_id == "work"
+
+
+async def test_wrong_token_and_wrong_worker_are_refused_alike(engine):
+    await deploy(engine, ONE_STEP)
+    await start(engine, "job")
+    [task] = await fetch(engine, "w", "jobs")
+    forged = external_task_pb2.ExternalTask()
+    forged.CopyFrom(task)
+    forged.lease_token = "not-the-token"
+    for worker, candidate in (("w", forged), ("intruder", task)):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await complete(engine, candidate, worker, {})
+        assert error_info(caught.value).reason == "NOT_LEASE_HOLDER"
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await engine.tasks.ExtendLease(
+                external_task_pb2.ExtendLeaseRequest(
+                    task_id=task.id, worker_id=worker, lease_token=candidate.lease_token, lease_ms=5000
+                )
+            )
+        assert error_info(caught.value).reason == "NOT_LEASE_HOLDER"
+
+
+async def test_extend_lease_keeps_the_task_from_others(engine):
+    await deploy(engine, ONE_STEP)
+    await start(engine, "job")
+    [task] = await fetch(engine, "w", "jobs", lease_ms=1000)
+    for _ in range(3):
+        await asyncio.sleep(0.5)
+        extended = await engine.tasks.ExtendLease(
+            external_task_pb2.ExtendLeaseRequest(
+                task_id=task.id, worker_id="w", lease_token=task.lease_token, lease_ms=1000
+            )
+        )
+        assert extended.lease_expires_at.ToDatetime() > task.lease_expires_at.ToDatetime()
+        assert await fetch(engine, "other", "jobs") == []
+    await complete(engine, task, "w", {})
+
+
+async def test_long_poll_is_woken_by_new_work_not_by_a_timer(engine):
+    await deploy(engine, ONE_STEP)
+    waiting = asyncio.create_task(fetch(engine, "w", "jobs", wait_ms=10_000))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    begun = time.monotonic()
+    await start(engine, "job")
+    tasks = await asyncio.wait_for(waiting, timeout=5)
+    assert len(tasks) == 1
+    assert time.monotonic() - begun < 1.0
+
+
+async def test_long_poll_returns_empty_when_the_wait_runs_out(engine):
+    await deploy(engine, ONE_STEP)
+    begun = time.monotonic()
+    assert await fetch(engine, "w", "jobs", wait_ms=400) == []
+    assert 0.35 < time.monotonic() - begun < 2.0
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "field"),
+    [
+        ({"worker_id": "", "max_tasks": 1}, "worker_id"),
+        ({"worker_id": "w", "max_tasks": 0}, "max_tasks"),
+        ({"worker_id": "w", "max_tasks": 1, "wait_ms": -1}, "wait_ms"),
+    ],
+)
+async def test_bad_fetch_requests_name_the_field(engine, request_fields, field):
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await engine.tasks.FetchAndLock(
+            external_task_pb2.FetchAndLockRequest(
+                topics=[external_task_pb2.TopicSubscription(name="jobs", lease_ms=5000)], **request_fields
+            )
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(caught.value).metadata["field"] == field
+
+
+async def test_lease_duration_out_of_range_is_refused(engine):
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await fetch(engine, "w", "jobs", lease_ms=10)
+    assert error_info(caught.value).metadata["field"] == "topics[0].lease_ms"
+
+
+async def test_lease_token_is_stored_only_as_a_hash(engine, db):
+    await deploy(engine, ONE_STEP)
+    await start(engine, "job")
+    [task] = await fetch(engine, "w", "jobs")
+    async with db.connect() as conn:
+        stored = (await conn.execute(text("SELECT lease_token_hash FROM tasks"))).scalar_one()
+    assert task.lease_token.encode() not in bytes(stored)
+    assert len(bytes(stored)) == 32
