@@ -8,12 +8,11 @@ import base64
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2 as et
-from engine_helpers import append, deploy, error_info, fetch, journal, plain, start
-from sqlalchemy import text
-
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
 from abada_engine.runtime.journal import Journal
+from engine_helpers import append, deploy, error_info, fetch, journal, plain, start
+from sqlalchemy import text
 
 BUNDLE = """
 tool_servers:

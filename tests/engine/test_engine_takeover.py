@@ -98,7 +98,7 @@ async def test_unkeyed_write_becomes_outcome_unknown_and_waits_for_a_person(engi
 
 
 async def test_resolved_as_happened_the_result_is_journaled_and_the_task_goes_on(engine, crm_credentials):
-    task, incident = await _unknown_outcome_incident(engine, crm_credentials)
+    _, incident = await _unknown_outcome_incident(engine, crm_credentials)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await engine.incidents.ResolveIncident(
             incident_pb2.ResolveIncidentRequest(
@@ -121,7 +121,7 @@ async def test_resolved_as_happened_the_result_is_journaled_and_the_task_goes_on
 
 
 async def test_resolved_as_did_not_happen_the_step_is_set_aside_for_a_new_call(engine, crm_credentials):
-    task, incident = await _unknown_outcome_incident(engine, crm_credentials)
+    _, incident = await _unknown_outcome_incident(engine, crm_credentials)
     await engine.incidents.ResolveIncident(
         incident_pb2.ResolveIncidentRequest(
             incident_id=incident.id, resolution=incident_pb2.RESOLUTION_DID_NOT_HAPPEN
