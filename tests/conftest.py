@@ -17,17 +17,21 @@ from dataclasses import dataclass
 import asyncpg
 import grpc
 import pytest
+import yaml
 from abada.engine.v1 import (
     definition_pb2_grpc,
     external_task_pb2_grpc,
     incident_pb2_grpc,
     process_pb2_grpc,
 )
+from abada_engine.api.guard import Guard
 from abada_engine.api.server import EngineCore, RunningServer, start_grpc_server
+from abada_engine.auth import CallerRegistry, token_sha256
 from abada_engine.db.database import create_engine
 from abada_engine.db.migrate import migrate
 from abada_engine.definitions.tool_contracts import FileCredentials, McpContractCheck
 from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
+from bearer import BearerToken
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -106,9 +110,50 @@ async def engine_core(
     await core.close()
 
 
+@dataclass(frozen=True)
+class EngineTokens:
+    """Bearer tokens the test engine knows, by caller.
+
+    `suite` may do everything and act as any worker id (the shared `engine` clients use it);
+    the others are what production callers look like.
+    """
+
+    suite: str
+    operator: str
+    broker: str
+    worker_pool: str  # identity "agent-pool": worker ids "agent-pool/...", topic abada:agent only
+    callers_file: pathlib.Path
+
+
 @pytest.fixture(scope="session")
-async def engine_server(engine_core: EngineCore) -> AsyncIterator[RunningServer]:
-    running = await start_grpc_server(engine_core, "127.0.0.1:0")
+def engine_tokens(tmp_path_factory: pytest.TempPathFactory) -> EngineTokens:
+    tokens = {name: secrets.token_urlsafe(24) for name in ("suite", "operator", "broker", "pool")}
+    callers = [
+        {
+            "identity": "test-suite",
+            "roles": ["operator", "worker", "broker"],
+            "topics": ["*"],
+            "act_as_any_worker": True,
+            "token_sha256": token_sha256(tokens["suite"]),
+        },
+        {"identity": "ops", "roles": ["operator"], "token_sha256": token_sha256(tokens["operator"])},
+        {"identity": "abada-broker", "roles": ["broker"], "token_sha256": token_sha256(tokens["broker"])},
+        {
+            "identity": "agent-pool",
+            "roles": ["worker"],
+            "topics": ["abada:agent"],
+            "token_sha256": token_sha256(tokens["pool"]),
+        },
+    ]
+    path = tmp_path_factory.mktemp("auth") / "callers.yaml"
+    path.write_text(yaml.safe_dump({"callers": callers}))
+    return EngineTokens(tokens["suite"], tokens["operator"], tokens["broker"], tokens["pool"], path)
+
+
+@pytest.fixture(scope="session")
+async def engine_server(engine_core: EngineCore, engine_tokens: EngineTokens) -> AsyncIterator[RunningServer]:
+    guard = Guard(CallerRegistry(engine_tokens.callers_file))
+    running = await start_grpc_server(engine_core, "127.0.0.1:0", guard)
     yield running
     await running.stop(0)
 
@@ -124,9 +169,11 @@ class EngineClients:
 
 
 @pytest.fixture(scope="session")
-async def engine_channel(engine_server: RunningServer) -> AsyncIterator[tuple[grpc.aio.Channel, str]]:
+async def engine_channel(
+    engine_server: RunningServer, engine_tokens: EngineTokens
+) -> AsyncIterator[tuple[grpc.aio.Channel, str]]:
     address = f"127.0.0.1:{engine_server.port}"
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with grpc.aio.insecure_channel(address, interceptors=[BearerToken(engine_tokens.suite)]) as channel:
         yield channel, address
 
 

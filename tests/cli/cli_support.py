@@ -28,6 +28,11 @@ _CLEAN_ENV: dict[str, str | None] = {
 }
 
 
+# The test engine authenticates every call; its address maps to the token the CLI should send
+# when a test does not choose one itself (see tests/cli/conftest.py).
+ENGINE_TOKENS: dict[str, str] = {}
+
+
 @dataclass
 class Ran:
     exit_code: int
@@ -47,7 +52,11 @@ async def abada(
         runner.invoke,
         app,
         ["--engine", address, *options, *args],
-        env={**_CLEAN_ENV, **(env or {})},
+        env={
+            **_CLEAN_ENV,
+            **({"ABADA_TOKEN": ENGINE_TOKENS[address]} if address in ENGINE_TOKENS else {}),
+            **(env or {}),
+        },
         prog_name="abada",
     )
     if result.exception is not None and not isinstance(result.exception, SystemExit):

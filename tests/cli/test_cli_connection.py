@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import os
 import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 import pytest
 from abada.engine.v1 import definition_pb2, definition_pb2_grpc
+from certificates import make_pki
 from cli_support import abada
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 
 @dataclass
@@ -151,67 +145,6 @@ async def test_slow_engine_hits_the_timeout(fake_engine, tmp_path):
     assert ran.exit_code == 1
     assert ran.stderr.strip() == (
         f"error: the engine at {fake_engine.address} did not answer within 0.3s (DEADLINE_EXCEEDED)"
-    )
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _issue(
-    subject: str, issuer: x509.Name, signer: ec.EllipticCurvePrivateKey | None, is_ca: bool = False
-) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(subject))
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True)
-    )
-    if not is_ca:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
-        )
-    return key, builder.sign(signer or key, hashes.SHA256())
-
-
-def _pem(key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> tuple[bytes, bytes]:
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return key_pem, cert.public_bytes(serialization.Encoding.PEM)
-
-
-@dataclass
-class Pki:
-    ca: Path
-    client_cert: Path
-    client_key: Path
-    server_key: bytes
-    server_cert: bytes
-    ca_pem: bytes
-
-
-def make_pki(directory: Path) -> Pki:
-    ca_key, ca_cert = _issue("abada test CA", _name("abada test CA"), None, is_ca=True)
-    server_key, server_cert = _pem(*_issue("engine", ca_cert.subject, ca_key))
-    client_key, client_cert = _pem(*_issue("operator", ca_cert.subject, ca_key))
-    ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
-    paths = {"ca.pem": ca_pem, "client.pem": client_cert, "client.key": client_key}
-    for name, content in paths.items():
-        (directory / name).write_bytes(content)
-    return Pki(
-        directory / "ca.pem",
-        directory / "client.pem",
-        directory / "client.key",
-        server_key,
-        server_cert,
-        ca_pem,
     )
 
 

@@ -7,9 +7,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import pathlib
 import signal
 
-from .api.server import EngineCore, start_grpc_server
+from .api.guard import Guard
+from .api.server import EngineCore, ServerTls, start_grpc_server
+from .auth import CallerRegistry, write_dev_callers
 from .config import EngineSettings
 from .db.database import create_engine
 from .db.embedded import start_embedded_postgres
@@ -39,7 +42,9 @@ async def serve(settings: EngineSettings) -> None:
         idempotency_from_env(env, settings.state_dir),
         McpContractCheck(credentials_from_env(env), float(env.get("ABADA_DEPLOY_MCP_TIMEOUT_SECONDS", "10"))),
     )
-    running = await start_grpc_server(core, settings.grpc_address)
+    running = await start_grpc_server(
+        core, settings.grpc_address, Guard(CallerRegistry(_callers_file(settings, env))), _server_tls(env)
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -51,6 +56,33 @@ async def serve(settings: EngineSettings) -> None:
     await core.close()
     await db.dispose()
     del embedded
+
+
+def _callers_file(settings: EngineSettings, env: dict[str, str]) -> pathlib.Path:
+    configured = env.get("ABADA_AUTH_TOKENS_FILE")
+    if configured:
+        return pathlib.Path(configured)
+    directory = settings.state_dir / "dev-tokens"
+    registry = write_dev_callers(directory)
+    log.warning(
+        "ABADA_AUTH_TOKENS_FILE is not set: using development callers; their tokens are in %s "
+        "(operator.token, worker.token, broker.token)",
+        directory,
+    )
+    return registry
+
+
+def _server_tls(env: dict[str, str]) -> ServerTls | None:
+    cert, key, ca = (env.get(f"ABADA_TLS_{name}_FILE") for name in ("CERT", "KEY", "CLIENT_CA"))
+    if not (cert or key or ca):
+        return None
+    if not (cert and key and ca):
+        raise SystemExit(
+            "mTLS needs ABADA_TLS_CERT_FILE, ABADA_TLS_KEY_FILE and ABADA_TLS_CLIENT_CA_FILE together"
+        )
+    return ServerTls(
+        pathlib.Path(cert).read_bytes(), pathlib.Path(key).read_bytes(), pathlib.Path(ca).read_bytes()
+    )
 
 
 async def migrate_only(settings: EngineSettings) -> None:

@@ -11,6 +11,7 @@ from abada_engine.errors import invalid
 from . import messages
 from .convert import parse_uuid
 from .errors import translates_errors
+from .guard import Guard
 from .paging import page
 
 MAX_BUNDLE_BYTES = 4 * 1024 * 1024
@@ -18,6 +19,9 @@ MAX_BUNDLE_BYTES = 4 * 1024 * 1024
 
 @translates_errors
 class DefinitionHandler(definition_pb2_grpc.DefinitionServiceServicer):
+    SERVICE = "abada.engine.v1.DefinitionService"
+    guard: Guard | None = None
+
     def __init__(self, catalog: DefinitionCatalog) -> None:
         self._catalog = catalog
 

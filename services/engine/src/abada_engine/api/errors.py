@@ -73,7 +73,12 @@ def translates_errors(cls: Servicer) -> Servicer:
 def _wrap(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        from .guard import current_caller
+
         try:
+            guard = getattr(self, "guard", None)
+            if guard is not None:
+                current_caller.set(guard.authenticate(context, f"{self.SERVICE}/{method.__name__}"))
             return await method(self, request, context)
         except EngineError as error:
             await abort(context, error)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
 
-from abada_engine.errors import Category, EngineError, invalid
+from abada_engine.auth import require_worker
+from abada_engine.errors import invalid
 from abada_engine.runtime.completion import AttemptMetadata, Completions
 from abada_engine.runtime.contract import Verdict
 from abada_engine.runtime.journal import Journal, StepRequest
@@ -14,6 +15,7 @@ from abada_engine.runtime.leases import Leases, Subscription
 from . import messages
 from .convert import from_struct, parse_uuid, timestamp
 from .errors import translates_errors
+from .guard import Guard, current_caller
 
 _KIND_NAMES = {value: name for name, value in messages.STEP_KINDS.items()}
 _STATE_NAMES = {
@@ -41,20 +43,11 @@ def _metadata(message: external_task_pb2.AttemptMetadata) -> AttemptMetadata:
     )
 
 
-def caller_is(context: grpc.aio.ServicerContext, worker_id: str) -> None:
-    """Hook for authentication: the identity the engine authenticated must be the claimed worker."""
-    authenticated = getattr(context, "abada_identity", None)
-    if authenticated is not None and authenticated != worker_id:
-        raise EngineError(
-            Category.PERMISSION_DENIED,
-            "WORKER_ID_MISMATCH",
-            f"you are authenticated as {authenticated!r}, not {worker_id!r}",
-            field="worker_id",
-        )
-
-
 @translates_errors
 class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
+    SERVICE = "abada.engine.v1.ExternalTaskService"
+    guard: Guard | None = None
+
     def __init__(self, leases: Leases, completions: Completions, journal: Journal) -> None:
         self._leases = leases
         self._completions = completions
@@ -63,6 +56,7 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
     async def AppendStep(
         self, request: external_task_pb2.AppendStepRequest, context: grpc.aio.ServicerContext
     ) -> external_task_pb2.AppendStepResponse:
+        require_worker(current_caller.get(), request.worker_id)
         kind = _KIND_NAMES.get(request.kind)
         if kind is None:
             raise invalid("INVALID_ARGUMENT", "kind", "must be STEP_KIND_MODEL_CALL or STEP_KIND_TOOL_CALL")
@@ -99,6 +93,7 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         self, request: external_task_pb2.FetchAndLockRequest, context: grpc.aio.ServicerContext
     ) -> external_task_pb2.FetchAndLockResponse:
         subscriptions = [Subscription(t.name, t.lease_ms) for t in request.topics]
+        require_worker(current_caller.get(), request.worker_id, [s.topic for s in subscriptions])
         locked = await self._leases.fetch_and_lock(
             request.worker_id, subscriptions, request.max_tasks, request.wait_ms
         )
@@ -107,6 +102,7 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
     async def ExtendLease(
         self, request: external_task_pb2.ExtendLeaseRequest, context: grpc.aio.ServicerContext
     ) -> external_task_pb2.ExtendLeaseResponse:
+        require_worker(current_caller.get(), request.worker_id)
         expires = await self._leases.extend(
             parse_uuid(request.task_id, "task_id"), request.worker_id, request.lease_token, request.lease_ms
         )
@@ -115,6 +111,7 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
     async def Complete(
         self, request: external_task_pb2.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> external_task_pb2.CompleteResponse:
+        require_worker(current_caller.get(), request.worker_id)
         result = await self._completions.complete(
             parse_uuid(request.task_id, "task_id"),
             request.worker_id,
@@ -136,6 +133,7 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
     async def Fail(
         self, request: external_task_pb2.FailRequest, context: grpc.aio.ServicerContext
     ) -> external_task_pb2.FailResponse:
+        require_worker(current_caller.get(), request.worker_id)
         result = await self._completions.fail(
             parse_uuid(request.task_id, "task_id"),
             request.worker_id,

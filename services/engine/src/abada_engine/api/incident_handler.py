@@ -11,6 +11,7 @@ from abada_engine.runtime.incidents import Incidents
 from . import messages
 from .convert import from_struct, optional_uuid, parse_uuid
 from .errors import translates_errors
+from .guard import Guard
 
 _RESOLUTIONS = {
     incident_pb2.RESOLUTION_RETRY: "RETRY",
@@ -22,6 +23,9 @@ _RESOLUTIONS = {
 
 @translates_errors
 class IncidentHandler(incident_pb2_grpc.IncidentServiceServicer):
+    SERVICE = "abada.engine.v1.IncidentService"
+    guard: Guard | None = None
+
     def __init__(self, incidents: Incidents) -> None:
         self._incidents = incidents
 

@@ -13,6 +13,7 @@ from abada_engine.runtime.instances import MAX_VARIABLES_BYTES, Instances
 from . import messages
 from .convert import from_struct, optional_uuid, parse_uuid
 from .errors import translates_errors
+from .guard import Guard
 from .paging import page
 
 
@@ -25,6 +26,9 @@ def _variables(struct: object, field: str) -> dict:
 
 @translates_errors
 class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
+    SERVICE = "abada.engine.v1.ProcessService"
+    guard: Guard | None = None
+
     def __init__(self, instances: Instances) -> None:
         self._instances = instances
 

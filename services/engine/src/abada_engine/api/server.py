@@ -34,6 +34,7 @@ from abada_engine.runtime.wakeups import TaskWakeups
 
 from .definition_handler import DefinitionHandler
 from .external_task_handler import ExternalTaskHandler
+from .guard import Guard
 from .incident_handler import IncidentHandler
 from .lease_handler import LeaseHandler
 from .process_handler import ProcessHandler
@@ -103,15 +104,33 @@ class RunningServer:
         await self.server.stop(grace)
 
 
-async def start_grpc_server(core: EngineCore, address: str) -> RunningServer:
+@dataclass(frozen=True)
+class ServerTls:
+    """mTLS for the gRPC port: the engine's certificate, and the CA its callers' certificates chain to."""
+
+    certificate: bytes
+    private_key: bytes
+    client_ca: bytes
+
+
+async def start_grpc_server(
+    core: EngineCore, address: str, guard: Guard | None, tls: ServerTls | None = None
+) -> RunningServer:
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 8 * 1024 * 1024)])
-    definition_pb2_grpc.add_DefinitionServiceServicer_to_server(DefinitionHandler(core.catalog), server)
-    process_pb2_grpc.add_ProcessServiceServicer_to_server(ProcessHandler(core.instances), server)
-    external_task_pb2_grpc.add_ExternalTaskServiceServicer_to_server(
-        ExternalTaskHandler(core.leases, core.completions, core.journal), server
+    handlers = (
+        (definition_pb2_grpc.add_DefinitionServiceServicer_to_server, DefinitionHandler(core.catalog)),
+        (process_pb2_grpc.add_ProcessServiceServicer_to_server, ProcessHandler(core.instances)),
+        (
+            external_task_pb2_grpc.add_ExternalTaskServiceServicer_to_server,
+            ExternalTaskHandler(core.leases, core.completions, core.journal),
+        ),
+        (incident_pb2_grpc.add_IncidentServiceServicer_to_server, IncidentHandler(core.incidents)),
+        (lease_pb2_grpc.add_LeaseServiceServicer_to_server, LeaseHandler(core.leases)),
     )
-    incident_pb2_grpc.add_IncidentServiceServicer_to_server(IncidentHandler(core.incidents), server)
-    lease_pb2_grpc.add_LeaseServiceServicer_to_server(LeaseHandler(core.leases), server)
+    for add, handler in handlers:
+        # Health and reflection stay open: probes carry no credentials.
+        handler.guard = guard
+        add(handler, server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in (*SERVICE_NAMES, ""):
@@ -119,7 +138,13 @@ async def start_grpc_server(core: EngineCore, address: str) -> RunningServer:
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(address)
+    if tls is None:
+        port = server.add_insecure_port(address)
+    else:
+        credentials = grpc.ssl_server_credentials(
+            [(tls.private_key, tls.certificate)], root_certificates=tls.client_ca, require_client_auth=True
+        )
+        port = server.add_secure_port(address, credentials)
     await server.start()
     log.info("engine gRPC listening", extra={"address": address, "port": port})
     return RunningServer(server, port, health_servicer)

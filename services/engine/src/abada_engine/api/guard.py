@@ -1,0 +1,55 @@
+"""Authenticating every gRPC call and deciding which role it needs."""
+
+from __future__ import annotations
+
+import contextvars
+
+import grpc
+
+from abada_engine.auth import Caller, CallerRegistry, require_role
+from abada_engine.errors import Category, EngineError
+
+current_caller: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("abada_caller", default=None)
+
+# The role each service needs; the worker's own calls are narrowed further in the handlers.
+_SERVICE_ROLES = {
+    "abada.engine.v1.DefinitionService": "operator",
+    "abada.engine.v1.ProcessService": "operator",
+    "abada.engine.v1.IncidentService": "operator",
+    "abada.engine.v1.LeaseService": "broker",
+}
+_METHOD_ROLES = {
+    "abada.engine.v1.ExternalTaskService/GetJournal": "operator",
+}
+
+
+def required_role(method: str) -> str:
+    service, _, name = method.strip("/").partition("/")
+    return _METHOD_ROLES.get(f"{service}/{name}") or _SERVICE_ROLES.get(service, "worker")
+
+
+class Guard:
+    def __init__(self, registry: CallerRegistry) -> None:
+        self._registry = registry
+
+    def authenticate(self, context: grpc.aio.ServicerContext, method: str) -> Caller:
+        caller = None
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str) and value.lower().startswith("bearer "):
+                caller = self._registry.by_token(value[7:].strip())
+                if caller is None:
+                    raise EngineError(
+                        Category.UNAUTHENTICATED, "UNKNOWN_CREDENTIAL", "the bearer token is not known"
+                    )
+        if caller is None:
+            names = (context.auth_context() or {}).get("x509_common_name") or []
+            if names:
+                caller = self._registry.by_certificate(names[0].decode())
+        if caller is None:
+            raise EngineError(
+                Category.UNAUTHENTICATED,
+                "UNAUTHENTICATED",
+                "send 'authorization: Bearer <token>' or a client certificate the engine knows",
+            )
+        require_role(caller, required_role(method), method)
+        return caller

@@ -1,0 +1,169 @@
+"""Who may call the engine: callers, their roles and what they may do.
+
+Callers are listed in a YAML file (ABADA_AUTH_TOKENS_FILE), re-read when it changes:
+
+    callers:
+      - identity: agent-pool            # worker ids "agent-pool" or "agent-pool/<anything>"
+        roles: [worker]
+        topics: ["abada:agent"]         # "*" for every topic
+        token_sha256: <hex SHA-256 of the bearer token>
+      - identity: abada-broker
+        roles: [broker]
+        certificate_cn: abada-broker    # with mTLS: the client certificate's common name
+      - identity: alice
+        roles: [operator]
+        token_sha256: <hex>
+
+Roles: `worker` (fetch, lease, journal and finish tasks of its topics), `operator` (deploy,
+instances, incidents, journals), `broker` (VerifyLease). Tokens are stored only hashed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import pathlib
+import secrets
+from dataclasses import dataclass
+
+import yaml
+
+from abada_engine.errors import Category, EngineError
+
+log = logging.getLogger(__name__)
+
+ROLES = ("worker", "operator", "broker")
+
+
+@dataclass(frozen=True)
+class Caller:
+    identity: str
+    roles: frozenset[str]
+    topics: frozenset[str] = frozenset()
+    # A trusted test or development identity that may act under any worker id; never the default.
+    act_as_any_worker: bool = False
+
+    def may_act_as(self, worker_id: str) -> bool:
+        return (
+            self.act_as_any_worker or worker_id == self.identity or worker_id.startswith(self.identity + "/")
+        )
+
+    def may_fetch(self, topic: str) -> bool:
+        return "*" in self.topics or topic in self.topics
+
+
+def token_sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class CallerRegistry:
+    def __init__(self, path: pathlib.Path) -> None:
+        self._path = path
+        self._stamp: tuple[int, int] | None = None
+        self._by_token: dict[str, Caller] = {}
+        self._by_certificate: dict[str, Caller] = {}
+        self._reload_if_changed()
+
+    def by_token(self, token: str) -> Caller | None:
+        self._reload_if_changed()
+        digest = token_sha256(token)
+        for known, caller in self._by_token.items():
+            if hmac.compare_digest(known, digest):
+                return caller
+        return None
+
+    def by_certificate(self, common_name: str) -> Caller | None:
+        self._reload_if_changed()
+        return self._by_certificate.get(common_name)
+
+    def _reload_if_changed(self) -> None:
+        stat = self._path.stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp == self._stamp:
+            return
+        by_token, by_certificate = _parse(self._path)
+        self._by_token, self._by_certificate, self._stamp = by_token, by_certificate, stamp
+        log.info(
+            "caller list loaded",
+            extra={"path": str(self._path), "callers": len(by_token) + len(by_certificate)},
+        )
+
+
+def _parse(path: pathlib.Path) -> tuple[dict[str, Caller], dict[str, Caller]]:
+    data = yaml.safe_load(path.read_text()) or {}
+    by_token: dict[str, Caller] = {}
+    by_certificate: dict[str, Caller] = {}
+    for index, entry in enumerate(data.get("callers", [])):
+        where = f"{path}: callers[{index}]"
+        identity = entry.get("identity")
+        roles = frozenset(entry.get("roles", []))
+        if not identity or not roles or not roles <= set(ROLES):
+            raise ValueError(f"{where}: needs an identity and roles from {', '.join(ROLES)}")
+        caller = Caller(
+            identity, roles, frozenset(entry.get("topics", [])), bool(entry.get("act_as_any_worker"))
+        )
+        digest = entry.get("token_sha256")
+        common_name = entry.get("certificate_cn")
+        if not digest and not common_name:
+            raise ValueError(f"{where}: give token_sha256 or certificate_cn")
+        if digest:
+            by_token[str(digest).lower()] = caller
+        if common_name:
+            by_certificate[str(common_name)] = caller
+    return by_token, by_certificate
+
+
+def require_role(caller: Caller, role: str, what: str) -> None:
+    if role not in caller.roles:
+        raise EngineError(
+            Category.PERMISSION_DENIED,
+            "ROLE_REQUIRED",
+            f"{caller.identity!r} may not call {what}: it needs the {role} role",
+            metadata={"role": role},
+        )
+
+
+def require_worker(caller: Caller | None, worker_id: str, topics: list[str] | None = None) -> None:
+    """The worker id in a request must be the caller's own; fetched topics must be granted."""
+    if caller is None:
+        return
+    if not caller.may_act_as(worker_id):
+        raise EngineError(
+            Category.PERMISSION_DENIED,
+            "WORKER_ID_MISMATCH",
+            f"you are authenticated as {caller.identity!r} and may not act as worker {worker_id!r}",
+            field="worker_id",
+        )
+    for index, topic in enumerate(topics or []):
+        if not caller.may_fetch(topic):
+            raise EngineError(
+                Category.PERMISSION_DENIED,
+                "TOPIC_NOT_ALLOWED",
+                f"{caller.identity!r} may not work on topic {topic!r}",
+                field=f"topics[{index}].name",
+            )
+
+
+def write_dev_callers(directory: pathlib.Path) -> pathlib.Path:
+    """Development callers: an operator, a worker pool and the broker, with their tokens in files."""
+    directory.mkdir(parents=True, exist_ok=True)
+    registry = directory / "callers.yaml"
+    if registry.exists():
+        return registry
+    entries = []
+    for name, identity, roles, topics in (
+        ("operator", "dev-operator", ["operator"], []),
+        ("worker", "dev-worker", ["worker"], ["*"]),
+        ("broker", "dev-broker", ["broker"], []),
+    ):
+        token = secrets.token_urlsafe(32)
+        token_file = directory / f"{name}.token"
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
+        entries.append(
+            {"identity": identity, "roles": roles, "topics": topics, "token_sha256": token_sha256(token)}
+        )
+    registry.write_text(yaml.safe_dump({"callers": entries}, sort_keys=False))
+    registry.chmod(0o600)
+    return registry
