@@ -15,7 +15,8 @@ Callers are listed in a YAML file (ABADA_AUTH_TOKENS_FILE), re-read when it chan
         token_sha256: <hex>
 
 Roles: `worker` (fetch, lease, journal and finish tasks of its topics), `operator` (deploy,
-instances, incidents, journals), `broker` (VerifyLease). Tokens are stored only hashed.
+instances, incidents, journals), `broker` (VerifyLease), `metrics` (the HTTP queue-depth endpoint,
+for autoscalers). Tokens are stored only hashed.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from abada_engine.errors import Category, EngineError
 
 log = logging.getLogger(__name__)
 
-ROLES = ("worker", "operator", "broker")
+ROLES = ("worker", "operator", "broker", "metrics")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import pathlib
 import signal
 
 from .api.guard import Guard
+from .api.http import HttpServer, build_app
 from .api.server import EngineCore, ServerTls, start_grpc_server
 from .auth import CallerRegistry, write_dev_callers
 from .config import EngineSettings
@@ -20,6 +21,7 @@ from .db.migrate import migrate
 from .definitions.tool_contracts import McpContractCheck, credentials_from_env
 from .logs import configure_logging
 from .runtime.crypto import idempotency_from_env, journal_keys_from_env
+from .runtime.queue_stats import QueueStats
 
 log = logging.getLogger("abada_engine")
 
@@ -42,9 +44,10 @@ async def serve(settings: EngineSettings) -> None:
         idempotency_from_env(env, settings.state_dir),
         McpContractCheck(credentials_from_env(env), float(env.get("ABADA_DEPLOY_MCP_TIMEOUT_SECONDS", "10"))),
     )
-    running = await start_grpc_server(
-        core, settings.grpc_address, Guard(CallerRegistry(_callers_file(settings, env))), _server_tls(env)
-    )
+    registry = CallerRegistry(_callers_file(settings, env))
+    running = await start_grpc_server(core, settings.grpc_address, Guard(registry), _server_tls(env))
+    http = HttpServer(build_app(QueueStats(db), registry), settings.http_address)
+    await http.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -52,6 +55,7 @@ async def serve(settings: EngineSettings) -> None:
     log.info("engine ready", extra={"grpc_port": running.port})
     await stop.wait()
     log.info("engine stopping")
+    await http.stop()
     await running.stop()
     await core.close()
     await db.dispose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -13,6 +14,7 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from abada_engine.errors import Category, EngineError
+from abada_engine.metrics import RPC_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +77,21 @@ def _wrap(method: Callable[..., Any]) -> Callable[..., Any]:
     async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         from .guard import current_caller
 
+        began = time.perf_counter()
+        code = "OK"
         try:
             guard = getattr(self, "guard", None)
             if guard is not None:
                 current_caller.set(guard.authenticate(context, f"{self.SERVICE}/{method.__name__}"))
             return await method(self, request, context)
         except EngineError as error:
+            code = _CODES[error.category].name
             await abort(context, error)
         except Exception:
+            code = "INTERNAL"
             log.exception("unexpected error in %s", method.__qualname__)
             await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the engine log")
+        finally:
+            RPC_SECONDS.labels(method.__name__, code).observe(time.perf_counter() - began)
 
     return handler

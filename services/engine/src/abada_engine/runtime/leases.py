@@ -26,6 +26,7 @@ from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.model import ToolBinding
 from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.metrics import LEASE_EXPIRIES
 
 from .views import AgentWorkView, LockedTask
 from .wakeups import TaskWakeups
@@ -154,6 +155,9 @@ class Leases:
         if not rows:
             return []
         tasks = [await self._locked_task(row, tokens[row.n - 1]) for row in rows]
+        for row in rows:
+            if row.prior_state == "LEASED":
+                LEASE_EXPIRIES.labels(row.topic).inc()
         if self._after_lock is None:
             return tasks
         return await self._after_lock(tasks, [row.prior_state for row in rows])

@@ -1,0 +1,86 @@
+"""The engine's HTTP side: queue depth for autoscalers, Prometheus metrics, a health check."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from abada_engine import metrics
+from abada_engine.auth import CallerRegistry
+from abada_engine.runtime.queue_stats import QueueStats
+
+log = logging.getLogger(__name__)
+_TOPIC = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+STATS_ROLES = frozenset({"operator", "metrics"})
+
+
+def build_app(stats: QueueStats, registry: CallerRegistry) -> Starlette:
+    async def topic_stats(request: Request) -> Response:
+        header = request.headers.get("authorization", "")
+        caller = registry.by_token(header[7:].strip()) if header.lower().startswith("bearer ") else None
+        if caller is None:
+            return JSONResponse(
+                {"error": "UNAUTHENTICATED", "message": "send 'Authorization: Bearer <token>'"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if not caller.roles & STATS_ROLES:
+            return JSONResponse(
+                {"error": "ROLE_REQUIRED", "message": "needs the metrics or operator role"}, status_code=403
+            )
+        topic = request.path_params["topic"]
+        if not _TOPIC.match(topic):
+            return JSONResponse(
+                {"error": "INVALID_ARGUMENT", "field": "topic", "message": "not a topic name"},
+                status_code=400,
+            )
+        return JSONResponse((await stats.topic(topic)).to_json())
+
+    async def prometheus(_: Request) -> Response:
+        return Response(await metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    return Starlette(
+        routes=[
+            Route("/v1/topics/{topic:path}/stats", topic_stats),
+            Route("/metrics", prometheus),
+            Route("/healthz", healthz),
+        ]
+    )
+
+
+class HttpServer:
+    def __init__(self, app: Starlette, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        self._server = uvicorn.Server(
+            uvicorn.Config(app, host=host or "127.0.0.1", port=int(port), log_level="warning", lifespan="off")
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def port(self) -> int:
+        return self._server.servers[0].sockets[0].getsockname()[1]
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

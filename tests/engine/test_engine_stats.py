@@ -1,0 +1,139 @@
+"""Queue depth over HTTP for autoscalers, and Prometheus metrics, correct across engine replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import httpx
+import pytest
+import yaml
+from abada.engine.v1 import external_task_pb2
+from abada_engine.api.http import HttpServer, build_app
+from abada_engine.auth import CallerRegistry, token_sha256
+from abada_engine.db.database import create_engine
+from abada_engine.runtime.queue_stats import QueueStats
+from engine_helpers import complete, deploy, fetch, start
+
+JOBS = """
+processes:
+  - id: job
+    start: work
+    nodes:
+      - { id: work, type: agent, model: m, prompt: p, result_variable: r, next: done }
+      - { id: done, type: end }
+"""
+
+
+@pytest.fixture
+async def replicas(database_url, tmp_path, engine):
+    """Two engine HTTP replicas, each with its own connection pool, over the one test database."""
+    scaler_token, worker_token = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    callers = tmp_path / "callers.yaml"
+    callers.write_text(
+        yaml.safe_dump(
+            {
+                "callers": [
+                    {"identity": "keda", "roles": ["metrics"], "token_sha256": token_sha256(scaler_token)},
+                    {
+                        "identity": "pool",
+                        "roles": ["worker"],
+                        "topics": ["*"],
+                        "token_sha256": token_sha256(worker_token),
+                    },
+                ]
+            }
+        )
+    )
+    started = []
+    pools = []
+    for _ in range(2):
+        db = create_engine(database_url, pool_size=2)
+        pools.append(db)
+        server = HttpServer(build_app(QueueStats(db), CallerRegistry(callers)), "127.0.0.1:0")
+        await server.start()
+        started.append(server)
+    yield [f"http://127.0.0.1:{s.port}" for s in started], scaler_token, worker_token
+    for server in started:
+        await server.stop()
+    for db in pools:
+        await db.dispose()
+
+
+async def stats(url: str, token: str, topic: str = "abada:agent") -> dict:
+    async with httpx.AsyncClient() as client:
+        response = await client.get(
+            f"{url}/v1/topics/{topic}/stats", headers={"Authorization": f"Bearer {token}"}
+        )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def keda_metrics_api_value(document: dict, value_location: str) -> float:
+    """What KEDA's metrics-api scaler reads: a GJSON path; ours is a top-level key."""
+    value = document
+    for part in value_location.split("."):
+        value = value[part]
+    return float(value)
+
+
+async def test_counts_follow_tasks_through_their_life_on_both_replicas(engine, replicas):
+    urls, token, _ = replicas
+    await deploy(engine, JOBS)
+    for url in urls:
+        assert (await stats(url, token))["ready"] == 0
+    for _ in range(3):
+        await start(engine, "job")
+    for url in urls:
+        first = await stats(url, token)
+        assert (first["ready"], first["leased"]) == (3, 0)
+        assert keda_metrics_api_value(first, "ready") == 3
+    await fetch(engine, "w", "abada:agent", max_tasks=2, lease_ms=1000)
+    for url in urls:
+        assert (lambda s: (s["ready"], s["leased"]))(await stats(url, token)) == (1, 2)
+    await asyncio.sleep(1.1)  # both leases expire: fetchable again, so counted ready
+    assert (lambda s: (s["ready"], s["leased"]))(await stats(urls[1], token)) == (3, 0)
+    [again] = await fetch(engine, "w", "abada:agent", max_tasks=1)
+    await complete(engine, again, "w", {"r": {}})
+    for url in urls:
+        final = await stats(url, token)
+        assert (final["ready"], final["leased"]) == (2, 0)
+        assert final["oldestReadyAgeSeconds"] > 0  # ready since their leases ran out
+        assert final["topic"] == "abada:agent"
+
+
+async def test_the_stats_endpoint_needs_a_token_with_the_metrics_role(engine, replicas):
+    urls, _, worker_token = replicas
+    async with httpx.AsyncClient() as client:
+        anonymous = await client.get(f"{urls[0]}/v1/topics/abada:agent/stats")
+        assert anonymous.status_code == 401
+        wrong = await client.get(
+            f"{urls[0]}/v1/topics/abada:agent/stats", headers={"Authorization": "Bearer nope"}
+        )
+        assert wrong.status_code == 401
+        worker = await client.get(
+            f"{urls[0]}/v1/topics/abada:agent/stats", headers={"Authorization": f"Bearer {worker_token}"}
+        )
+        assert worker.status_code == 403
+
+
+async def test_prometheus_metrics_show_the_queue_incidents_and_rpc_latency(engine, replicas):
+    urls, _, _ = replicas
+    await deploy(engine, JOBS)
+    await start(engine, "job")
+    await start(engine, "job")
+    [task] = await fetch(engine, "w", "abada:agent")
+    await engine.tasks.Fail(
+        external_task_pb2.FailRequest(
+            task_id=task.id,
+            worker_id="w",
+            lease_token=task.lease_token,
+            no_retry=True,
+            error_message="broken",
+        )
+    )
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{urls[1]}/metrics")).text
+    assert 'abada_tasks_ready{topic="abada:agent"} 1.0' in text
+    assert 'abada_incidents_open{type="FAILED_TASK"} 1.0' in text
+    assert "abada_rpc_duration_seconds_bucket" in text
