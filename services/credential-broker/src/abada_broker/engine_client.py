@@ -1,0 +1,266 @@
+"""The broker's one question to the engine: does this worker hold this task's live lease, for this server?
+
+The broker calls as itself: a service token (``authorization: Bearer``, from ABADA_ENGINE_TOKEN or the
+file ABADA_ENGINE_TOKEN_FILE, re-read when the file changes) and/or a TLS client certificate
+(ABADA_ENGINE_TLS_CA_FILE, ABADA_ENGINE_TLS_CERT_FILE, ABADA_ENGINE_TLS_KEY_FILE; the channel is rebuilt
+when one of them changes, so a renewed certificate is picked up without a restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from abada.engine.v1 import lease_pb2, lease_pb2_grpc
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2
+
+from .errors import (
+    ENGINE_REFUSED_BROKER,
+    ENGINE_UNAVAILABLE,
+    LEASE_REFUSALS,
+    BrokerError,
+    invalid_argument,
+    permission_denied,
+    unavailable,
+)
+
+log = logging.getLogger(__name__)
+
+_DETAILS_KEY = "grpc-status-details-bin"
+# What the worker is told for each refusal; our own words, so nothing of the engine's message leaks.
+_REFUSAL_MESSAGES = {
+    "UNKNOWN_TASK": "no such external task",
+    "NOT_LEASE_HOLDER": "this worker does not hold the task's lease",
+    "LEASE_EXPIRED": "the lease on this task has expired",
+    "SERVER_NOT_BOUND": "the task's node has no tool bound on this server",
+}
+# Closing a replaced channel at once would cut calls still running on it.
+_OLD_CHANNEL_GRACE_SECONDS = 30.0
+
+
+class EngineCredentialsError(Exception):
+    """The broker's own engine credentials are configured wrongly or cannot be read."""
+
+
+@dataclass(frozen=True)
+class VerifiedLease:
+    expires_at: dt.datetime
+    credential: str
+    attempt: int
+    tools: tuple[str, ...]
+
+
+class ServiceToken:
+    """The broker's token towards the engine: given directly, or read from a file whenever it changes."""
+
+    def __init__(self, token: str | None = None, token_file: Path | None = None) -> None:
+        if token and token_file is not None:
+            raise EngineCredentialsError("set ABADA_ENGINE_TOKEN or ABADA_ENGINE_TOKEN_FILE, not both")
+        self._static = token.strip() if token else None
+        self._file = token_file
+        self._lock = threading.Lock()
+        self._seen: tuple[int, int, int, int] | None = None
+        self._from_file: str | None = None
+        if token_file is not None and self._read_file(strict=True) is None:
+            raise EngineCredentialsError(f"the engine token file {str(token_file)!r} is empty")
+
+    @property
+    def configured(self) -> bool:
+        return self._static is not None or self._file is not None
+
+    def current(self) -> str | None:
+        if self._file is None:
+            return self._static
+        return self._read_file(strict=False)
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        token = self.current()
+        return (("authorization", f"Bearer {token}"),) if token else ()
+
+    def _read_file(self, *, strict: bool) -> str | None:
+        assert self._file is not None
+        with self._lock:
+            try:
+                stat = os.stat(self._file)
+                fingerprint = (stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size)
+                if fingerprint != self._seen:
+                    self._from_file = self._file.read_text(encoding="utf-8").strip() or None
+                    self._seen = fingerprint
+            except OSError as error:
+                if strict:
+                    raise EngineCredentialsError(
+                        f"cannot read the engine token file {str(self._file)!r}: {error.strerror}"
+                    ) from None
+                # A mounted Secret is briefly absent while it is swapped: keep the token read before.
+                log.warning(
+                    "cannot read the engine token file; using the token read before",
+                    extra={"path": str(self._file), "error": error.strerror},
+                )
+            return self._from_file
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    ca_file: Path | None
+    cert_file: Path | None
+    key_file: Path | None
+
+    def __post_init__(self) -> None:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise EngineCredentialsError(
+                "ABADA_ENGINE_TLS_CERT_FILE and ABADA_ENGINE_TLS_KEY_FILE go together: set both or neither"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.ca_file is not None or self.cert_file is not None
+
+    def files(self) -> tuple[Path, ...]:
+        return tuple(path for path in (self.ca_file, self.cert_file, self.key_file) if path is not None)
+
+    def fingerprint(self) -> tuple[tuple[int, int, int], ...]:
+        prints = []
+        for path in self.files():
+            try:
+                stat = os.stat(path)
+            except OSError:
+                prints.append((0, 0, 0))
+            else:
+                prints.append((stat.st_ino, stat.st_mtime_ns, stat.st_size))
+        return tuple(prints)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        def read(path: Path | None) -> bytes | None:
+            if path is None:
+                return None
+            try:
+                return path.read_bytes()
+            except OSError as error:
+                raise EngineCredentialsError(f"cannot read {str(path)!r}: {error.strerror}") from None
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(self.ca_file),
+            private_key=read(self.key_file),
+            certificate_chain=read(self.cert_file),
+        )
+
+
+class EngineLeaseClient:
+    """``VerifyLease`` on the engine, with the broker's own identity."""
+
+    def __init__(
+        self, address: str, token: ServiceToken, tls: ClientTls, *, timeout_seconds: float = 5.0
+    ) -> None:
+        self._address = address
+        self._token = token
+        self._tls = tls
+        self._timeout = timeout_seconds
+        self._tls_seen = tls.fingerprint()
+        self._channel = self._open_channel()
+        self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    async def verify(self, task_id: str, worker_id: str, lease_token: str, server: str) -> VerifiedLease:
+        """The live lease; raises PERMISSION_DENIED with the engine's reason, or UNAVAILABLE."""
+        stub = self._current_stub()
+        request = lease_pb2.VerifyLeaseRequest(
+            task_id=task_id, worker_id=worker_id, lease_token=lease_token, server=server
+        )
+        try:
+            reply = await stub.VerifyLease(request, timeout=self._timeout, metadata=self._token.metadata())
+        except grpc.aio.AioRpcError as error:
+            raise self._translate(error) from None
+        return VerifiedLease(
+            expires_at=reply.lease_expires_at.ToDatetime(tzinfo=dt.UTC),
+            credential=reply.credential,
+            attempt=reply.attempt,
+            tools=tuple(binding.tool for binding in reply.bindings),
+        )
+
+    async def close(self) -> None:
+        for task in list(self._retiring):
+            task.cancel()
+        await self._channel.close()
+
+    def _open_channel(self) -> grpc.aio.Channel:
+        if self._tls.enabled:
+            return grpc.aio.secure_channel(self._address, self._tls.channel_credentials())
+        return grpc.aio.insecure_channel(self._address)
+
+    def _current_stub(self) -> lease_pb2_grpc.LeaseServiceStub:
+        if self._tls.enabled:
+            seen = self._tls.fingerprint()
+            if seen != self._tls_seen:
+                try:
+                    replacement = self._open_channel()
+                except EngineCredentialsError as error:
+                    log.error("cannot reload the engine TLS files; keeping the current channel: %s", error)
+                else:
+                    log.info("the engine TLS files changed; using a new channel")
+                    self._retire(self._channel)
+                    self._channel = replacement
+                    self._stub = lease_pb2_grpc.LeaseServiceStub(replacement)
+                self._tls_seen = seen
+        return self._stub
+
+    def _retire(self, channel: grpc.aio.Channel) -> None:
+        task = asyncio.get_running_loop().create_task(channel.close(grace=_OLD_CHANNEL_GRACE_SECONDS))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    def _translate(self, error: grpc.aio.AioRpcError) -> BrokerError:
+        code = error.code()
+        reason, field = _error_info(error)
+        if code is grpc.StatusCode.PERMISSION_DENIED and reason in LEASE_REFUSALS:
+            return permission_denied(reason, _REFUSAL_MESSAGES[reason])
+        if code is grpc.StatusCode.INVALID_ARGUMENT:
+            # The broker checks its input first, so this is rare: pass on which field the engine disliked.
+            return invalid_argument(field or "request", "was refused by the engine as invalid")
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            log.error(
+                "the engine refused the broker's own identity: check ABADA_ENGINE_TOKEN(_FILE) / the TLS "
+                "client certificate and the engine's callers",
+                extra={"engine": self._address, "code": code.name, "engine_reason": reason},
+            )
+            return unavailable(
+                ENGINE_REFUSED_BROKER, "the broker cannot verify leases right now; try again later"
+            )
+        log.warning(
+            "VerifyLease failed",
+            extra={
+                "engine": self._address,
+                "code": code.name,
+                "engine_reason": reason,
+                "detail": error.details(),
+            },
+        )
+        return unavailable(
+            ENGINE_UNAVAILABLE, "the engine cannot verify the lease right now; try again later"
+        )
+
+
+def _error_info(error: grpc.aio.AioRpcError) -> tuple[str, str | None]:
+    for key, value in error.trailing_metadata() or ():
+        if key != _DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        try:
+            status = status_pb2.Status.FromString(value)
+        except DecodeError:  # a malformed detail must not turn a refusal into a crash
+            return "", None
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                return info.reason, info.metadata.get("field")
+    return "", None
