@@ -1,0 +1,154 @@
+"""Shared bench plumbing: a scratch database, an engine subprocess, the raw commit rate, percentiles."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import pathlib
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import asyncpg
+import grpc
+
+
+def percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def scratch_database() -> Iterator[str]:
+    """A fresh database on ABADA_BENCH_DATABASE_URL / ABADA_TEST_DATABASE_URL, else an embedded pgserver."""
+    admin_url = os.environ.get("ABADA_BENCH_DATABASE_URL") or os.environ.get("ABADA_TEST_DATABASE_URL")
+    if not admin_url:
+        import pgserver
+
+        with tempfile.TemporaryDirectory(prefix="abada-bench-") as data_dir:
+            server = pgserver.get_server(data_dir, cleanup_mode="stop")
+            yield server.get_uri()
+            server.cleanup()
+        return
+    name = f"abada_bench_{secrets.token_hex(4)}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(admin_url)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    base, _, query = admin_url.partition("?")
+    try:
+        yield base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@dataclass
+class EngineProcess:
+    address: str
+    http_address: str
+    token: str
+    process: subprocess.Popen[bytes]
+
+    def channel(self) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(self.address, interceptors=[_Bearer(self.token)])
+
+
+class _Bearer(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._metadata = ("authorization", f"Bearer {token}")
+
+    async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return await continuation(
+            details._replace(metadata=[*(details.metadata or []), self._metadata]), request
+        )
+
+
+@contextlib.contextmanager
+def engine_process(database_url: str, extra_env: dict[str, str] | None = None) -> Iterator[EngineProcess]:
+    port, http_port = free_port(), free_port()
+    token = secrets.token_urlsafe(24)
+    state = tempfile.mkdtemp(prefix="abada-bench-state-")
+    callers = pathlib.Path(state) / "callers.yaml"
+    callers.write_text(
+        "callers:\n  - identity: bench\n    roles: [operator, worker, broker, metrics]\n    topics: ['*']\n"
+        f"    act_as_any_worker: true\n    token_sha256: {hashlib.sha256(token.encode()).hexdigest()}\n"
+    )
+    env = {
+        **os.environ,
+        "ABADA_DATABASE_URL": database_url,
+        "ABADA_GRPC_ADDRESS": f"127.0.0.1:{port}",
+        "ABADA_HTTP_ADDRESS": f"127.0.0.1:{http_port}",
+        "ABADA_AUTH_TOKENS_FILE": str(callers),
+        "ABADA_STATE_DIR": state,
+        "ABADA_LOG_LEVEL": "WARNING",
+        **(extra_env or {}),
+    }
+    process = subprocess.Popen([sys.executable, "-m", "abada_engine.main", "serve"], env=env)
+    try:
+        _wait_for_port(port, process)
+        yield EngineProcess(f"127.0.0.1:{port}", f"127.0.0.1:{http_port}", token, process)
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError("the engine exited during start-up")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return
+        time.sleep(0.1)
+    raise RuntimeError("the engine did not start listening")
+
+
+async def raw_commit_rate(database_url: str, connections: int = 8, seconds: float = 3.0) -> float:
+    """Single-row INSERTs, each its own committed transaction, from `connections` concurrent clients."""
+    setup = await asyncpg.connect(database_url)
+    await setup.execute(
+        "DROP TABLE IF EXISTS bench_raw; CREATE TABLE bench_raw (id bigserial PRIMARY KEY, v text)"
+    )
+    await setup.close()
+    deadline = time.monotonic() + seconds
+    counts = [0] * connections
+
+    async def client(index: int) -> None:
+        conn = await asyncpg.connect(database_url)
+        statement = await conn.prepare("INSERT INTO bench_raw (v) VALUES ($1)")
+        while time.monotonic() < deadline:
+            await statement.fetch("x")
+            counts[index] += 1
+        await conn.close()
+
+    begun = time.monotonic()
+    await asyncio.gather(*(client(i) for i in range(connections)))
+    return sum(counts) / (time.monotonic() - begun)
+
+
+@contextlib.asynccontextmanager
+async def timed() -> AsyncIterator[list[float]]:
+    holder = [time.perf_counter()]
+    yield holder
+    holder.append(time.perf_counter())
