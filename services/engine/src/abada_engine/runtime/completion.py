@@ -14,13 +14,14 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
-from abada_engine.errors import invalid
+from abada_engine.errors import Category, EngineError, invalid
 
 from .contract import Verdict, check_written_variables, judge
-from .leases import hold_lease
+from .leases import hash_token, hold_lease
 from .navigator import Advance, HistoryEntry, IncidentToRaise, advance
-from .tokens import TASK_CHANNEL, apply_advance, history_row, raise_incident, write_history
+from .tokens import TASK_CHANNEL, LeaseGuard, apply_advance, history_row, raise_incident, write_history
 
 MAX_BACKOFF_MS = 600_000
 
@@ -72,6 +73,7 @@ class FailResult:
 class Completions:
     def __init__(self, engine: AsyncEngine, catalog: DefinitionCatalog) -> None:
         self._engine = engine
+        self._reads = autocommit(engine)
         self._catalog = catalog
 
     async def complete(
@@ -83,8 +85,10 @@ class Completions:
         metadata: AttemptMetadata,
         invalid_output_reason: str = "",
     ) -> CompleteResult:
-        async with self._engine.begin() as conn:
-            held = await hold_lease(conn, task_id, worker_id, lease_token)
+        # One read and one guarded write, both autocommit: the write re-checks the lease inside its
+        # own statement, so no row lock has to be held across the round trips in between.
+        async with self._reads.connect() as conn:
+            held = await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
             definition = await self._catalog.get(held.definition_id)
             node = definition.process.node(held.node_id)
             check_written_variables(node, variables)
@@ -142,7 +146,12 @@ class Completions:
                 preceding=preceding,
                 preceding_task_id=task_id,
                 finished_task_id=task_id,
+                guard=LeaseGuard(worker_id, hash_token(lease_token)),
             )
+            if not applied.applied:
+                # The lease changed between the read and the write; say how, as a fresh check does.
+                await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
+                raise EngineError(Category.ABORTED, "CONCURRENT_CHANGE", f"task {task_id} changed; try again")
         routed = decision.verdict is not Verdict.ACCEPTED and decision.route is not None
         return CompleteResult(
             decision.verdict, routed, applied.current_node_id, applied.incident_id, decision.reason

@@ -16,12 +16,13 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit, dumps
+from abada_engine.db.raw import RawSql
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.model import ToolBinding
 from abada_engine.errors import Category, EngineError, invalid, not_found
 
 from .crypto import IdempotencyKeys, JournalIntegrityError, KeyRing
-from .leases import hold_lease
+from .leases import hash_token, held_from_row
 from .navigator import HistoryEntry
 from .tokens import TASK_CHANNEL, history_row, raise_incident, write_history
 from .views import LockedTask, StepView
@@ -54,11 +55,83 @@ class AppendResult:
     idempotency_key: str
 
 
-_STEPS_SQL = text(
+_STEPS_SQL = RawSql(
     """
     SELECT task_id, sequence, attempt, kind, state, tool_ref, key_id, request_ciphertext, response_ciphertext,
            request_digest, response_digest, input_tokens, output_tokens, abandoned, created_at, updated_at
     FROM journal_steps WHERE task_id = ANY(CAST(:ids AS uuid[])) ORDER BY task_id, sequence
+    """
+)
+
+
+_STEP_SQL = RawSql(
+    "SELECT * FROM journal_steps WHERE task_id = CAST(:id AS uuid) AND sequence = CAST(:seq AS integer)"
+)
+
+# The lease row, the journal's counts for the limits, and the step already at the sequence (if any),
+# without any sealed payload: what `append` decides on.
+_APPEND_READ_SQL = RawSql(
+    """
+    SELECT t.id, t.instance_id, t.node_id, t.state, t.attempt, t.retries_left, t.lease_owner, t.lease_token_hash,
+           t.lease_expires_at, t.lease_expires_at > now() AS live, i.definition_id, i.variables,
+           i.state AS instance_state,
+           agg.steps, agg.model_calls, agg.tool_calls, agg.tokens, agg.orphans,
+           s.sequence AS taken_sequence, s.attempt AS step_attempt, s.kind, s.state AS step_state, s.tool_ref,
+           s.key_id, s.request_digest, s.response_digest, s.input_tokens, s.output_tokens, s.abandoned
+    FROM tasks t
+    JOIN instances i ON i.id = t.instance_id
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS steps,
+               count(*) FILTER (WHERE kind = 'MODEL_CALL' AND NOT abandoned) AS model_calls,
+               count(*) FILTER (WHERE kind = 'TOOL_CALL' AND NOT abandoned) AS tool_calls,
+               COALESCE(sum(input_tokens + output_tokens), 0) AS tokens,
+               count(*) FILTER (WHERE kind = 'MODEL_CALL' AND state = 'STARTED' AND NOT abandoned
+                                AND attempt < t.attempt) AS orphans
+        FROM journal_steps WHERE task_id = t.id
+    ) agg
+    LEFT JOIN journal_steps s ON s.task_id = t.id AND s.sequence = CAST(:seq AS integer)
+    WHERE t.id = :id
+    """
+)
+
+_LIVE_LEASE = """
+    SELECT 1 FROM tasks WHERE id = CAST(:task_id AS uuid) AND state = 'LEASED'
+      AND lease_owner = CAST(:worker_id AS text) AND lease_token_hash = CAST(:token_hash AS bytea)
+      AND lease_expires_at > now() AND attempt = CAST(:attempt AS integer)
+"""
+
+_APPEND_INSERT_SQL = RawSql(
+    f"""
+    WITH live AS ({_LIVE_LEASE}),
+    abandoned AS (
+        -- A new attempt moving past a model call an earlier attempt left STARTED has re-run it.
+        UPDATE journal_steps SET abandoned = true, updated_at = now()
+        WHERE CAST(:orphans AS boolean) AND task_id = CAST(:task_id AS uuid) AND kind = 'MODEL_CALL'
+          AND state = 'STARTED' AND attempt < CAST(:attempt AS integer) AND NOT abandoned
+          AND EXISTS (SELECT 1 FROM live)
+    )
+    INSERT INTO journal_steps (task_id, sequence, attempt, kind, state, tool_ref, key_id, request_ciphertext,
+        response_ciphertext, request_digest, response_digest, input_tokens, output_tokens, abandoned,
+        created_at, updated_at)
+    SELECT CAST(:task_id AS uuid), CAST(:sequence AS integer), CAST(:attempt AS integer), CAST(:kind AS text),
+        CAST(:state AS text), CAST(:tool_ref AS text), CAST(:key_id AS text), CAST(:request_ct AS bytea),
+        CAST(:response_ct AS bytea), CAST(:request_digest AS bytea), CAST(:response_digest AS bytea),
+        CAST(:input_tokens AS bigint), CAST(:output_tokens AS bigint), false, now(), now()
+    WHERE EXISTS (SELECT 1 FROM live)
+    ON CONFLICT (task_id, sequence) DO NOTHING
+    RETURNING *
+    """
+)
+
+_APPEND_FINISH_SQL = RawSql(
+    f"""
+    UPDATE journal_steps SET state = CAST(:state AS text), response_ciphertext = CAST(:response_ct AS bytea),
+        response_digest = CAST(:response_digest AS bytea), input_tokens = CAST(:input_tokens AS bigint),
+        output_tokens = CAST(:output_tokens AS bigint), updated_at = now()
+    WHERE task_id = CAST(:task_id AS uuid) AND sequence = CAST(:sequence AS integer) AND state = 'STARTED'
+      AND NOT abandoned
+      AND EXISTS ({_LIVE_LEASE})
+    RETURNING *
     """
 )
 
@@ -74,76 +147,92 @@ class Journal:
         self._idempotency = idempotency
 
     async def append(self, step: StepRequest) -> AppendResult:
+        """Check and journal one step: one read, then one write guarded by the lease in the same statement.
+
+        The sequence's primary key settles races: the loser re-reads and is answered as a re-send
+        (identical step) or refused (SEQUENCE_CONFLICT).
+        """
         _check_shape(step)
-        async with self._engine.begin() as conn:
-            held = await hold_lease(conn, step.task_id, step.worker_id, step.lease_token, lock_instance=False)
-            if step.attempt != held.attempt:
-                raise EngineError(
-                    Category.FAILED_PRECONDITION,
-                    "ATTEMPT_MISMATCH",
-                    f"the lease is for attempt {held.attempt}, not {step.attempt}",
-                    field="attempt",
-                )
-            definition = await self._catalog.get(held.definition_id)
-            node = definition.process.node(held.node_id)
-            bindings = {b.ref: b for b in definition.bindings_for(node.id)}
-            rows = (await conn.execute(_STEPS_SQL, {"ids": [str(step.task_id)]})).all()
-            existing = {row.sequence: row for row in rows}
-            taken = existing.get(step.sequence)
-            if taken is not None:
-                return await self._revisit(conn, step, taken, bindings)
-            next_free = len(rows) + 1
-            if step.sequence != next_free:
-                raise EngineError(
-                    Category.FAILED_PRECONDITION,
-                    "SEQUENCE_GAP",
-                    f"the next sequence of task {step.task_id} is {next_free}, not {step.sequence}",
-                    field="sequence",
-                )
-            binding = _binding_for(step, bindings)
-            _check_limits(step, rows, node.limits)
-            # A new attempt moving past a model call an earlier attempt left STARTED has re-run it.
-            await conn.execute(
-                text(
-                    "UPDATE journal_steps SET abandoned = true, updated_at = now() WHERE task_id = :id "
-                    "AND kind = 'MODEL_CALL' AND state = 'STARTED' AND attempt < :attempt AND NOT abandoned"
-                ),
-                {"id": step.task_id, "attempt": step.attempt},
+        for _ in range(3):
+            async with self._reads.connect() as conn:
+                row = await _APPEND_READ_SQL.fetchrow(conn, {"id": step.task_id, "seq": step.sequence})
+                held = held_from_row(row, step.task_id, step.worker_id, step.lease_token)
+                if step.attempt != held.attempt:
+                    raise EngineError(
+                        Category.FAILED_PRECONDITION,
+                        "ATTEMPT_MISMATCH",
+                        f"the lease is for attempt {held.attempt}, not {step.attempt}",
+                        field="attempt",
+                    )
+                definition = await self._catalog.get(held.definition_id)
+                node = definition.process.node(held.node_id)
+                bindings = {b.ref: b for b in definition.bindings_for(node.id)}
+                guard = {
+                    "task_id": step.task_id,
+                    "worker_id": step.worker_id,
+                    "token_hash": hash_token(step.lease_token),
+                    "attempt": step.attempt,
+                }
+                if row.taken_sequence is not None:
+                    result = await self._revisit(conn, step, row, bindings, guard)
+                else:
+                    result = await self._insert(conn, step, row, node, bindings, guard)
+            if result is not None:
+                return result
+        raise EngineError(
+            Category.ABORTED, "CONCURRENT_CHANGE", f"task {step.task_id} kept changing; try again"
+        )
+
+    async def _insert(
+        self,
+        conn: AsyncConnection,
+        step: StepRequest,
+        row: Any,
+        node: Any,
+        bindings: dict[str, ToolBinding],
+        guard: dict[str, Any],
+    ) -> AppendResult | None:
+        next_free = row.steps + 1
+        if step.sequence != next_free:
+            raise EngineError(
+                Category.FAILED_PRECONDITION,
+                "SEQUENCE_GAP",
+                f"the next sequence of task {step.task_id} is {next_free}, not {step.sequence}",
+                field="sequence",
             )
-            key_id = self._keys.primary
-            row = (
-                await conn.execute(
-                    text(
-                        """
-                        INSERT INTO journal_steps (task_id, sequence, attempt, kind, state, tool_ref, key_id,
-                            request_ciphertext, response_ciphertext, request_digest, response_digest,
-                            input_tokens, output_tokens, abandoned, created_at, updated_at)
-                        VALUES (:task_id, :sequence, :attempt, :kind, :state, :tool_ref, :key_id, :request_ct,
-                            :response_ct, :request_digest, :response_digest, :input_tokens, :output_tokens,
-                            false, now(), now())
-                        RETURNING *
-                        """
-                    ),
-                    {
-                        "task_id": step.task_id,
-                        "sequence": step.sequence,
-                        "attempt": step.attempt,
-                        "kind": step.kind,
-                        "state": step.state,
-                        "tool_ref": step.tool_ref,
-                        "key_id": key_id,
-                        **self._sealed(step, key_id, "request", step.request),
-                        **self._sealed(step, key_id, "response", step.response),
-                        "input_tokens": step.input_tokens,
-                        "output_tokens": step.output_tokens,
-                    },
-                )
-            ).one()
-            return AppendResult(self._view(row, step.request, step.response), self._key_for(row, binding))
+        binding = _binding_for(step, bindings)
+        _check_limits(step, row, node.limits)
+        key_id = self._keys.primary
+        inserted = await _APPEND_INSERT_SQL.fetchrow(
+            conn,
+            {
+                **guard,
+                "sequence": step.sequence,
+                "kind": step.kind,
+                "state": step.state,
+                "tool_ref": step.tool_ref,
+                "key_id": key_id,
+                **self._sealed(step, key_id, "request", step.request),
+                **self._sealed(step, key_id, "response", step.response),
+                "input_tokens": step.input_tokens,
+                "output_tokens": step.output_tokens,
+                "orphans": row.orphans > 0,
+            },
+        )
+        if inserted is None:
+            return None  # the lease or the sequence changed under us: read again
+        return AppendResult(
+            self._view(inserted, step.request, step.response), self._key_for(inserted, binding)
+        )
 
     async def _revisit(
-        self, conn: AsyncConnection, step: StepRequest, taken: Any, bindings: dict[str, ToolBinding]
-    ) -> AppendResult:
+        self,
+        conn: AsyncConnection,
+        step: StepRequest,
+        taken: Any,
+        bindings: dict[str, ToolBinding],
+        guard: dict[str, Any],
+    ) -> AppendResult | None:
         """A step at a taken sequence: the same step again, a STARTED step finishing, or a conflict."""
         binding = bindings.get(taken.tool_ref)
         same_request = step.request is None or self._keys.digest(taken.key_id, step.request) == bytes(
@@ -155,56 +244,51 @@ class Journal:
             and self._keys.digest(taken.key_id, step.response) == bytes(taken.response_digest)
         )
         if (
-            (taken.kind, taken.state, taken.tool_ref) == (step.kind, step.state, step.tool_ref)
+            (taken.kind, taken.step_state, taken.tool_ref) == (step.kind, step.state, step.tool_ref)
             and same_request
             and same_response
             and (taken.input_tokens, taken.output_tokens) == (step.input_tokens, step.output_tokens)
         ):
-            return AppendResult(self._view(taken), self._key_for(taken, binding))
+            full = await _STEP_SQL.fetchrow(conn, {"id": step.task_id, "seq": step.sequence})
+            return AppendResult(self._view(full), self._key_for(full, binding))
         finishing = (
-            taken.state == "STARTED"
+            taken.step_state == "STARTED"
             and step.state in FINISHED
             and (taken.kind, taken.tool_ref) == (step.kind, step.tool_ref)
             and same_request
             and not taken.abandoned
             # A later attempt may only finish a write it re-sent under the same key.
-            and (taken.attempt == step.attempt or (binding is not None and binding.idempotency == "key"))
+            and (taken.step_attempt == step.attempt or (binding is not None and binding.idempotency == "key"))
         )
         if not finishing:
             raise EngineError(
                 Category.ABORTED,
                 "SEQUENCE_CONFLICT",
                 f"sequence {step.sequence} of task {step.task_id} already holds a different step "
-                f"({taken.kind} {taken.state}{' ' + taken.tool_ref if taken.tool_ref else ''})",
+                f"({taken.kind} {taken.step_state}{' ' + taken.tool_ref if taken.tool_ref else ''})",
                 field="sequence",
             )
-        sealed = self._sealed(step, taken.key_id, "response", step.response)
-        row = (
-            await conn.execute(
-                text(
-                    "UPDATE journal_steps SET state = :state, response_ciphertext = :response_ct, "
-                    "response_digest = :response_digest, input_tokens = :input_tokens, "
-                    "output_tokens = :output_tokens, updated_at = now() "
-                    "WHERE task_id = :task_id AND sequence = :sequence RETURNING *"
-                ),
-                {
-                    "state": step.state,
-                    **sealed,
-                    "input_tokens": step.input_tokens,
-                    "output_tokens": step.output_tokens,
-                    "task_id": step.task_id,
-                    "sequence": step.sequence,
-                },
-            )
-        ).one()
-        return AppendResult(self._view(row, response=step.response), self._key_for(row, binding))
+        finished = await _APPEND_FINISH_SQL.fetchrow(
+            conn,
+            {
+                **guard,
+                "sequence": step.sequence,
+                "state": step.state,
+                **self._sealed(step, taken.key_id, "response", step.response),
+                "input_tokens": step.input_tokens,
+                "output_tokens": step.output_tokens,
+            },
+        )
+        if finished is None:
+            return None
+        return AppendResult(self._view(finished, response=step.response), self._key_for(finished, binding))
 
     async def steps(self, task_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[Any]]:
         """The raw (still sealed) journal rows of each task, in sequence order."""
         if not task_ids:
             return {}
         async with self._reads.connect() as conn:
-            rows = (await conn.execute(_STEPS_SQL, {"ids": [str(i) for i in task_ids]})).all()
+            rows = await _STEPS_SQL.fetch(conn, {"ids": [str(i) for i in task_ids]})
         found: dict[uuid.UUID, list[Any]] = {}
         for row in rows:
             found.setdefault(row.task_id, []).append(row)
@@ -445,19 +529,17 @@ def _binding_for(step: StepRequest, bindings: dict[str, ToolBinding]) -> ToolBin
     return binding
 
 
-def _check_limits(step: StepRequest, rows: list[Any], limits: Any) -> None:
-    live = [r for r in rows if not r.abandoned]
+def _check_limits(step: StepRequest, counts: Any, limits: Any) -> None:
     if step.kind == "MODEL_CALL":
-        calls = sum(1 for r in live if r.kind == "MODEL_CALL") + 1
+        calls = counts.model_calls + 1
         if calls > limits.max_model_calls:
             raise _limit(
                 "max_model_calls", f"model call {calls} exceeds max_model_calls {limits.max_model_calls}"
             )
-        spent = sum(r.input_tokens + r.output_tokens for r in rows)
-        if spent >= limits.max_tokens:
-            raise _limit("max_tokens", f"{spent} tokens spent reach max_tokens {limits.max_tokens}")
+        if counts.tokens >= limits.max_tokens:
+            raise _limit("max_tokens", f"{counts.tokens} tokens spent reach max_tokens {limits.max_tokens}")
     else:
-        calls = sum(1 for r in live if r.kind == "TOOL_CALL") + 1
+        calls = counts.tool_calls + 1
         if calls > limits.max_tool_calls:
             raise _limit(
                 "max_tool_calls", f"tool call {calls} exceeds max_tool_calls {limits.max_tool_calls}"

@@ -23,6 +23,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
+from abada_engine.db.raw import RawSql
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.model import ToolBinding
 from abada_engine.errors import Category, EngineError, invalid, not_found
@@ -66,7 +67,7 @@ def hash_token(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-_LOCK_SQL = text(
+_LOCK_SQL = RawSql(
     """
     WITH subscription AS (
         SELECT * FROM unnest(CAST(:topics AS text[]), CAST(:lease_ms AS bigint[])) AS s(topic, lease_ms)
@@ -76,14 +77,14 @@ _LOCK_SQL = text(
         FROM tasks t JOIN subscription s ON s.topic = t.topic
         WHERE t.state IN ('READY', 'LEASED') AND t.due_at <= now()
         ORDER BY t.due_at
-        LIMIT :max_tasks
+        LIMIT CAST(:max_tasks AS integer)
         FOR UPDATE OF t SKIP LOCKED
     ),
     numbered AS (SELECT picked.*, row_number() OVER () AS n FROM picked)
     UPDATE tasks t
     SET state = 'LEASED',
         attempt = t.attempt + 1,
-        lease_owner = :worker_id,
+        lease_owner = CAST(:worker_id AS text),
         lease_token_hash = token.hash,
         lease_expires_at = now() + numbered.lease_ms * interval '1 millisecond',
         due_at = now() + numbered.lease_ms * interval '1 millisecond'
@@ -151,7 +152,7 @@ class Leases:
         }
         # One statement, so autocommit is atomic and saves the BEGIN/COMMIT round trips.
         async with self._reads.connect() as conn:
-            rows = (await conn.execute(_LOCK_SQL, params)).all()
+            rows = await _LOCK_SQL.fetch(conn, params)
         if not rows:
             return []
         tasks = [await self._locked_task(row, tokens[row.n - 1]) for row in rows]
@@ -248,23 +249,24 @@ _HOLD_SQL = text(
 )
 
 
+_HOLD = RawSql(_HOLD_SQL.text)
+_HOLD_LOCKED = RawSql(_HOLD_SQL.text + " FOR UPDATE OF t, i")
+
+
 async def hold_lease(
-    conn: AsyncConnection,
-    task_id: uuid.UUID,
-    worker_id: str,
-    lease_token: str,
-    lock: bool = True,
-    lock_instance: bool = True,
+    conn: AsyncConnection, task_id: uuid.UUID, worker_id: str, lease_token: str, lock: bool = True
 ) -> LeaseHeld:
-    """Prove the caller holds the task's live lease; lock task and instance rows for the transaction.
+    """Prove the caller holds the task's live lease; with `lock`, lock task and instance rows.
 
     Refusals never change anything: NOT_FOUND, TASK_NOT_LEASED, NOT_LEASE_HOLDER (wrong worker or token,
     indistinguishably) and LEASE_EXPIRED (the right holder, too late).
     """
-    statement = _HOLD_SQL.text + (
-        (" FOR UPDATE OF t, i" if lock_instance else " FOR UPDATE OF t") if lock else ""
-    )
-    row = (await conn.execute(text(statement), {"id": task_id})).one_or_none()
+    row = await (_HOLD_LOCKED if lock else _HOLD).fetchrow(conn, {"id": task_id})
+    return held_from_row(row, task_id, worker_id, lease_token)
+
+
+def held_from_row(row: Any, task_id: uuid.UUID, worker_id: str, lease_token: str) -> LeaseHeld:
+    """The lease checks of `hold_lease`, on a row that has the `_HOLD_SQL` columns."""
     if row is None or row.state == "WAITING":
         raise not_found("external task", str(task_id), "task_id")
     holder = (

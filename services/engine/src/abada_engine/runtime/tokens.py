@@ -6,10 +6,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, insert, text
+from sqlalchemy import func, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.db.database import dumps as _dumps
+from abada_engine.db.raw import RawSql
 from abada_engine.db.schema import history, incidents
 
 from .navigator import Advance, HistoryEntry
@@ -23,6 +24,7 @@ class AppliedAdvance:
     incident_id: uuid.UUID | None
     current_node_id: str
     completed: bool
+    applied: bool = True
 
 
 def history_row(
@@ -69,36 +71,44 @@ async def raise_incident(
     return incident_id
 
 
-_APPLY_SQL = text(
+_APPLY_SQL = RawSql(
     """
     WITH finished AS (
         UPDATE tasks SET state = 'COMPLETED', completed_at = now(), lease_token_hash = NULL
         WHERE id = CAST(:finished_task_id AS uuid)
+          AND (CAST(:guard_worker AS text) IS NULL OR (
+               state = 'LEASED' AND lease_owner = CAST(:guard_worker AS text)
+               AND lease_token_hash = CAST(:guard_hash AS bytea) AND lease_expires_at > now()
+               AND EXISTS (SELECT 1 FROM instances WHERE id = CAST(:instance_id AS uuid) AND state = 'ACTIVE')))
         RETURNING id
+    ),
+    proceed AS (
+        SELECT CAST(:finished_task_id AS uuid) IS NULL OR EXISTS (SELECT 1 FROM finished) AS ok
     ),
     new_task AS (
         INSERT INTO tasks (id, instance_id, node_id, kind, topic, state, payload, attempt, retries_left, due_at,
                            created_at)
-        SELECT CAST(:task_id AS uuid), CAST(:instance_id AS uuid), :task_node, :task_kind, :task_topic,
-               :task_state, CAST(:task_payload AS jsonb), 0, :task_retries, now(), now()
-        WHERE CAST(:task_id AS uuid) IS NOT NULL
+        SELECT CAST(:task_id AS uuid), CAST(:instance_id AS uuid), CAST(:task_node AS text), CAST(:task_kind AS text),
+               CAST(:task_topic AS text), CAST(:task_state AS text), CAST(:task_payload AS jsonb), 0,
+               CAST(:task_retries AS integer), now(), now()
+        FROM proceed WHERE proceed.ok AND CAST(:task_id AS uuid) IS NOT NULL
         RETURNING id
     ),
     new_incident AS (
         INSERT INTO incidents (id, instance_id, task_id, node_id, type, message, details, state, created_at)
         SELECT CAST(:incident_id AS uuid), CAST(:instance_id AS uuid), CAST(:incident_task AS uuid),
-               :incident_node, :incident_type,
-               :incident_message, CAST(:incident_details AS jsonb), 'OPEN', now()
-        WHERE CAST(:incident_id AS uuid) IS NOT NULL
+               CAST(:incident_node AS text), CAST(:incident_type AS text), CAST(:incident_message AS text),
+               CAST(:incident_details AS jsonb), 'OPEN', now()
+        FROM proceed WHERE proceed.ok AND CAST(:incident_id AS uuid) IS NOT NULL
         RETURNING id
     ),
     moved AS (
         UPDATE instances
-        SET current_node_id = :current_node,
+        SET current_node_id = CAST(:current_node AS text),
             variables = COALESCE(CAST(:variables AS jsonb), variables),
-            state = CASE WHEN :completed THEN 'COMPLETED' ELSE state END,
-            ended_at = CASE WHEN :completed THEN now() ELSE ended_at END
-        WHERE id = CAST(:instance_id AS uuid)
+            state = CASE WHEN CAST(:completed AS boolean) THEN 'COMPLETED' ELSE state END,
+            ended_at = CASE WHEN CAST(:completed AS boolean) THEN now() ELSE ended_at END
+        WHERE id = CAST(:instance_id AS uuid) AND (SELECT ok FROM proceed)
         RETURNING id
     ),
     written AS (
@@ -106,13 +116,23 @@ _APPLY_SQL = text(
         SELECT CAST(:instance_id AS uuid), h.item ->> 'type', h.item ->> 'node_id',
                CAST(h.item ->> 'task_id' AS uuid), h.item -> 'data'
         FROM jsonb_array_elements(CAST(:history AS jsonb)) WITH ORDINALITY AS h(item, n)
+        WHERE (SELECT ok FROM proceed)
         ORDER BY h.n
         RETURNING id
     )
-    SELECT (SELECT count(*) FROM moved) AS moved,
-           CASE WHEN :task_topic IS NOT NULL THEN pg_notify(:channel, :task_topic) END AS notified
+    SELECT (SELECT ok FROM proceed) AS applied,
+           CASE WHEN CAST(:task_topic AS text) IS NOT NULL AND (SELECT ok FROM proceed)
+                THEN pg_notify(CAST(:channel AS text), CAST(:task_topic AS text)) END AS notified
     """
 )
+
+
+@dataclass(frozen=True)
+class LeaseGuard:
+    """Apply a move only if this worker still holds the live lease (checked inside the statement)."""
+
+    worker_id: str
+    token_hash: bytes
 
 
 def _history_json(entries: list[tuple[HistoryEntry, uuid.UUID | None]]) -> str:
@@ -133,12 +153,14 @@ async def apply_advance(
     preceding: list[HistoryEntry],
     preceding_task_id: uuid.UUID | None = None,
     finished_task_id: uuid.UUID | None = None,
+    guard: LeaseGuard | None = None,
 ) -> AppliedAdvance:
     """Write what `advance` decided in one statement: the next task or incident, the instance's new
     position and variables, and the history, in order.
 
     `variables` is the instance's new variable map, or None when it did not change;
-    `finished_task_id` is a task this move completes.
+    `finished_task_id` is a task this move completes; with `guard`, only while that lease is live,
+    and otherwise nothing at all is written (`applied` is False).
     """
     entries: list[tuple[HistoryEntry, uuid.UUID | None]] = [(e, preceding_task_id) for e in preceding]
     entries += [(e, None) for e in advance.history]
@@ -157,12 +179,14 @@ async def apply_advance(
                     incident.node_id,
                     {"incident_id": str(incident_id), "type": incident.type, "message": incident.message},
                 ),
-                None,
+                incident.task_id,
             )
         )
-    await conn.execute(
-        _APPLY_SQL,
+    result = await _APPLY_SQL.fetchrow(
+        conn,
         {
+            "guard_worker": guard.worker_id if guard else None,
+            "guard_hash": guard.token_hash if guard else None,
             "instance_id": str(instance_id),
             "task_id": str(task_id) if task_id else None,
             "task_node": task.node.id if task else None,
@@ -185,4 +209,5 @@ async def apply_advance(
             "channel": TASK_CHANNEL,
         },
     )
-    return AppliedAdvance(task_id, incident_id, advance.current_node_id, advance.completed)
+    applied = bool(result is not None and result.applied)
+    return AppliedAdvance(task_id, incident_id, advance.current_node_id, advance.completed, applied)
