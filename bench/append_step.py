@@ -20,7 +20,14 @@ from abada.engine.v1 import (
     process_pb2,
     process_pb2_grpc,
 )
-from common import EngineProcess, engine_process, percentile, raw_commit_rate, scratch_database
+from common import (
+    EngineProcess,
+    bare_grpc_rate,
+    engine_process,
+    percentile,
+    raw_commit_rate,
+    scratch_database,
+)
 from google.protobuf import struct_pb2
 
 # An agent node without tools journals only model calls; limits are set out of the way.
@@ -106,11 +113,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tasks", type=int, default=8)
-    parser.add_argument("--pairs", type=int, default=250)
+    parser.add_argument("--pairs", type=int, default=200)
     args = parser.parse_args()
     with scratch_database() as url, engine_process(url) as engine:
         result = asyncio.run(run(engine, args.tasks, args.pairs))
         raw = asyncio.run(raw_commit_rate(url, connections=8))
+        floor = asyncio.run(bare_grpc_rate(engine.address))
     rate = result["calls"] / result["elapsed"]
     print(
         f"AppendStep:                {rate:,.0f} calls/s ({result['calls']} calls, {args.tasks} concurrent tasks, "
@@ -122,6 +130,7 @@ def main() -> None:
     )
     print(f"raw single-row commits:    {raw:,.0f}/s at 8 connections (same PostgreSQL, same run)")
     print(f"AppendStep / raw commits:  {rate / raw:.3f}")
+    print(f"bare gRPC unary calls:     {floor:,.0f}/s at 8 callers (health Check, same engine, same run)")
     print("target: >= 3,800 AppendStep calls/s at 8 concurrent tasks")
 
 

@@ -152,3 +152,22 @@ async def timed() -> AsyncIterator[list[float]]:
     holder = [time.perf_counter()]
     yield holder
     holder.append(time.perf_counter())
+
+
+async def bare_grpc_rate(address: str, callers: int = 8, calls: int = 4000) -> float:
+    """Unary calls/s that do nothing (grpc.health.v1 Check) on the same engine: the floor gRPC sets."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    channels = [grpc.aio.insecure_channel(address) for _ in range(callers)]
+    stubs = [health_pb2_grpc.HealthStub(channel) for channel in channels]
+
+    async def caller(stub: health_pb2_grpc.HealthStub) -> None:
+        for _ in range(calls // callers):
+            await stub.Check(health_pb2.HealthCheckRequest())
+
+    began = time.perf_counter()
+    await asyncio.gather(*(caller(stub) for stub in stubs))
+    elapsed = time.perf_counter() - began
+    for channel in channels:
+        await channel.close()
+    return calls / elapsed

@@ -21,7 +21,14 @@ from abada.engine.v1 import (
     process_pb2,
     process_pb2_grpc,
 )
-from common import EngineProcess, engine_process, percentile, raw_commit_rate, scratch_database
+from common import (
+    EngineProcess,
+    bare_grpc_rate,
+    engine_process,
+    percentile,
+    raw_commit_rate,
+    scratch_database,
+)
 
 BUNDLE = """
 processes:
@@ -107,6 +114,7 @@ def main() -> None:
         start_rate = asyncio.run(create_instances(engine, args.instances))
         result = asyncio.run(run_workers(engine, args.instances, args.workers, args.batch))
         raw = asyncio.run(raw_commit_rate(url, connections=8))
+        floor = asyncio.run(bare_grpc_rate(engine.address))
     ms = 1000
     print(f"instances started:         {args.instances} at {start_rate:,.0f}/s")
     print(
@@ -123,6 +131,7 @@ def main() -> None:
     )
     print(f"raw single-row commits:    {raw:,.0f}/s at 8 connections (same PostgreSQL, same run)")
     print(f"task cycles / raw commits: {result['rate'] / raw:.3f}")
+    print(f"bare gRPC unary calls:     {floor:,.0f}/s at 8 callers (health Check, same engine, same run)")
     print("target: >= 2,900 task cycles/s at K=8")
     sys.stdout.flush()
 
