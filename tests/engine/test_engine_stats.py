@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 
-import httpx
+import httpx2
 import pytest
 import yaml
 from abada.engine.v1 import external_task_pb2
@@ -61,7 +61,7 @@ async def replicas(database_url, tmp_path, engine):
 
 
 async def stats(url: str, token: str, topic: str = "abada:agent") -> dict:
-    async with httpx.AsyncClient() as client:
+    async with httpx2.AsyncClient() as client:
         response = await client.get(
             f"{url}/v1/topics/{topic}/stats", headers={"Authorization": f"Bearer {token}"}
         )
@@ -104,7 +104,7 @@ async def test_counts_follow_tasks_through_their_life_on_both_replicas(engine, r
 
 async def test_the_stats_endpoint_needs_a_token_with_the_metrics_role(engine, replicas):
     urls, _, worker_token = replicas
-    async with httpx.AsyncClient() as client:
+    async with httpx2.AsyncClient() as client:
         anonymous = await client.get(f"{urls[0]}/v1/topics/abada:agent/stats")
         assert anonymous.status_code == 401
         wrong = await client.get(
@@ -132,7 +132,7 @@ async def test_prometheus_metrics_show_the_queue_incidents_and_rpc_latency(engin
             error_message="broken",
         )
     )
-    async with httpx.AsyncClient() as client:
+    async with httpx2.AsyncClient() as client:
         text = (await client.get(f"{urls[1]}/metrics")).text
     assert 'abada_tasks_ready{topic="abada:agent"} 1.0' in text
     assert 'abada_incidents_open{type="FAILED_TASK"} 1.0' in text

@@ -1,0 +1,378 @@
+"""`make demo`: Alice's support triage end to end, offline, printing what happened.
+
+Starts PostgreSQL (embedded, unless ABADA_DATABASE_URL is set), the engine, the credential broker
+(file backend), the demo CRM MCP server, the scripted Gemini endpoint (or Gemini itself when
+GEMINI_API_KEY is set) and one agent worker; deploys examples/support-triage.yaml; starts Alice's
+instance; prints the journal, the ticket, the `triage` variable and where the token went; then
+stops everything it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import pathlib
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import yaml
+from abada.engine.v1 import (
+    definition_pb2,
+    definition_pb2_grpc,
+    external_task_pb2,
+    external_task_pb2_grpc,
+    incident_pb2,
+    incident_pb2_grpc,
+    process_pb2,
+    process_pb2_grpc,
+)
+from crm_mcp.testing import running_crm_server
+from google.protobuf import json_format, struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from scripted_gemini.testing import running_scripted_gemini
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BUNDLE = ROOT / "examples" / "support-triage.yaml"
+BUNDLE_URL = "http://127.0.0.1:8765/mcp"
+WORKER_POOL = "demo-workers"
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def token_file(directory: pathlib.Path, name: str) -> tuple[str, pathlib.Path]:
+    token = secrets.token_urlsafe(24)
+    path = directory / f"{name}.token"
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return token, path
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def database(state: pathlib.Path) -> Iterator[str]:
+    configured = os.environ.get("ABADA_DATABASE_URL")
+    if configured:
+        say(f"PostgreSQL: ABADA_DATABASE_URL ({configured.split('@')[-1]})")
+        yield configured
+        return
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs complains about XDG_RUNTIME_DIR in containers
+        import pgserver
+
+    server = pgserver.get_server(str(state / "pgdata"), cleanup_mode="stop")
+    say("PostgreSQL: embedded (pgserver), just for this run")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+
+
+@contextlib.contextmanager
+def service(
+    name: str, argv: list[str], env: dict[str, str], logs: pathlib.Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    log = (logs / f"{name}.log").open("ab")
+    process = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=log, cwd=logs)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        log.close()
+
+
+def wait_for_grpc(address: str, process: subprocess.Popen[bytes], name: str, logs: pathlib.Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{name} exited during start-up; see {logs / (name + '.log')}")
+        with contextlib.suppress(grpc.RpcError), grpc.insecure_channel(address) as channel:
+            answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+            if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                return
+        time.sleep(0.2)
+    raise SystemExit(f"{name} did not become ready; see {logs / (name + '.log')}")
+
+
+def wait_for_http(url: str, process: subprocess.Popen[bytes], name: str, logs: pathlib.Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{name} exited during start-up; see {logs / (name + '.log')}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as response:
+            if response.status == 200:
+                return
+        time.sleep(0.2)
+    raise SystemExit(f"{name} did not become ready; see {logs / (name + '.log')}")
+
+
+def plain(message: struct_pb2.Struct) -> dict[str, Any]:
+    """A Struct as JSON values, whole numbers as ints (Struct carries every number as a double)."""
+
+    def integral(value: Any) -> Any:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, dict):
+            return {k: integral(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [integral(v) for v in value]
+        return value
+
+    return integral(json_format.MessageToDict(message))
+
+
+def summary(value: Any, width: int = 96) -> str:
+    text = json.dumps(value, separators=(", ", ": "), ensure_ascii=False)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def run() -> int:
+    with tempfile.TemporaryDirectory(prefix="abada-demo-") as scratch:
+        state = pathlib.Path(scratch)
+        logs = state / "logs"
+        logs.mkdir()
+        tokens = state / "tokens"
+        tokens.mkdir()
+        operator, _ = token_file(tokens, "operator")
+        worker, worker_token_path = token_file(tokens, "worker")
+        broker_to_engine, broker_token_path = token_file(tokens, "broker-to-engine")
+        engine_to_broker, engine_token_path = token_file(tokens, "engine-to-broker")
+        engine_callers = state / "engine-callers.yaml"
+        engine_callers.write_text(
+            yaml.safe_dump(
+                {
+                    "callers": [
+                        {
+                            "identity": "demo-operator",
+                            "roles": ["operator"],
+                            "token_sha256": digest(operator),
+                        },
+                        {
+                            "identity": WORKER_POOL,
+                            "roles": ["worker"],
+                            "topics": ["abada:agent"],
+                            "token_sha256": digest(worker),
+                        },
+                        {
+                            "identity": "abada-broker",
+                            "roles": ["broker"],
+                            "token_sha256": digest(broker_to_engine),
+                        },
+                    ]
+                }
+            )
+        )
+        broker_callers = state / "broker-callers.yaml"
+        broker_callers.write_text(
+            yaml.safe_dump(
+                {
+                    "callers": [
+                        {"identity": WORKER_POOL, "roles": ["worker"], "token_sha256": digest(worker)},
+                        {
+                            "identity": "abada-engine",
+                            "roles": ["engine"],
+                            "token_sha256": digest(engine_to_broker),
+                        },
+                    ]
+                }
+            )
+        )
+        crm_token = secrets.token_urlsafe(24)
+        secrets_file = state / "secrets.yaml"
+        secrets_file.write_text(yaml.safe_dump({"crm-token": crm_token}))
+        secrets_file.chmod(0o600)
+        engine_address = f"127.0.0.1:{free_port()}"
+        broker_address = f"127.0.0.1:{free_port()}"
+        health_port = free_port()
+        gemini_key = os.environ.get("GEMINI_API_KEY")
+
+        with contextlib.ExitStack() as stack:
+            url = stack.enter_context(database(state))
+            engine = stack.enter_context(
+                service(
+                    "engine",
+                    [sys.executable, "-m", "abada_engine.main", "serve"],
+                    {
+                        "ABADA_DATABASE_URL": url,
+                        "ABADA_GRPC_ADDRESS": engine_address,
+                        "ABADA_HTTP_ADDRESS": f"127.0.0.1:{free_port()}",
+                        "ABADA_AUTH_TOKENS_FILE": str(engine_callers),
+                        "ABADA_STATE_DIR": str(state / "engine"),
+                        "ABADA_BROKER_ADDRESS": broker_address,
+                        "ABADA_BROKER_TOKEN_FILE": str(engine_token_path),
+                    },
+                    logs,
+                )
+            )
+            wait_for_grpc(engine_address, engine, "engine", logs)
+            say(f"engine:    {engine_address} (gRPC)")
+            broker = stack.enter_context(
+                service(
+                    "broker",
+                    [sys.executable, "-m", "abada_broker"],
+                    {
+                        "ABADA_BROKER_GRPC_ADDRESS": broker_address,
+                        "ABADA_ENGINE_ADDRESS": engine_address,
+                        "ABADA_ENGINE_TOKEN_FILE": str(broker_token_path),
+                        "ABADA_BROKER_AUTH_TOKENS_FILE": str(broker_callers),
+                        "ABADA_SECRET_BACKEND": "file",
+                        "ABADA_SECRETS_FILE": str(secrets_file),
+                    },
+                    logs,
+                )
+            )
+            wait_for_grpc(broker_address, broker, "broker", logs)
+            say(f"broker:    {broker_address} (file backend: crm-token)")
+            crm = stack.enter_context(running_crm_server(token=crm_token))
+            say(f"CRM MCP:   {crm.url}")
+            model_env = {"GEMINI_API_KEY": gemini_key} if gemini_key else {"GEMINI_API_KEY": "offline-demo"}
+            if not gemini_key:
+                model_url = stack.enter_context(running_scripted_gemini())
+                model_env["ABADA_GEMINI_BASE_URL"] = model_url
+                say(f"model:     scripted Gemini endpoint at {model_url}")
+            else:
+                say("model:     Gemini (GEMINI_API_KEY is set)")
+            worker_process = stack.enter_context(
+                service(
+                    "worker",
+                    [sys.executable, "-m", "abada_worker.main"],
+                    {
+                        "ABADA_ENGINE_ADDRESS": engine_address,
+                        "ABADA_BROKER_ADDRESS": broker_address,
+                        "ABADA_WORKER_ID": f"{WORKER_POOL}/1",
+                        "ABADA_WORKER_TOKEN_FILE": str(worker_token_path),
+                        "ABADA_WORKER_HEALTH_ADDRESS": f"127.0.0.1:{health_port}",
+                        **model_env,
+                    },
+                    logs,
+                )
+            )
+            wait_for_http(f"http://127.0.0.1:{health_port}/healthz", worker_process, "worker", logs)
+            say(f"worker:    {WORKER_POOL}/1, topic abada:agent")
+            say()
+            with grpc.insecure_channel(engine_address) as channel:
+                return triage(channel, operator, crm, logs)
+
+
+def triage(channel: grpc.Channel, operator: str, crm: Any, logs: pathlib.Path) -> int:
+    auth = (("authorization", f"Bearer {operator}"),)
+    definitions = definition_pb2_grpc.DefinitionServiceStub(channel)
+    processes = process_pb2_grpc.ProcessServiceStub(channel)
+    tasks = external_task_pb2_grpc.ExternalTaskServiceStub(channel)
+    incidents = incident_pb2_grpc.IncidentServiceStub(channel)
+
+    bundle = BUNDLE.read_text().replace(BUNDLE_URL, crm.url)
+    deployed = definitions.Deploy(
+        definition_pb2.DeployRequest(source_name=BUNDLE.name, content=bundle), metadata=auth
+    ).definitions[0]
+    say(f"deployed {deployed.process_id} v{deployed.version}; frozen tool bindings:")
+    for binding in deployed.tool_bindings:
+        say(
+            f"  {binding.server}/{binding.tool:<14} {common_policy(binding)}  schema sha256 "
+            f"{binding.input_schema_sha256[:12]}…"
+        )
+
+    variables = struct_pb2.Struct()
+    variables.update({"customerId": "C-42", "message": "My parcel never arrived"})
+    instance = processes.StartInstance(
+        process_pb2.StartInstanceRequest(process_id="support_triage", variables=variables), metadata=auth
+    ).instance
+    say(f'\nstarted instance {instance.id} for C-42: "My parcel never arrived"')
+
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        instance = processes.GetInstance(
+            process_pb2.GetInstanceRequest(instance_id=instance.id), metadata=auth
+        ).instance
+        if instance.current_node_id != "triage" or instance.open_incidents:
+            break
+        time.sleep(0.3)
+    history = processes.GetHistory(
+        process_pb2.GetHistoryRequest(instance_id=instance.id), metadata=auth
+    ).events
+    agent_task = next((e.task_id for e in history if e.type == "TASK_CREATED" and e.node_id == "triage"), "")
+    if agent_task:
+        say(f"\njournal of task {agent_task}:")
+        for step in tasks.GetJournal(
+            external_task_pb2.GetJournalRequest(task_id=agent_task), metadata=auth
+        ).steps:
+            kind = external_task_pb2.StepKind.Name(step.kind).removeprefix("STEP_KIND_")
+            state = external_task_pb2.StepState.Name(step.state).removeprefix("STEP_STATE_")
+            what = step.tool_ref or "model"
+            tokens = (
+                f" tokens {step.tokens.input_tokens}+{step.tokens.output_tokens}"
+                if kind == "MODEL_CALL"
+                else ""
+            )
+            key = f" key {step.idempotency_key[:18]}…" if step.idempotency_key else ""
+            say(f"  {step.sequence}. attempt {step.attempt} {kind:<10} {state:<9} {what}{tokens}{key}")
+            if step.HasField("response"):
+                say(f"       → {summary(plain(step.response))}")
+
+    tickets = crm.tickets()
+    say("\nCRM tickets:")
+    for ticket in tickets:
+        say(
+            f"  {ticket.get('ticketId')}  {ticket.get('customerId')}  {ticket.get('priority')}  "
+            f"{ticket.get('subject')!r}  key {str(ticket.get('idempotencyKey'))[:18]}…"
+        )
+    values = plain(instance.variables)
+    say(f"\ntriage = {json.dumps(values.get('triage'), ensure_ascii=False)}")
+    completed = next((e for e in history if e.type == "TASK_COMPLETED" and e.node_id == "triage"), None)
+    if completed is not None:
+        say(f"attempt metadata = {summary(plain(completed.data).get('metadata'), 200)}")
+    say(f"\nthe token is at: {instance.current_node_id}")
+    open_incidents = incidents.ListIncidents(
+        incident_pb2.ListIncidentsRequest(instance_id=instance.id), metadata=auth
+    ).incidents
+    for incident in open_incidents:
+        say(f"open incident {incident.type}: {incident.message}")
+    ok = instance.current_node_id == "notify_customer" and len(tickets) == 1 and not open_incidents
+    say(
+        "\n"
+        + (
+            "demo finished: the model reasoned, the worker acted, the engine decided."
+            if ok
+            else f"demo did not reach notify_customer; the logs are in {logs} until this exits"
+        )
+    )
+    return 0 if ok else 1
+
+
+def common_policy(binding: Any) -> str:
+    from abada.engine.v1 import common_pb2
+
+    policy = common_pb2.ToolPolicy.Name(binding.policy).removeprefix("TOOL_POLICY_").lower()
+    idempotency = common_pb2.Idempotency.Name(binding.idempotency).removeprefix("IDEMPOTENCY_").lower()
+    return f"{policy:<5} idempotency {idempotency}" if policy == "write" else f"{policy:<5}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(run())
