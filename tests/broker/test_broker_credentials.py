@@ -340,3 +340,17 @@ async def test_reflection_describes_the_credential_service_and_health(broker):
         names = {service.name for service in response.list_services_response.service}
         break
     assert {"abada.broker.v1.CredentialService", "grpc.health.v1.Health"} <= names
+
+
+async def test_the_engine_reads_deploy_credentials_through_the_broker(broker, vault, crm, dev_tokens):
+    """The engine's own credential source for deploy-time contract checks, against the real broker."""
+    from abada_engine.definitions.tool_contracts import BrokerCredentials
+    from abada_engine.errors import EngineError
+
+    engine_side = BrokerCredentials(broker.address, dev_tokens.directory / "engine-token")
+    assert await engine_side.secret("crm-token", "crm") == crm.token
+    as_a_worker = BrokerCredentials(broker.address, dev_tokens.directory / "worker-token")
+    with pytest.raises(EngineError) as refused:
+        await as_a_worker.secret("crm-token", "crm")
+    assert refused.value.reason == "CREDENTIAL_UNAVAILABLE"
+    assert crm.token not in str(refused.value)
