@@ -1,0 +1,285 @@
+"""The agent loop for one task of topic `abada:agent`: replay, tools, model turns, the answer.
+
+1. Rebuild the conversation from the journal (`replay`); finished steps are not paid for again.
+2. Open the bound tool servers with credentials from the broker and check their contract.
+3. Alternate model turns and the function calls they ask for, journaling each step.
+4. A turn without function calls is the answer: Complete with the result variable and metadata.
+
+Every way the attempt can end early is an exception from `errors`; the executor reports it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from abada.engine.v1 import external_task_pb2
+
+from .answer import InvalidAnswer, parse_answer
+from .broker_client import BrokerClient
+from .conversation import FunctionCall, FunctionResult, ModelReply, ModelRequest, ModelTurn, ToolResults, Turn
+from .engine_client import EngineClient, LeaseRef
+from .errors import AttemptFailed
+from .fault import FaultPlan
+from .interruption import TaskInterruption
+from .journal import Journal
+from .logs import TaskLog
+from .prompt import RenderedPrompt
+from .providers.base import ModelCallError, ModelProvider
+from .replay import Blocked, CallModel, Finish, PlannedCall, ReplayPlan, RunCalls, Usage, plan_replay
+from .step_payloads import unknown_function_result
+from .struct_codec import from_struct
+from .toolbox import Toolbox
+from .work import AGENT_PROFILE, AgentWork, agent_work_from_proto, journal_entry_from_proto
+
+log = logging.getLogger(__name__)
+
+# What the engine keeps of an answer it could not parse, for the person who reviews it.
+_MAX_INVALID_OUTPUT_CHARS = 8_000
+
+
+@dataclass(frozen=True)
+class AgentServices:
+    engine: EngineClient
+    broker: BrokerClient
+    provider: ModelProvider
+    tool_timeout_seconds: float = 60.0
+    fault: FaultPlan = field(default_factory=FaultPlan)
+
+
+@dataclass
+class Tally:
+    """What the whole task has spent so far, the journaled earlier attempts included."""
+
+    model_calls: int = 0
+    tool_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    tools_used: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, usage: Usage) -> Tally:
+        return cls(
+            usage.model_calls,
+            usage.tool_calls,
+            usage.input_tokens,
+            usage.output_tokens,
+            list(usage.tools_used),
+        )
+
+    def add_tool(self, ref: str) -> None:
+        self.tool_calls += 1
+        if ref not in self.tools_used:
+            self.tools_used.append(ref)
+
+
+def lease_of(task: external_task_pb2.ExternalTask) -> LeaseRef:
+    return LeaseRef(task_id=task.id, lease_token=task.lease_token, attempt=task.attempt)
+
+
+class AgentTask:
+    def __init__(
+        self, services: AgentServices, task: external_task_pb2.ExternalTask, interruption: TaskInterruption
+    ) -> None:
+        self._services = services
+        self._task = task
+        self._lease = lease_of(task)
+        self._interruption = interruption
+        self._started = time.monotonic()
+        self._log = TaskLog(log, {"task_id": task.id, "attempt": task.attempt})
+
+    async def run(self) -> None:
+        work = agent_work_from_proto(self._task.agent_work)
+        if work.profile_version != AGENT_PROFILE:
+            raise AttemptFailed(
+                "UNSUPPORTED_PROFILE",
+                f"this worker runs agent profile {AGENT_PROFILE}, not {work.profile_version!r}",
+                no_retry=True,
+            )
+        variables = from_struct(self._task.variables)
+        plan = plan_replay(work, variables, [journal_entry_from_proto(step) for step in self._task.steps])
+        self._log.info(
+            "task started",
+            extra={"replayed_steps": len(self._task.steps), "next_action": type(plan.next_action).__name__},
+        )
+        if isinstance(plan.next_action, Blocked):
+            raise AttemptFailed("JOURNAL_BLOCKED", plan.next_action.reason, no_retry=True)
+        tally = Tally.of(plan.usage)
+        action = plan.next_action
+        answer = action.text if isinstance(action, Finish) else await self._converse(work, plan, tally)
+        await self._complete(work, plan.prompt, answer, tally)
+
+    async def _converse(self, work: AgentWork, plan: ReplayPlan, tally: Tally) -> str:
+        """Model turns and the calls they ask for, from where the journal left off, to the answer's text."""
+        journal = Journal(self._services.engine, self._lease, plan.next_sequence)
+        history = list(plan.history)
+        action = plan.next_action
+        services = self._services
+        async with Toolbox.open(
+            work,
+            self._lease,
+            services.broker,
+            timeout_seconds=services.tool_timeout_seconds,
+            fault=services.fault,
+        ) as toolbox:
+            while not isinstance(action, Finish):
+                if isinstance(action, RunCalls):
+                    results = await self._run_calls(action.calls, toolbox, journal, tally)
+                    history.append(ToolResults(results))
+                    action = CallModel()
+                else:
+                    turn = await self._call_model(work, plan.prompt, history, toolbox, journal, tally)
+                    history.append(turn)
+                    calls = tuple(PlannedCall(call) for call in turn.function_calls)
+                    action = RunCalls(calls) if calls else Finish(turn.text)
+        return action.text
+
+    async def _call_model(
+        self,
+        work: AgentWork,
+        prompt: RenderedPrompt,
+        history: list[Turn],
+        toolbox: Toolbox,
+        journal: Journal,
+        tally: Tally,
+    ) -> ModelTurn:
+        self._interruption.checkpoint()
+        turn_index = sum(1 for turn in history if isinstance(turn, ModelTurn))
+        sequence = await journal.start_model_call(turn_index, work.model)
+        request = ModelRequest(work.model, prompt.system, prompt.user, tuple(history), toolbox.functions)
+        try:
+            reply = await self._services.provider.generate(request)
+        except ModelCallError as error:
+            await journal.fail_model_call(sequence, str(error))
+            raise AttemptFailed(
+                "MODEL_CALL_FAILED",
+                str(error),
+                no_retry=not error.retryable,
+                details={"status": error.status},
+            ) from None
+        reply = assign_call_ids(reply, sequence)
+        await journal.finish_model_call(sequence, reply)
+        tally.model_calls += 1
+        tally.input_tokens += reply.input_tokens
+        tally.output_tokens += reply.output_tokens
+        self._log.info(
+            "model turn",
+            extra={
+                "sequence": sequence,
+                "function_calls": [call.name for call in reply.function_calls],
+                "input_tokens": reply.input_tokens,
+                "output_tokens": reply.output_tokens,
+            },
+        )
+        return reply.as_turn()
+
+    async def _run_calls(
+        self, calls: tuple[PlannedCall, ...], toolbox: Toolbox, journal: Journal, tally: Tally
+    ) -> tuple[FunctionResult, ...]:
+        results: list[FunctionResult] = []
+        for planned in calls:
+            if planned.result is not None:
+                results.append(planned.result)
+                continue
+            result = await self._run_call(planned, toolbox, journal, tally)
+            results.append(
+                FunctionResult(planned.call.id, planned.call.name, result, bool(result.get("isError")))
+            )
+        return tuple(results)
+
+    async def _run_call(
+        self, planned: PlannedCall, toolbox: Toolbox, journal: Journal, tally: Tally
+    ) -> dict[str, Any]:
+        call = planned.call
+        binding = toolbox.binding_for(call.name)
+        if binding is None:
+            return unknown_function_result(call.name, frozenset(spec.name for spec in toolbox.functions))
+        if not binding.is_write:
+            self._interruption.checkpoint()
+            result = await toolbox.call(binding, call.args, None)
+            sequence = await journal.record_read(call, binding.ref, result)
+        else:
+            with self._interruption.side_effect():
+                if planned.resend is not None:
+                    sequence, key = planned.resend.sequence, planned.resend.idempotency_key
+                else:
+                    sequence, key = await journal.start_write(call, binding.ref)
+                    if binding.keyed and not key:
+                        self._log.warning(
+                            "the engine gave no idempotency key for a keyed write",
+                            extra={"tool": binding.ref},
+                        )
+                result = await toolbox.call(binding, call.args, key if binding.keyed and key else None)
+                await journal.finish_write(sequence, binding.ref, result)
+        tally.add_tool(binding.ref)
+        self._log.info(
+            "tool call",
+            extra={
+                "sequence": sequence,
+                "tool": binding.ref,
+                "write": binding.is_write,
+                "resent": planned.resend is not None,
+                "is_error": bool(result.get("isError")),
+            },
+        )
+        return result
+
+    async def _complete(self, work: AgentWork, prompt: RenderedPrompt, text: str, tally: Tally) -> None:
+        invalid_reason = ""
+        confidence: float | None = None
+        try:
+            answer = parse_answer(text)
+            variables: dict[str, Any] = {work.result_variable: answer.value}
+            confidence = answer.confidence
+        except InvalidAnswer as invalid:
+            invalid_reason = str(invalid)
+            variables = {work.result_variable: text[:_MAX_INVALID_OUTPUT_CHARS]}
+        metadata = external_task_pb2.AttemptMetadata(
+            model=work.model,
+            provider=self._services.provider.name,
+            input_tokens=tally.input_tokens,
+            output_tokens=tally.output_tokens,
+            tools_used=tally.tools_used,
+            duration_ms=int((time.monotonic() - self._started) * 1000),
+            prompt_hash=prompt.hash,
+            model_calls=tally.model_calls,
+            tool_calls=tally.tool_calls,
+        )
+        if confidence is not None:
+            metadata.confidence = confidence
+        with self._interruption.side_effect():
+            reply = await self._services.engine.complete(self._lease, variables, metadata, invalid_reason)
+        self._log.info(
+            "task completed",
+            extra={
+                "outcome": external_task_pb2.CompleteOutcome.Name(reply.outcome),
+                "next_node_id": reply.next_node_id,
+                "reason": reply.reason,
+                "invalid_output": bool(invalid_reason),
+            },
+        )
+
+
+def assign_call_ids(reply: ModelReply, sequence: int) -> ModelReply:
+    """Gives every function call an id unique in its turn; replay matches tool steps to calls by it.
+
+    Gemini often sends no id at all; the model's own (empty) id is kept to show it back unchanged.
+    """
+    seen: set[str] = set()
+    calls: list[FunctionCall] = []
+    changed = False
+    for index, call in enumerate(reply.function_calls):
+        if not call.id or call.id in seen:
+            call = FunctionCall(
+                f"call_{sequence}_{index}", call.name, call.args, call.signature, provider_id=call.id
+            )
+            changed = True
+        seen.add(call.id)
+        calls.append(call)
+    if not changed:
+        return reply
+    return ModelReply(
+        reply.text, tuple(calls), reply.finish_reason, reply.input_tokens, reply.output_tokens, reply.extra
+    )

@@ -1,0 +1,81 @@
+"""Tool-server credentials from the broker, asked for with the live lease and held only in memory."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from abada.broker.v1 import credential_pb2, credential_pb2_grpc
+
+from .caller_token import CallerToken
+from .engine_client import LeaseRef
+from .errors import AttemptFailed, LeaseLost
+from .logs import redactor
+from .rpc_errors import failure_of
+
+log = logging.getLogger(__name__)
+
+_ATTEMPTS = 3
+
+
+class Secret:
+    """A credential that prints as `Secret(***)`, so a stray log line or repr cannot show it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret(***)"
+
+    __str__ = __repr__
+
+
+class BrokerClient:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        worker_id: str,
+        caller_token: CallerToken,
+        timeout_seconds: float = 10.0,
+    ) -> None:
+        self._stub = credential_pb2_grpc.CredentialServiceStub(channel)
+        self._worker_id = worker_id
+        self._token = caller_token
+        self._timeout = timeout_seconds
+
+    async def tool_credential(self, lease: LeaseRef, server: str) -> Secret:
+        """The server's secret for this lease; registered with the log redactor until `forget`."""
+        request = credential_pb2.GetToolCredentialRequest(
+            task_id=lease.task_id, worker_id=self._worker_id, lease_token=lease.lease_token, server=server
+        )
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                reply = await self._stub.GetToolCredential(
+                    request, timeout=self._timeout, metadata=self._token.metadata()
+                )
+            except grpc.aio.AioRpcError as error:
+                failure = failure_of(error)
+                if failure.lease_lost:
+                    raise LeaseLost(failure.reason or failure.code.name, failure.message) from None
+                if failure.transient and attempt < _ATTEMPTS:
+                    await asyncio.sleep(0.2 * attempt)
+                    continue
+                raise AttemptFailed(
+                    "CREDENTIAL_UNAVAILABLE",
+                    f"the broker gave no credential for tool server {server!r}: "
+                    f"{failure.reason or failure.code.name}: {failure.message}",
+                    details={"server": server},
+                ) from None
+            redactor.hold(reply.secret)
+            return Secret(reply.secret)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def forget(secret: Secret) -> None:
+        redactor.release(secret.reveal())

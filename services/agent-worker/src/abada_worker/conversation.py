@@ -1,0 +1,98 @@
+"""The conversation with the model, independent of any provider's wire format.
+
+A conversation is the guarded system message, the first user message, then alternating model
+turns and tool results. It is rebuilt from the journal on replay, so every piece of it must be
+derivable from what the journal stores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FunctionCall:
+    id: str
+    name: str
+    args: dict[str, Any]
+    # Opaque provider state that must travel back with the call (Gemini's thought signature, base64).
+    signature: str = ""
+    # The id the model itself gave, when the worker had to assign `id` (None: the same as `id`).
+    provider_id: str | None = None
+
+    @property
+    def wire_id(self) -> str:
+        """The id to show the model again: its own, which may be empty."""
+        return self.id if self.provider_id is None else self.provider_id
+
+
+@dataclass(frozen=True)
+class ModelTurn:
+    text: str
+    function_calls: tuple[FunctionCall, ...] = ()
+
+
+@dataclass(frozen=True)
+class FunctionResult:
+    call_id: str
+    name: str
+    # The MCP CallToolResult as JSON: {"content": [...], "structuredContent": ..., "isError": bool}.
+    result: dict[str, Any]
+    is_error: bool
+
+
+@dataclass(frozen=True)
+class ToolResults:
+    results: tuple[FunctionResult, ...]
+
+
+Turn = ModelTurn | ToolResults
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    model: str
+    system: str
+    user: str
+    history: tuple[Turn, ...]
+    functions: tuple[FunctionSpec, ...]
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    text: str
+    function_calls: tuple[FunctionCall, ...]
+    finish_reason: str
+    input_tokens: int
+    output_tokens: int
+    # What the provider said about the turn beyond the text, for the journal only.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_turn(self) -> ModelTurn:
+        return ModelTurn(text=self.text, function_calls=self.function_calls)
+
+
+def result_for_model(result: dict[str, Any]) -> Any:
+    """What the model reads of a tool result: the structured content when there is one, else the text.
+
+    The full CallToolResult repeats structured content as JSON text; sending both would pay for the
+    same tokens twice.
+    """
+    structured = result.get("structuredContent")
+    if structured is not None:
+        return structured
+    content = result.get("content") or []
+    texts = [
+        block.get("text", "") for block in content if isinstance(block, dict) and block.get("type") == "text"
+    ]
+    if texts and len(texts) == len(content):
+        return "\n".join(texts)
+    return content

@@ -1,0 +1,149 @@
+"""The engine's ExternalTaskService as the worker uses it: bearer metadata, retries, domain errors.
+
+Every call under a lease may be retried on a transient failure, because the engine answers a
+repeated request the same way (an identical AppendStep gets the identical answer). Refusals become
+the worker's own exceptions: LeaseLost, LimitExceeded, or EngineRefused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
+
+from .caller_token import CallerToken
+from .errors import AttemptFailed, EngineUnavailable, LeaseLost, LimitExceeded
+from .rpc_errors import LIMIT_EXCEEDED, RpcFailure, failure_of
+from .struct_codec import to_struct
+
+log = logging.getLogger(__name__)
+
+Reply = TypeVar("Reply")
+_FIRST_RETRY_SECONDS = 0.1
+_MAX_RETRY_SECONDS = 2.0
+_CONFIGURATION_REASONS = frozenset({"BINDING_NOT_FOUND", "VARIABLE_NOT_ALLOWED"})
+
+
+class EngineRefused(AttemptFailed):
+    def __init__(self, failure: RpcFailure) -> None:
+        code = failure.reason or failure.code.name
+        super().__init__(code, failure.message, no_retry=code in _CONFIGURATION_REASONS)
+        self.failure = failure
+
+
+@dataclass(frozen=True)
+class LeaseRef:
+    task_id: str
+    lease_token: str
+    attempt: int
+
+
+class EngineClient:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        worker_id: str,
+        caller_token: CallerToken,
+        *,
+        retry_seconds: float = 10.0,
+        call_timeout_seconds: float = 10.0,
+    ) -> None:
+        self._stub = external_task_pb2_grpc.ExternalTaskServiceStub(channel)
+        self.worker_id = worker_id
+        self._token = caller_token
+        self._retry_seconds = retry_seconds
+        self._timeout = call_timeout_seconds
+
+    async def fetch_and_lock(
+        self, topic: str, lease_ms: int, max_tasks: int, wait_ms: int
+    ) -> list[external_task_pb2.ExternalTask]:
+        """One long poll, no retries: the poller owns the backoff when the engine is down."""
+        request = external_task_pb2.FetchAndLockRequest(
+            worker_id=self.worker_id,
+            topics=[external_task_pb2.TopicSubscription(name=topic, lease_ms=lease_ms)],
+            max_tasks=max_tasks,
+            wait_ms=wait_ms,
+        )
+        timeout = self._timeout + wait_ms / 1000
+        reply = await self._call(self._stub.FetchAndLock, request, timeout, retry_seconds=0.0)
+        return list(reply.tasks)
+
+    async def extend_lease(self, lease: LeaseRef, lease_ms: int) -> None:
+        request = external_task_pb2.ExtendLeaseRequest(
+            task_id=lease.task_id, worker_id=self.worker_id, lease_token=lease.lease_token, lease_ms=lease_ms
+        )
+        await self._call(self._stub.ExtendLease, request, self._timeout, retry_seconds=0.0)
+
+    async def append_step(
+        self, request: external_task_pb2.AppendStepRequest
+    ) -> external_task_pb2.AppendStepResponse:
+        request.worker_id = self.worker_id
+        return await self._call(self._stub.AppendStep, request, self._timeout)
+
+    async def complete(
+        self,
+        lease: LeaseRef,
+        variables: dict[str, Any],
+        metadata: external_task_pb2.AttemptMetadata,
+        invalid_output_reason: str = "",
+    ) -> external_task_pb2.CompleteResponse:
+        request = external_task_pb2.CompleteRequest(
+            task_id=lease.task_id,
+            worker_id=self.worker_id,
+            lease_token=lease.lease_token,
+            variables=to_struct(variables),
+            metadata=metadata,
+            invalid_output_reason=invalid_output_reason,
+        )
+        return await self._call(self._stub.Complete, request, self._timeout)
+
+    async def fail(self, lease: LeaseRef, failure: AttemptFailed) -> external_task_pb2.FailResponse:
+        request = external_task_pb2.FailRequest(
+            task_id=lease.task_id,
+            worker_id=self.worker_id,
+            lease_token=lease.lease_token,
+            error_code=failure.error_code,
+            error_message=failure.message[:10_000],
+            error_details=to_struct(failure.details),
+            no_retry=failure.no_retry,
+        )
+        return await self._call(self._stub.Fail, request, self._timeout)
+
+    async def _call(
+        self,
+        method: Callable[..., Awaitable[Reply]],
+        request: Any,
+        timeout: float,
+        *,
+        retry_seconds: float | None = None,
+    ) -> Reply:
+        budget = self._retry_seconds if retry_seconds is None else retry_seconds
+        give_up_at = time.monotonic() + budget
+        delay = _FIRST_RETRY_SECONDS
+        while True:
+            try:
+                return await method(request, timeout=timeout, metadata=self._token.metadata())
+            except grpc.aio.AioRpcError as error:
+                failure = failure_of(error)
+            if not failure.transient:
+                raise _refusal(failure)
+            if time.monotonic() + delay > give_up_at:
+                raise EngineUnavailable(f"{failure.code.name}: {failure.message}")
+            log.debug("engine call failed (%s), retrying in %.2fs", failure.code.name, delay)
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, _MAX_RETRY_SECONDS)
+
+
+def _refusal(failure: RpcFailure) -> Exception:
+    if failure.lease_lost:
+        return LeaseLost(failure.reason or failure.code.name, failure.message)
+    if failure.reason == LIMIT_EXCEEDED:
+        return LimitExceeded(failure.metadata.get("limit", ""), failure.message)
+    return EngineRefused(failure)

@@ -1,0 +1,123 @@
+"""Writing the step journal of one attempt through AppendStep, one sequence after another.
+
+Model calls and writes are journaled STARTED before they happen (the engine checks the limits
+there) and moved to COMPLETED or FAILED at the same sequence after; reads are journaled once,
+finished. The payload shapes are in `step_payloads`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from abada.engine.v1 import external_task_pb2
+
+from . import step_payloads
+from .conversation import FunctionCall, ModelReply
+from .engine_client import EngineClient, LeaseRef
+from .struct_codec import to_struct
+from .work import StepKind, StepState
+
+_MODEL_REF = ""
+
+
+class Journal:
+    def __init__(self, engine: EngineClient, lease: LeaseRef, next_sequence: int) -> None:
+        self._engine = engine
+        self._lease = lease
+        self._next = next_sequence
+
+    @property
+    def next_sequence(self) -> int:
+        return self._next
+
+    async def start_model_call(self, turn: int, model: str) -> int:
+        sequence = self._take()
+        await self._append(
+            sequence,
+            StepKind.MODEL_CALL,
+            StepState.STARTED,
+            _MODEL_REF,
+            request=step_payloads.model_request(turn, model),
+        )
+        return sequence
+
+    async def finish_model_call(self, sequence: int, reply: ModelReply) -> None:
+        await self._append(
+            sequence,
+            StepKind.MODEL_CALL,
+            StepState.COMPLETED,
+            _MODEL_REF,
+            response=step_payloads.model_response(reply),
+            tokens=(reply.input_tokens, reply.output_tokens),
+        )
+
+    async def fail_model_call(self, sequence: int, message: str) -> None:
+        await self._append(
+            sequence, StepKind.MODEL_CALL, StepState.FAILED, _MODEL_REF, response={"error": message}
+        )
+
+    async def record_read(self, call: FunctionCall, tool_ref: str, result: dict[str, Any]) -> int:
+        sequence = self._take()
+        await self._append(
+            sequence,
+            StepKind.TOOL_CALL,
+            _finished_state(result),
+            tool_ref,
+            request=step_payloads.tool_request(call),
+            response=result,
+        )
+        return sequence
+
+    async def start_write(self, call: FunctionCall, tool_ref: str) -> tuple[int, str]:
+        """Journals the write before it happens; returns its sequence and the engine's idempotency key ("" if none)."""
+        sequence = self._take()
+        reply = await self._append(
+            sequence,
+            StepKind.TOOL_CALL,
+            StepState.STARTED,
+            tool_ref,
+            request=step_payloads.tool_request(call),
+        )
+        return sequence, reply.idempotency_key or reply.step.idempotency_key
+
+    async def finish_write(self, sequence: int, tool_ref: str, result: dict[str, Any]) -> None:
+        await self._append(sequence, StepKind.TOOL_CALL, _finished_state(result), tool_ref, response=result)
+
+    def _take(self) -> int:
+        sequence = self._next
+        self._next += 1
+        return sequence
+
+    async def _append(
+        self,
+        sequence: int,
+        kind: StepKind,
+        state: StepState,
+        tool_ref: str,
+        *,
+        request: dict[str, Any] | None = None,
+        response: dict[str, Any] | None = None,
+        tokens: tuple[int, int] | None = None,
+    ) -> external_task_pb2.AppendStepResponse:
+        message = external_task_pb2.AppendStepRequest(
+            task_id=self._lease.task_id,
+            lease_token=self._lease.lease_token,
+            attempt=self._lease.attempt,
+            sequence=sequence,
+            kind=kind.value,
+            state=state.value,
+            tool_ref=tool_ref,
+        )
+        if request is not None:
+            message.request.CopyFrom(to_struct(request))
+        if response is not None:
+            message.response.CopyFrom(to_struct(response))
+        if tokens is not None:
+            message.tokens.CopyFrom(
+                external_task_pb2.TokenUsage(input_tokens=tokens[0], output_tokens=tokens[1])
+            )
+        return await self._engine.append_step(message)
+
+
+def _finished_state(result: dict[str, Any]) -> StepState:
+    return StepState.FAILED if result.get("isError") else StepState.COMPLETED

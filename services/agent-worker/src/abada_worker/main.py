@@ -1,0 +1,133 @@
+"""`abada-worker`: serve topic `abada:agent` until SIGTERM, then drain within the grace period."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Sequence
+
+import grpc
+from abada.engine.v1 import external_task_pb2
+
+from .agent_task import AgentServices, AgentTask
+from .broker_client import BrokerClient
+from .caller_token import CallerToken
+from .engine_client import EngineClient
+from .health import HealthServer
+from .interruption import TaskInterruption
+from .job_executor import JobExecutor
+from .job_poller import Backoff, JobPoller
+from .logs import configure_logging
+from .providers.gemini import GeminiProvider
+from .settings import WorkerSettings, load_settings
+from .task_router import TaskHandler, TaskRouter
+
+log = logging.getLogger("abada_worker")
+
+
+def agent_handler(services: AgentServices) -> TaskHandler:
+    async def handle(task: external_task_pb2.ExternalTask, interruption: TaskInterruption) -> None:
+        await AgentTask(services, task, interruption).run()
+
+    return handle
+
+
+def engine_channel_for(settings: WorkerSettings) -> grpc.aio.Channel:
+    """Plaintext unless a CA or a client certificate is configured; then TLS (mTLS with a certificate)."""
+    if settings.tls_ca_file is None and settings.tls_cert_file is None:
+        return grpc.aio.insecure_channel(settings.engine_address)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=settings.tls_ca_file.read_bytes() if settings.tls_ca_file else None,
+        private_key=settings.tls_key_file.read_bytes() if settings.tls_key_file else None,
+        certificate_chain=settings.tls_cert_file.read_bytes() if settings.tls_cert_file else None,
+    )
+    return grpc.aio.secure_channel(settings.engine_address, credentials)
+
+
+async def serve(settings: WorkerSettings) -> None:
+    token = CallerToken(settings.token, settings.token_file)
+    engine_channel = engine_channel_for(settings)
+    broker_channel = grpc.aio.insecure_channel(settings.broker_address)
+    provider = GeminiProvider(
+        api_key=settings.gemini_api_key,
+        base_url=settings.gemini_base_url,
+        timeout_seconds=settings.model_timeout_seconds,
+    )
+    # Retrying one journal write for longer than a third of the lease would outlive the lease itself.
+    engine = EngineClient(
+        engine_channel, settings.worker_id, token, retry_seconds=min(10.0, settings.lease_ms / 3000)
+    )
+    services = AgentServices(
+        engine=engine,
+        broker=BrokerClient(broker_channel, settings.worker_id, token),
+        provider=provider,
+        tool_timeout_seconds=settings.tool_timeout_seconds,
+        fault=settings.fault,
+    )
+    router = TaskRouter()
+    router.add(settings.topic, agent_handler(services))
+    executor = JobExecutor(engine, router, lease_ms=settings.lease_ms, concurrency=settings.concurrency)
+    poller = JobPoller(
+        engine,
+        executor,
+        topic=settings.topic,
+        lease_ms=settings.lease_ms,
+        wait_ms=settings.poll_wait_ms,
+        backoff=Backoff(max_seconds=settings.max_backoff_seconds),
+    )
+    stopping = asyncio.Event()
+    stop_requested_at: list[float] = []
+
+    def request_stop(signal_name: str) -> None:
+        if not stopping.is_set():
+            stop_requested_at.append(time.monotonic())
+            log.info(
+                "stop requested; no new work",
+                extra={"signal": signal_name, "drain_seconds": settings.drain_seconds},
+            )
+            stopping.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, request_stop, sig.name)
+    health = HealthServer(
+        lambda: {
+            "status": "draining" if stopping.is_set() else "ok",
+            "worker_id": settings.worker_id,
+            "running": executor.running,
+        }
+    )
+    await health.start(settings.health_address)
+    log.info(
+        "worker ready",
+        extra={
+            "worker_id": settings.worker_id,
+            "topic": settings.topic,
+            "concurrency": settings.concurrency,
+            "engine": settings.engine_address,
+            "health_port": health.port,
+        },
+    )
+    try:
+        await poller.run(stopping)
+        await executor.drain(stop_requested_at[0] + settings.drain_seconds)
+    finally:
+        await health.stop()
+        await provider.aclose()
+        await engine_channel.close()
+        await broker_channel.close()
+        log.info("worker stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = load_settings(argv)
+    configure_logging(settings.log_level)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Gemini through google-genai's async client, with function calling and nothing automatic.
+
+The worker executes no function on the model's behalf inside the SDK: automatic function calling is
+off, every call comes back to the agent loop, which journals it. `ABADA_GEMINI_BASE_URL` points the
+same client at the scripted endpoint used by tests and the offline demo.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from google import genai
+from google.genai import errors, types
+
+from ..conversation import (
+    FunctionCall,
+    FunctionResult,
+    FunctionSpec,
+    ModelReply,
+    ModelRequest,
+    ModelTurn,
+    result_for_model,
+)
+from .base import ModelCallError
+
+# Statuses another try may fix; any other client error would fail the same way again.
+_RETRYABLE_STATUSES = frozenset({408, 429})
+# A key the scripted endpoint ignores; the SDK refuses to start without one.
+_PLACEHOLDER_KEY = "scripted-endpoint"
+
+
+class GeminiProvider:
+    name = "gemini"
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None,
+        base_url: str | None = None,
+        timeout_seconds: float = 120.0,
+        retries: int = 3,
+    ) -> None:
+        if not api_key and not base_url:
+            raise ValueError("Gemini needs GEMINI_API_KEY, or ABADA_GEMINI_BASE_URL for a scripted endpoint")
+        options = types.HttpOptions(
+            base_url=base_url or None,
+            timeout=int(timeout_seconds * 1000),
+            retry_options=types.HttpRetryOptions(attempts=retries, initial_delay=0.5, max_delay=8.0),
+        )
+        self._client = genai.Client(api_key=api_key or _PLACEHOLDER_KEY, http_options=options).aio
+
+    async def generate(self, request: ModelRequest) -> ModelReply:
+        config = types.GenerateContentConfig(
+            system_instruction=request.system,
+            tools=[types.Tool(function_declarations=[_declaration(f) for f in request.functions])]
+            if request.functions
+            else None,
+            automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+        )
+        try:
+            response = await self._client.models.generate_content(
+                model=request.model, contents=contents_of(request), config=config
+            )
+        except errors.APIError as error:
+            retryable = error.code >= 500 or error.code in _RETRYABLE_STATUSES
+            raise ModelCallError(
+                f"Gemini answered {error.code} {error.status or ''}: {error.message or ''}".strip(),
+                retryable=retryable,
+                status=error.code,
+            ) from None
+        except Exception as error:
+            # Whatever the transport raised, there is no reply; another attempt may well get one.
+            raise ModelCallError(f"Gemini could not be reached: {error!r}", retryable=True) from None
+        return reply_of(response)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _declaration(function: FunctionSpec) -> types.FunctionDeclaration:
+    return types.FunctionDeclaration(
+        name=function.name, description=function.description, parameters_json_schema=function.parameters
+    )
+
+
+def contents_of(request: ModelRequest) -> list[types.Content]:
+    contents = [types.Content(role="user", parts=[types.Part.from_text(text=request.user)])]
+    # The model sees the call ids it gave (none, often), not the ones the worker assigned for its journal.
+    wire_ids: dict[str, str] = {}
+    for turn in request.history:
+        if isinstance(turn, ModelTurn):
+            wire_ids.update((call.id, call.wire_id) for call in turn.function_calls)
+            parts: list[types.Part] = [types.Part(text=turn.text)] if turn.text else []
+            parts += [_call_part(call) for call in turn.function_calls]
+            contents.append(types.Content(role="model", parts=parts))
+        else:
+            responses = [
+                _response_part(result, wire_ids.get(result.call_id, result.call_id))
+                for result in turn.results
+            ]
+            contents.append(types.Content(role="user", parts=responses))
+    return contents
+
+
+def _call_part(call: FunctionCall) -> types.Part:
+    return types.Part(
+        function_call=types.FunctionCall(id=call.wire_id or None, name=call.name, args=call.args),
+        thought_signature=base64.b64decode(call.signature) if call.signature else None,
+    )
+
+
+def _response_part(result: FunctionResult, wire_id: str) -> types.Part:
+    # Gemini reads "output" as a function's result and "error" as its failure.
+    key = "error" if result.is_error else "output"
+    return types.Part(
+        function_response=types.FunctionResponse(
+            id=wire_id or None, name=result.name, response={key: result_for_model(result.result)}
+        )
+    )
+
+
+def reply_of(response: types.GenerateContentResponse) -> ModelReply:
+    candidate = response.candidates[0] if response.candidates else None
+    parts = candidate.content.parts if candidate and candidate.content and candidate.content.parts else []
+    texts: list[str] = []
+    calls: list[FunctionCall] = []
+    for part in parts:
+        if part.function_call is not None:
+            signature = base64.b64encode(part.thought_signature).decode() if part.thought_signature else ""
+            call = part.function_call
+            calls.append(
+                FunctionCall(
+                    id=call.id or "", name=call.name or "", args=dict(call.args or {}), signature=signature
+                )
+            )
+        elif part.text and not part.thought:
+            texts.append(part.text)
+    usage = response.usage_metadata
+    input_tokens = (usage.prompt_token_count or 0) if usage else 0
+    output_tokens = ((usage.candidates_token_count or 0) + (usage.thoughts_token_count or 0)) if usage else 0
+    finish = candidate.finish_reason if candidate else None
+    extra: dict[str, Any] = {}
+    if response.prompt_feedback and response.prompt_feedback.block_reason:
+        extra["blockReason"] = str(response.prompt_feedback.block_reason.value)
+    return ModelReply(
+        text="".join(texts),
+        function_calls=tuple(calls),
+        finish_reason=finish.value if finish is not None else "",
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        extra=extra,
+    )

@@ -1,0 +1,47 @@
+"""Reading the engine's rich gRPC errors: the status code and the `google.rpc.ErrorInfo` reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+_DETAILS_KEY = "grpc-status-details-bin"
+TRANSIENT_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+)
+LEASE_LOST_REASONS = frozenset({"NOT_LEASE_HOLDER", "LEASE_EXPIRED", "TASK_NOT_LEASED", "ATTEMPT_MISMATCH"})
+LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
+
+
+@dataclass(frozen=True)
+class RpcFailure:
+    code: grpc.StatusCode
+    message: str
+    reason: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def transient(self) -> bool:
+        # RESOURCE_EXHAUSTED is back-pressure unless the engine says a budget ran out.
+        return self.code in TRANSIENT_CODES and self.reason != LIMIT_EXCEEDED
+
+    @property
+    def lease_lost(self) -> bool:
+        return self.reason in LEASE_LOST_REASONS or self.code is grpc.StatusCode.NOT_FOUND
+
+
+def failure_of(error: grpc.aio.AioRpcError) -> RpcFailure:
+    code = error.code()
+    message = error.details() or code.name
+    for key, value in error.trailing_metadata() or ():
+        if key != _DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        status = status_pb2.Status.FromString(value)
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                return RpcFailure(code, message, info.reason, dict(info.metadata))
+    return RpcFailure(code, message)

@@ -1,0 +1,245 @@
+"""MCP tool servers for one attempt: one session per server, the contract check, and the calls.
+
+The credential travels as an `httpx2.Auth`, never in the journal or the model's view. A write's
+idempotency key goes in `_meta.idempotencyKey` and in the `Idempotency-Key` header; `call_tool`
+takes no per-call headers, so a request hook reads the key from a context variable set just
+before the call (the transport posts in the caller's context).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import ssl
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import httpx2
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolResult, PaginatedRequestParams, Tool
+
+from .broker_client import Secret
+from .errors import AttemptEnded, AttemptFailed
+from .fault import FaultPlan
+from .step_payloads import error_result
+from .work import ToolBinding
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_META_KEY = "idempotencyKey"
+SUPPORTED_TRANSPORTS = frozenset({"streamable-http", ""})
+# JSON-RPC "invalid params": the server refused the arguments, which the model can correct.
+_INVALID_PARAMS = -32602
+
+_idempotency_key: ContextVar[str | None] = ContextVar("abada_worker_idempotency_key", default=None)
+
+
+class ToolUnavailable(AttemptFailed):
+    """The server could not be reached or broke off; worth another attempt, not the model's concern."""
+
+    def __init__(self, server: str, message: str) -> None:
+        super().__init__("TOOL_UNAVAILABLE", message, details={"server": server})
+
+
+@dataclass(frozen=True)
+class ContractMismatch:
+    server: str
+    tool: str
+    problem: str
+    expected_sha256: str = ""
+    observed_sha256: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "server": self.server,
+            "tool": self.tool,
+            "problem": self.problem,
+            "expected_sha256": self.expected_sha256,
+            "observed_sha256": self.observed_sha256,
+        }
+
+
+def schema_sha256(schema: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON (sorted keys, no spaces) of a tool's inputSchema, as the engine pins it."""
+    return hashlib.sha256(json.dumps(schema, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def check_contract(bindings: Iterable[ToolBinding], listed: dict[str, Tool]) -> list[ContractMismatch]:
+    """Every bound tool must still exist, and with the input schema frozen at deploy time."""
+    mismatches: list[ContractMismatch] = []
+    for binding in bindings:
+        tool = listed.get(binding.tool)
+        if tool is None:
+            mismatches.append(ContractMismatch(binding.server, binding.tool, "missing"))
+            continue
+        observed = schema_sha256(tool.input_schema)
+        if binding.input_schema_sha256 and observed != binding.input_schema_sha256:
+            mismatches.append(
+                ContractMismatch(
+                    binding.server,
+                    binding.tool,
+                    "input schema changed",
+                    binding.input_schema_sha256,
+                    observed,
+                )
+            )
+    return mismatches
+
+
+class BearerAuth(httpx2.Auth):
+    def __init__(self, secret: Secret) -> None:
+        self._secret = secret
+
+    def auth_flow(self, request: httpx2.Request) -> Generator[httpx2.Request, httpx2.Response, None]:
+        request.headers["Authorization"] = f"Bearer {self._secret.reveal()}"
+        yield request
+
+
+async def _add_idempotency_header(request: httpx2.Request) -> None:
+    key = _idempotency_key.get()
+    if key is not None:
+        request.headers[IDEMPOTENCY_HEADER] = key
+
+
+@cache
+def _shared_tls_context() -> ssl.SSLContext:
+    # Loading the CA bundle costs about a megabyte per client; fifty concurrent tasks share one.
+    return httpx2.create_ssl_context()
+
+
+class ToolServer:
+    """An initialized MCP session to one server."""
+
+    def __init__(self, name: str, session: ClientSession) -> None:
+        self.name = name
+        self._session = session
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(
+        cls,
+        name: str,
+        url: str,
+        credential: Secret | None,
+        *,
+        timeout_seconds: float,
+        fault: FaultPlan | None = None,
+    ) -> AsyncIterator[ToolServer]:
+        hooks: dict[str, list[Any]] = {"request": [_add_idempotency_header]}
+        fault_hook = fault.response_hook(name) if fault is not None else None
+        if fault_hook is not None:
+            hooks["response"] = [fault_hook]
+        in_use = False
+        try:
+            async with (
+                httpx2.AsyncClient(
+                    auth=BearerAuth(credential) if credential is not None else None,
+                    event_hooks=hooks,
+                    timeout=httpx2.Timeout(timeout_seconds),
+                    verify=_shared_tls_context(),
+                    trust_env=False,
+                ) as http,
+                streamable_http_client(url, http_client=http) as (read_stream, write_stream),
+                ClientSession(read_stream, write_stream) as session,
+            ):
+                await session.initialize()
+                in_use = True
+                yield cls(name, session)
+        except BaseExceptionGroup as group:
+            # The transport's task group wraps whatever crosses it, the caller's own exceptions included.
+            error = primary_error(group)
+            if in_use or not _is_transport_error(error):
+                raise error from None
+            raise ToolUnavailable(
+                name, f"cannot talk to tool server {name!r} at {url}: {_describe(error)}"
+            ) from error
+        except (httpx2.HTTPError, MCPError, OSError) as error:
+            if in_use:
+                raise
+            raise ToolUnavailable(
+                name, f"cannot talk to tool server {name!r} at {url}: {_describe(error)}"
+            ) from error
+
+    async def list_tools(self) -> dict[str, Tool]:
+        listed: dict[str, Tool] = {}
+        cursor: str | None = None
+        while True:
+            page = await self._session.list_tools(
+                params=PaginatedRequestParams(cursor=cursor) if cursor is not None else None
+            )
+            listed.update((tool.name, tool) for tool in page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                return listed
+
+    async def call(
+        self, tool: str, arguments: dict[str, Any], idempotency_key: str | None, timeout_seconds: float
+    ) -> dict[str, Any]:
+        """The CallToolResult as JSON; a tool error comes back as a result with `isError`, not raised."""
+        meta = {IDEMPOTENCY_META_KEY: idempotency_key} if idempotency_key is not None else None
+        reset = _idempotency_key.set(idempotency_key)
+        try:
+            result = await self._session.call_tool(
+                tool, arguments, read_timeout_seconds=timeout_seconds, meta=meta
+            )
+        except MCPError as error:
+            if error.code == _INVALID_PARAMS:
+                return error_result(f"The server refused the arguments: {error.message}")
+            raise ToolUnavailable(
+                self.name, f"tool server {self.name!r} failed on {tool}: {error.message}"
+            ) from None
+        except RuntimeError as error:
+            # Raised after the answer arrived, e.g. structured content that breaks the declared output schema.
+            return error_result(f"The tool's answer could not be used: {error}")
+        finally:
+            _idempotency_key.reset(reset)
+        return _result_json(result)
+
+
+def primary_error(group: BaseExceptionGroup) -> BaseException:
+    """The exception that matters in a group: the worker's own first, then anything but a cancellation."""
+    leaves = list(_leaves(group))
+    for leaf in leaves:
+        if isinstance(leaf, AttemptEnded):
+            return leaf
+    for leaf in leaves:
+        if not isinstance(leaf, asyncio.CancelledError):
+            return leaf
+    return leaves[0]
+
+
+def _leaves(error: BaseException) -> Iterator[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield error
+
+
+def _is_transport_error(error: BaseException) -> bool:
+    return isinstance(error, httpx2.HTTPError | MCPError | OSError)
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, MCPError):
+        return error.message
+    return str(error) or type(error).__name__
+
+
+def _result_json(result: CallToolResult) -> dict[str, Any]:
+    dumped = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return {
+        "content": dumped.get("content", []),
+        **({"structuredContent": dumped["structuredContent"]} if "structuredContent" in dumped else {}),
+        "isError": bool(dumped.get("isError", False)),
+    }
+
+
+def unsupported_transports(bindings: Sequence[ToolBinding]) -> list[ToolBinding]:
+    return [binding for binding in bindings if binding.transport not in SUPPORTED_TRANSPORTS]

@@ -1,0 +1,250 @@
+"""Polling, executing and routing against the real engine: concurrency, lease renewal, drain, backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from abada.engine.v1 import external_task_pb2, process_pb2
+from abada_engine.api.guard import Guard
+from abada_engine.api.server import ServerTls, start_grpc_server
+from abada_engine.auth import CallerRegistry
+from abada_worker.caller_token import CallerToken
+from abada_worker.engine_client import EngineClient, LeaseRef
+from abada_worker.errors import AttemptFailed
+from abada_worker.interruption import TaskInterruption
+from abada_worker.job_executor import JobExecutor
+from abada_worker.job_poller import Backoff, JobPoller
+from abada_worker.main import engine_channel_for
+from abada_worker.settings import load_settings
+from abada_worker.task_router import TaskRouter
+from certificates import make_pki
+from worker_support import deploy_bundle, history_of, instance_of, start_instance
+
+TOPIC = "worker-jobs"
+BUNDLE = f"""
+processes:
+  - id: jobs
+    start: work
+    nodes:
+      - {{ id: work, type: service, topic: {TOPIC}, next: done }}
+      - {{ id: done, type: end }}
+"""
+
+
+@pytest.fixture
+async def client(engine, engine_tokens) -> AsyncIterator[EngineClient]:  # type: ignore[no-untyped-def]
+    async with grpc.aio.insecure_channel(engine.address) as channel:
+        # The suite's token may serve any topic under any worker id.
+        yield EngineClient(
+            channel, "executor-test-worker", CallerToken(engine_tokens.suite), retry_seconds=2.0
+        )
+
+
+async def finish(client: EngineClient, task: external_task_pb2.ExternalTask, **variables: object) -> None:
+    await client.complete(
+        LeaseRef(task.id, task.lease_token, task.attempt),
+        dict(variables),
+        external_task_pb2.AttemptMetadata(),
+    )
+
+
+async def wait_until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+async def all_completed(engine, instance_ids: list[str]) -> bool:  # type: ignore[no-untyped-def]
+    states = [(await instance_of(engine, i)).state for i in instance_ids]
+    return all(state == process_pb2.INSTANCE_STATE_COMPLETED for state in states)
+
+
+async def test_tasks_run_side_by_side_up_to_the_concurrency_and_leases_outlive_their_length(
+    engine, client
+) -> None:
+    await deploy_bundle(engine, BUNDLE)
+    instance_ids = [await start_instance(engine, "jobs", n=n) for n in range(6)]
+    running = 0
+    most_at_once = 0
+
+    async def slow_job(task: external_task_pb2.ExternalTask, interruption: TaskInterruption) -> None:
+        nonlocal running, most_at_once
+        running += 1
+        most_at_once = max(most_at_once, running)
+        try:
+            # Longer than the 1 s lease: only the lease keeper lets Complete through.
+            await asyncio.sleep(1.4)
+        finally:
+            running -= 1
+        await finish(client, task, done=True)
+
+    router = TaskRouter()
+    router.add(TOPIC, slow_job)
+    executor = JobExecutor(client, router, lease_ms=1_000, concurrency=3)
+    stopping = asyncio.Event()
+    poller = asyncio.create_task(
+        JobPoller(client, executor, topic=TOPIC, lease_ms=1_000, wait_ms=200).run(stopping)
+    )
+    try:
+        await wait_until(lambda: all_completed(engine, instance_ids), timeout=15)
+    finally:
+        stopping.set()
+        await poller
+        await executor.drain(time.monotonic())
+
+    assert most_at_once == 3
+    for instance_id in instance_ids:
+        types = [event.type for event in await history_of(engine, instance_id)]
+        assert "TASK_FAILED" not in types
+
+
+async def test_a_failure_is_reported_and_an_unknown_topic_is_refused(engine, client) -> None:
+    await deploy_bundle(engine, BUNDLE)
+    instance_id = await start_instance(engine, "jobs")
+
+    async def broken_job(task: external_task_pb2.ExternalTask, interruption: TaskInterruption) -> None:
+        raise AttemptFailed("CRM_DOWN", "the CRM is down", no_retry=True)
+
+    router = TaskRouter()
+    router.add(TOPIC, broken_job)
+    executor = JobExecutor(client, router, lease_ms=5_000, concurrency=1)
+    (task,) = await client.fetch_and_lock(TOPIC, 5_000, 1, 0)
+    executor.submit(task)
+    await executor.drain(time.monotonic() + 5)
+
+    failed = [event for event in await history_of(engine, instance_id) if event.type == "TASK_FAILED"]
+    assert len(failed) == 1
+    assert failed[0].data["code"] == "CRM_DOWN"
+    assert (await instance_of(engine, instance_id)).open_incidents == 1
+
+
+async def test_at_the_drain_deadline_a_side_effect_finishes_and_anything_else_is_left_to_lapse(
+    engine, client
+) -> None:
+    await deploy_bundle(engine, BUNDLE)
+    writer_id = await start_instance(engine, "jobs", role="writer")
+    thinker_id = await start_instance(engine, "jobs", role="thinker")
+    cut_off: list[str] = []
+
+    async def job(task: external_task_pb2.ExternalTask, interruption: TaskInterruption) -> None:
+        if task.variables["role"] == "writer":
+            with interruption.side_effect():
+                await asyncio.sleep(0.6)
+                await finish(client, task, written=True)
+            return
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cut_off.append(task.id)
+            raise
+
+    router = TaskRouter()
+    router.add(TOPIC, job)
+    executor = JobExecutor(client, router, lease_ms=5_000, concurrency=2)
+    for task in await client.fetch_and_lock(TOPIC, 5_000, 2, 0):
+        executor.submit(task)
+    await asyncio.sleep(0.1)
+
+    started = time.monotonic()
+    await executor.drain(started + 0.2)
+
+    assert time.monotonic() - started < 2
+    assert (await instance_of(engine, writer_id)).state == process_pb2.INSTANCE_STATE_COMPLETED
+    assert len(cut_off) == 1
+    thinker_history = [event.type for event in await history_of(engine, thinker_id)]
+    assert "TASK_FAILED" not in thinker_history and "TASK_COMPLETED" not in thinker_history
+    # Nothing was reported: the lease is still the dead worker's until it lapses.
+    assert await client.fetch_and_lock(TOPIC, 5_000, 1, 0) == []
+
+
+async def test_an_unreachable_engine_is_polled_with_backoff_and_work_resumes_when_it_is_back(
+    engine, engine_core, engine_tokens
+) -> None:
+    await deploy_bundle(engine, BUNDLE)
+    instance_id = await start_instance(engine, "jobs")
+    guard = Guard(CallerRegistry(engine_tokens.callers_file))
+    probe = await start_grpc_server(engine_core, "127.0.0.1:0", guard)
+    port = probe.port
+    await probe.stop(0)
+    attempts: list[float] = []
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        client = EngineClient(channel, "backoff-worker", CallerToken(engine_tokens.suite), retry_seconds=1.0)
+        original = client.fetch_and_lock
+
+        async def counted(*args: object) -> list[external_task_pb2.ExternalTask]:
+            attempts.append(time.monotonic())
+            return await original(*args)  # type: ignore[arg-type]
+
+        client.fetch_and_lock = counted  # type: ignore[method-assign]
+
+        async def job(task: external_task_pb2.ExternalTask, interruption: TaskInterruption) -> None:
+            await finish(client, task, resumed=True)
+
+        router = TaskRouter()
+        router.add(TOPIC, job)
+        executor = JobExecutor(client, router, lease_ms=5_000, concurrency=1)
+        stopping = asyncio.Event()
+        poller = asyncio.create_task(
+            JobPoller(
+                client, executor, topic=TOPIC, lease_ms=5_000, wait_ms=200, backoff=Backoff(0.05, 0.4)
+            ).run(stopping)
+        )
+        await asyncio.sleep(1.5)
+        failed_attempts = len(attempts)
+        server = await start_grpc_server(engine_core, f"127.0.0.1:{port}", guard)
+        try:
+            await wait_until(lambda: all_completed(engine, [instance_id]), timeout=10)
+        finally:
+            stopping.set()
+            await poller
+            await executor.drain(time.monotonic() + 5)
+            await server.stop(0)
+
+    # Backing off from 50 ms to 400 ms: a handful of tries in 1.5 s, not a busy loop.
+    assert 3 <= failed_attempts <= 12
+    gaps = [later - earlier for earlier, later in itertools.pairwise(attempts[:failed_attempts])]
+    assert gaps[-1] > gaps[0]
+
+
+async def test_the_worker_reaches_a_tls_engine_with_its_client_certificate(
+    engine, engine_core, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    await deploy_bundle(engine, BUNDLE)
+    await start_instance(engine, "jobs")
+    pki = make_pki(tmp_path, client_cn="tls-worker")
+    callers = tmp_path / "callers.yaml"
+    callers.write_text(
+        "callers:\n  - {identity: tls-worker, roles: [worker], topics: [worker-jobs], certificate_cn: tls-worker}\n"
+    )
+    running = await start_grpc_server(
+        engine_core,
+        "127.0.0.1:0",
+        Guard(CallerRegistry(callers)),
+        ServerTls(pki.server_cert, pki.server_key, pki.ca_pem),
+    )
+    settings = load_settings(
+        [],
+        {
+            "ABADA_ENGINE_ADDRESS": f"127.0.0.1:{running.port}",
+            "ABADA_TLS_CA_FILE": str(pki.ca),
+            "ABADA_TLS_CERT_FILE": str(pki.client_cert),
+            "ABADA_TLS_KEY_FILE": str(pki.client_key),
+        },
+    )
+    channel = engine_channel_for(settings)
+    try:
+        tasks = await EngineClient(channel, "tls-worker", CallerToken(None)).fetch_and_lock(
+            TOPIC, 5_000, 1, 0
+        )
+    finally:
+        await channel.close()
+        await running.stop(0)
+
+    assert [task.topic_name for task in tasks] == [TOPIC]

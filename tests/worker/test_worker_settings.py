@@ -1,0 +1,88 @@
+"""Settings from flags and environment, the rotating caller token, and logs that never show a secret."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from abada_worker.broker_client import Secret
+from abada_worker.caller_token import CallerToken
+from abada_worker.logs import JsonFormatter, SecretRedactor
+from abada_worker.settings import load_settings
+
+
+def test_flags_win_over_the_environment_which_wins_over_defaults() -> None:
+    env = {"ABADA_WORKER_CONCURRENCY": "7", "ABADA_DRAIN_SECONDS": "12", "ABADA_WORKER_ID": "w-env"}
+    settings = load_settings(["--concurrency", "50"], env)
+
+    assert settings.concurrency == 50
+    assert settings.drain_seconds == 12.0
+    assert settings.worker_id == "w-env"
+    assert settings.engine_address == "127.0.0.1:50051"
+    assert settings.broker_address == "127.0.0.1:50061"
+    assert settings.topic == "abada:agent"
+    assert settings.lease_ms == 30_000
+    assert settings.health_address == "127.0.0.1:8081"
+
+
+def test_the_worker_id_defaults_to_host_and_pid_and_secrets_come_from_the_environment_only() -> None:
+    settings = load_settings([], {"ABADA_WORKER_TOKEN": "t0k", "GEMINI_API_KEY": "g-key"})
+
+    assert settings.worker_id.endswith(f"-{os.getpid()}")
+    assert (settings.token, settings.gemini_api_key) == ("t0k", "g-key")
+    with pytest.raises(SystemExit):
+        load_settings(["--token", "t0k"], {})
+
+
+def test_the_test_only_fault_hook_is_parsed_and_a_malformed_one_refused() -> None:
+    settings = load_settings([], {"ABADA_WORKER_FAULT": "kill-after-send:crm/create_ticket"})
+    assert settings.fault.kill_after_send == ("crm", "create_ticket")
+    assert load_settings([], {}).fault.kill_after_send is None
+    with pytest.raises(SystemExit):
+        load_settings([], {"ABADA_WORKER_FAULT": "explode"})
+
+
+def test_the_token_file_is_read_again_when_it_changes_and_kept_while_it_is_briefly_gone(
+    tmp_path: Path,
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("first\n")
+    token = CallerToken(token_file=token_file)
+    assert token.metadata() == (("authorization", "Bearer first"),)
+
+    token_file.write_text("second-token\n")
+    assert token.current() == "second-token"
+    token_file.unlink()
+    assert token.current() == "second-token"
+    assert CallerToken().metadata() == ()
+
+
+def test_a_held_secret_is_scrubbed_from_every_log_line_until_it_is_released() -> None:
+    redactor = SecretRedactor()
+    formatter = JsonFormatter(scrubber=redactor)
+    secret = Secret("s3cr3t-crm-token")
+    redactor.hold(secret.reveal())
+    redactor.hold(secret.reveal())  # a second task with the same credential
+
+    record = logging.makeLogRecord(
+        {
+            "msg": "401 with Bearer %s",
+            "args": ("s3cr3t-crm-token",),
+            "levelno": logging.WARNING,
+            "levelname": "WARNING",
+        }
+    )
+    record.header = "Authorization: Bearer s3cr3t-crm-token"
+    line = json.loads(formatter.format(record))
+
+    assert line["message"] == "401 with Bearer [redacted]"
+    assert line["header"] == "Authorization: Bearer [redacted]"
+    assert line["level"] == "warning" and line["service"] == "agent-worker"
+    assert "s3cr3t" not in repr(secret) and "s3cr3t" not in f"{secret}"
+    redactor.release(secret.reveal())
+    assert "[redacted]" in formatter.format(record), "still held by the other task"
+    redactor.release(secret.reveal())
+    assert "s3cr3t-crm-token" in formatter.format(record)
