@@ -143,3 +143,27 @@ async def test_resolved_by_cancelling_the_instance(engine, crm_credentials):
     )
     assert (await instance(engine, task.instance_id)).state == process_pb2.INSTANCE_STATE_CANCELED
     assert await fetch(engine, "w2", "abada:agent") == []
+
+
+async def test_the_incident_is_raised_when_the_lease_runs_out_even_if_no_worker_asks_again(
+    engine, crm_credentials
+):
+    task, _ = await crash_during_the_write(engine, crm_credentials, "none")
+    # No fetch: the engine's own reaper (every 2 s) notices the expired lease over the unkeyed write.
+    for _ in range(40):
+        listed = await engine.incidents.ListIncidents(incident_pb2.ListIncidentsRequest())
+        if listed.incidents:
+            break
+        await asyncio.sleep(0.1)
+    [incident] = listed.incidents
+    assert (incident.type, incident.task_id) == ("TOOL_OUTCOME_UNKNOWN", task.id)
+    steps = await journal(engine, task.id)
+    assert et.StepState.Name(steps[3].state) == "STEP_STATE_OUTCOME_UNKNOWN"
+    assert await fetch(engine, "w2", "abada:agent") == []
+
+
+async def test_the_reaper_leaves_keyed_writes_and_live_leases_alone(engine, crm_credentials, engine_core):
+    task, _ = await crash_during_the_write(engine, crm_credentials, "key")
+    assert await engine_core.journal.hold_expired_unkeyed_writes() == 0
+    [again] = await fetch(engine, "w2", "abada:agent")
+    assert again.id == task.id and again.attempt == 2

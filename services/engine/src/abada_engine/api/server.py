@@ -30,6 +30,7 @@ from abada_engine.runtime.incidents import Incidents
 from abada_engine.runtime.instances import Instances
 from abada_engine.runtime.journal import Journal
 from abada_engine.runtime.leases import Leases
+from abada_engine.runtime.reaper import Periodic
 from abada_engine.runtime.wakeups import TaskWakeups
 
 from .definition_handler import DefinitionHandler
@@ -62,6 +63,7 @@ class EngineCore:
     incidents: Incidents
     wakeups: TaskWakeups
     journal: Journal
+    reaper: Periodic
 
     @staticmethod
     async def open(
@@ -70,6 +72,7 @@ class EngineCore:
         keys: KeyRing,
         idempotency: IdempotencyKeys,
         contract_check: ContractCheck | None = None,
+        reaper_interval_seconds: float = 2.0,
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
         journal = Journal(db, catalog, keys, idempotency)
@@ -78,6 +81,10 @@ class EngineCore:
         incidents.register("TOOL_OUTCOME_UNKNOWN", "DID_NOT_HAPPEN", journal.resolve_did_not_happen)
         wakeups = TaskWakeups(async_url(database_url).replace("postgresql+asyncpg://", "postgresql://", 1))
         await wakeups.start()
+        reaper = Periodic(
+            "outcome-unknown reaper", journal.hold_expired_unkeyed_writes, reaper_interval_seconds
+        )
+        reaper.start()
         return EngineCore(
             db=db,
             catalog=catalog,
@@ -87,9 +94,11 @@ class EngineCore:
             incidents=incidents,
             journal=journal,
             wakeups=wakeups,
+            reaper=reaper,
         )
 
     async def close(self) -> None:
+        await self.reaper.stop()
         await self.wakeups.stop()
 
 

@@ -136,6 +136,20 @@ _APPEND_FINISH_SQL = RawSql(
 )
 
 
+_EXPIRED_WITH_WRITES_SQL = text(
+    """
+    SELECT t.id, t.instance_id, t.node_id, i.definition_id
+    FROM tasks t JOIN instances i ON i.id = t.instance_id
+    WHERE t.state = 'LEASED' AND t.due_at <= now() AND t.topic = 'abada:agent'
+      AND EXISTS (SELECT 1 FROM journal_steps j WHERE j.task_id = t.id AND j.kind = 'TOOL_CALL'
+                  AND j.state = 'STARTED' AND NOT j.abandoned)
+    ORDER BY t.due_at
+    LIMIT :limit
+    FOR UPDATE OF t SKIP LOCKED
+    """
+)
+
+
 class Journal:
     def __init__(
         self, engine: AsyncEngine, catalog: DefinitionCatalog, keys: KeyRing, idempotency: IdempotencyKeys
@@ -325,28 +339,50 @@ class Journal:
         for task, prior in zip(tasks, prior_states, strict=True):
             bindings = task.agent_work.tool_bindings if task.agent_work else []
             steps = self.views(journals.get(task.id, []), bindings)
-            unknown = [
-                s
-                for s in steps
-                if s.kind == "TOOL_CALL"
-                and s.state == "STARTED"
-                and not s.abandoned
-                and self._unkeyed(task, s)
-            ]
+            unknown = _unkeyed_writes_in_flight(steps, bindings)
             if unknown:
-                await self._hold_for_a_person(task, unknown[0], taken_over=prior == "LEASED")
+                async with self._engine.begin() as conn:
+                    # The task was never handed out: give back the attempt the lock took.
+                    await self._hold_for_a_person(
+                        conn, task.id, task.instance_id, task.node_id, unknown[0], prior == "LEASED", -1
+                    )
                 continue
             offered.append(LockedTask(**{**task.__dict__, "steps": steps}))
         return offered
 
-    def _unkeyed(self, task: LockedTask, step: StepView) -> bool:
-        bindings = {b.ref: b for b in (task.agent_work.tool_bindings if task.agent_work else [])}
-        binding = bindings.get(step.tool_ref)
-        return binding is not None and binding.policy == "write" and binding.idempotency != "key"
+    async def hold_expired_unkeyed_writes(self, limit: int = 100) -> int:
+        """Raise TOOL_OUTCOME_UNKNOWN as soon as a lease runs out over an unkeyed write, not at the next fetch.
 
-    async def _hold_for_a_person(self, task: LockedTask, step: StepView, taken_over: bool) -> None:
+        Run periodically by every replica; SKIP LOCKED keeps them (and fetchers) out of each other's way.
+        """
+        held = 0
+        async with self._engine.begin() as conn:
+            candidates = (await conn.execute(_EXPIRED_WITH_WRITES_SQL, {"limit": limit})).all()
+            journals = await self.steps([c.id for c in candidates])
+            for candidate in candidates:
+                definition = await self._catalog.get(candidate.definition_id)
+                bindings = definition.bindings_for(candidate.node_id)
+                steps = self.views(journals.get(candidate.id, []), bindings)
+                unknown = _unkeyed_writes_in_flight(steps, bindings)
+                if unknown:
+                    await self._hold_for_a_person(
+                        conn, candidate.id, candidate.instance_id, candidate.node_id, unknown[0], True, 0
+                    )
+                    held += 1
+        return held
+
+    async def _hold_for_a_person(
+        self,
+        conn: AsyncConnection,
+        task_id: uuid.UUID,
+        instance_id: uuid.UUID,
+        node_id: str,
+        step: StepView,
+        taken_over: bool,
+        attempt_change: int,
+    ) -> None:
         details = {
-            "task_id": str(task.id),
+            "task_id": str(task_id),
             "sequence": step.sequence,
             "attempt": step.attempt,
             "tool_ref": step.tool_ref,
@@ -358,50 +394,40 @@ class Journal:
             f"{step.tool_ref} was sent (step {step.sequence}, attempt {step.attempt}) and its outcome is unknown; "
             "it has no idempotency key, so it is never re-sent: say whether it happened"
         )
-        async with self._engine.begin() as conn:
-            await conn.execute(
-                text(
-                    "UPDATE journal_steps SET state = 'OUTCOME_UNKNOWN', updated_at = now() "
-                    "WHERE task_id = :id AND sequence = :sequence"
-                ),
-                {"id": task.id, "sequence": step.sequence},
-            )
-            # The task was never handed out: give back the attempt the lock took.
-            await conn.execute(
-                text(
-                    "UPDATE tasks SET state = 'INCIDENT', attempt = attempt - 1, lease_owner = NULL, "
-                    "lease_token_hash = NULL, lease_expires_at = NULL WHERE id = :id"
-                ),
-                {"id": task.id},
-            )
-            incident_id = await raise_incident(
-                conn,
-                instance_id=task.instance_id,
-                node_id=task.node_id,
-                type_="TOOL_OUTCOME_UNKNOWN",
-                message=message,
-                details=details,
-                task_id=task.id,
-            )
-            await write_history(
-                conn,
-                [
-                    history_row(
-                        task.instance_id,
-                        HistoryEntry(
-                            "INCIDENT_RAISED",
-                            task.node_id,
-                            {
-                                "incident_id": str(incident_id),
-                                "type": "TOOL_OUTCOME_UNKNOWN",
-                                "message": message,
-                                "taken_over": taken_over,
-                            },
-                        ),
-                        task.id,
-                    )
-                ],
-            )
+        await conn.execute(
+            text(
+                "UPDATE journal_steps SET state = 'OUTCOME_UNKNOWN', updated_at = now() "
+                "WHERE task_id = :id AND sequence = :sequence"
+            ),
+            {"id": task_id, "sequence": step.sequence},
+        )
+        await conn.execute(
+            text(
+                "UPDATE tasks SET state = 'INCIDENT', attempt = attempt + :change, lease_owner = NULL, "
+                "lease_token_hash = NULL, lease_expires_at = NULL WHERE id = :id"
+            ),
+            {"id": task_id, "change": attempt_change},
+        )
+        incident_id = await raise_incident(
+            conn,
+            instance_id=instance_id,
+            node_id=node_id,
+            type_="TOOL_OUTCOME_UNKNOWN",
+            message=message,
+            details=details,
+            task_id=task_id,
+        )
+        entry = HistoryEntry(
+            "INCIDENT_RAISED",
+            node_id,
+            {
+                "incident_id": str(incident_id),
+                "type": "TOOL_OUTCOME_UNKNOWN",
+                "message": message,
+                "taken_over": taken_over,
+            },
+        )
+        await write_history(conn, [history_row(instance_id, entry, task_id)])
 
     async def resolve_happened(
         self, conn: AsyncConnection, incident: Any, comment: str, result: dict[str, Any] | None
@@ -504,6 +530,21 @@ async def _offer_again(conn: AsyncConnection, task_id: uuid.UUID) -> None:
     ).scalar_one_or_none()
     if topic is not None:
         await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": TASK_CHANNEL, "t": topic})
+
+
+def _unkeyed_writes_in_flight(steps: list[StepView], bindings: list[ToolBinding]) -> list[StepView]:
+    """STARTED writes without an idempotency key: sent, perhaps done, and never to be re-sent blindly."""
+    by_ref = {b.ref: b for b in bindings}
+    return [
+        s
+        for s in steps
+        if s.kind == "TOOL_CALL"
+        and s.state == "STARTED"
+        and not s.abandoned
+        and (binding := by_ref.get(s.tool_ref)) is not None
+        and binding.policy == "write"
+        and binding.idempotency != "key"
+    ]
 
 
 def _binding_for(step: StepRequest, bindings: dict[str, ToolBinding]) -> ToolBinding | None:
