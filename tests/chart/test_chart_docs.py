@@ -1,10 +1,28 @@
-"""docs/operations.md tells an operator every Secret the chart expects, by name and key."""
+"""docs/operations.md against the chart and the code: its Secrets, callers files and metrics."""
 
 from __future__ import annotations
 
-from chart_support import REPO_ROOT, Release, pod_spec, render_set
+import pathlib
+import re
+
+import yaml
+from abada_broker.auth import parse_callers
+from abada_engine.auth import CallerRegistry, token_sha256
+from abada_engine.metrics import (
+    INCIDENTS_OPEN,
+    JOURNAL_STEPS,
+    LEASE_EXPIRIES,
+    OLDEST_READY,
+    REGISTRY,
+    RPC_SECONDS,
+    TASKS_DELAYED,
+    TASKS_LEASED,
+    TASKS_READY,
+)
+from chart_support import REPO_ROOT, Release, env_of, only_container, pod_spec, render_set
 
 GUIDE = REPO_ROOT / "docs" / "operations.md"
+DATABASE_GAUGES = (TASKS_READY, TASKS_LEASED, TASKS_DELAYED, OLDEST_READY, INCIDENTS_OPEN, JOURNAL_STEPS)
 
 
 def referenced_secrets(release: Release) -> set[tuple[str, str]]:
@@ -42,3 +60,105 @@ def test_the_guide_shows_the_vault_role_for_the_brokers_service_account() -> Non
     assert f"bound_service_account_names={broker_account}" in guide
     assert 'path "secret/data/abada/tool-credentials/*"' in guide
     assert 'path "secret/metadata/abada/tool-credentials/*"' in guide
+
+
+def fenced_blocks(text: str, first_line: str) -> list[str]:
+    """The bodies of the fenced code blocks whose first line is `first_line`."""
+    blocks = re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+    return [block for block in blocks if block.splitlines()[0] == first_line]
+
+
+def with_tokens(example: str) -> tuple[str, dict[str, str]]:
+    """The example with each `<sha256 of NAME>` replaced by the digest of a made-up token for NAME."""
+    tokens: dict[str, str] = {}
+
+    def digest(match: re.Match[str]) -> str:
+        tokens[match.group(1)] = f"made-up-{match.group(1)}"
+        return token_sha256(tokens[match.group(1)])
+
+    return re.sub(r"<sha256 of ([^>]+)>", digest, example), tokens
+
+
+def default_pool_identity() -> str:
+    worker = render_set("default").deployment_of("worker")
+    worker_id = env_of(only_container(worker))["ABADA_WORKER_ID"]["value"]
+    return str(worker_id).split("/")[0]
+
+
+def test_the_engine_callers_example_is_read_by_the_engine(tmp_path: pathlib.Path) -> None:
+    (example,) = fenced_blocks(GUIDE.read_text(), "# ./engine-callers")
+    text, tokens = with_tokens(example)
+    path = tmp_path / "callers"
+    path.write_text(text)
+    registry = CallerRegistry(path)
+    callers = {name: registry.by_token(token) for name, token in tokens.items()}
+    assert None not in callers.values()
+    pool = callers["worker.token"]
+    assert pool is not None and pool.roles == {"worker"}
+    # The pool's entry matches the chart's default pods: their ids and their topic.
+    assert pool.identity == default_pool_identity()
+    assert pool.may_act_as(f"{pool.identity}/abada-worker-abada-agent-5d8f7c9b4-x2x7q")
+    assert pool.may_fetch("abada:agent")
+    roles = {name: caller.roles for name, caller in callers.items() if caller is not None}
+    assert roles["broker-to-engine.token"] == {"broker"}
+    assert roles["keda-stats.token"] == {"metrics"}
+    assert roles["alice.token"] == {"operator"}
+    assert not any(caller.act_as_any_worker for caller in callers.values() if caller is not None)
+
+
+def test_the_mtls_callers_example_names_callers_by_certificate(tmp_path: pathlib.Path) -> None:
+    (example,) = fenced_blocks(GUIDE.read_text(), "# ./engine-callers, with tls.enabled")
+    text, tokens = with_tokens(example)
+    path = tmp_path / "callers"
+    path.write_text(text)
+    registry = CallerRegistry(path)
+    worker, broker = registry.by_certificate("agent-pool"), registry.by_certificate("abada-broker")
+    assert worker is not None and worker.roles == {"worker"}
+    assert broker is not None and broker.roles == {"broker"}
+    # The chart's workers and broker send their token along with the certificate; an unknown token
+    # is refused, so the same entries must know it.
+    assert registry.by_token(tokens["worker.token"]) == worker
+    assert registry.by_token(tokens["broker-to-engine.token"]) == broker
+
+
+def test_the_broker_callers_example_is_read_by_the_broker() -> None:
+    (example,) = fenced_blocks(GUIDE.read_text(), "# ./broker-callers")
+    text, _ = with_tokens(example)
+    entries = parse_callers(yaml.safe_load(text), "docs/operations.md")
+    callers = {entry.caller.identity: entry.caller for entry in entries}
+    assert callers[default_pool_identity()].roles == {"worker"}
+    assert callers["abada-engine"].roles == {"engine"}
+
+
+def metrics_table(guide: str) -> dict[str, tuple[str, set[str]]]:
+    """Rows of the metrics table: name -> (type, label names)."""
+    start = guide.index("## Reading the metrics")
+    section = guide[start : guide.index("\n## ", start + 1)]
+    rows: dict[str, tuple[str, set[str]]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) >= 3 and re.fullmatch(r"`abada_\w+`", cells[0]):
+            labels = set(re.findall(r"`(\w+)`", cells[2]))
+            rows[cells[0].strip("`")] = (cells[1], labels)
+    return rows
+
+
+def test_the_metrics_table_is_what_the_engine_exports() -> None:
+    # prometheus_client has no public accessor for a metric's label names.
+    label_names = {c._name: set(c._labelnames) for c in (RPC_SECONDS, LEASE_EXPIRIES, *DATABASE_GAUGES)}
+    exported: dict[str, tuple[str, set[str]]] = {}
+    for family in REGISTRY.collect():
+        assert family.name in label_names, f"metrics.py exports {family.name}, unknown to this test"
+        name = family.name + ("_total" if family.type == "counter" else "")
+        exported[name] = (family.type, label_names[family.name])
+    assert metrics_table(GUIDE.read_text()) == exported
+
+
+def test_the_guide_gives_the_rpc_histogram_buckets() -> None:
+    guide = GUIDE.read_text()
+    milliseconds = [b * 1000 for b in RPC_SECONDS._upper_bounds if b < 1]
+    seconds = [b for b in RPC_SECONDS._upper_bounds if 1 <= b < float("inf")]
+    written = (
+        ", ".join(f"{m:g}" for m in milliseconds) + " ms, " + ", ".join(f"{s:g}" for s in seconds) + " s"
+    )
+    assert f"Buckets: {written}." in guide

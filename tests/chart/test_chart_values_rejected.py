@@ -48,6 +48,17 @@ SCHEMA_REJECTS: dict[str, tuple[dict[str, Any], str]] = {
         },
         "/autoscaling/keda/behavior/scaleDown/policies/0/type",
     ),
+    "worker identity with a slash": ({"workers": [pool(identity="agents/eu")]}, "/workers/0/identity"),
+    "empty worker identity": ({"workerDefaults": {"identity": ""}}, "/workerDefaults/identity"),
+    "lease shorter than the worker accepts": ({"workers": [pool(leaseSeconds=0)]}, "/workers/0/leaseSeconds"),
+    "model endpoint without a scheme": (
+        {"workers": [pool(model={"baseUrl": "model-gateway:8080"})]},
+        "/workers/0/model/baseUrl",
+    ),
+    "secret cache longer than the broker allows": (
+        {"broker": {"secretCacheSeconds": 60}},
+        "/broker/secretCacheSeconds",
+    ),
     "egress rule with a misspelt peer": (
         {"toolServers": {"egress": [{"to": [{"ipblock": {"cidr": "10.0.0.0/8"}}]}]}},
         "ipblock",

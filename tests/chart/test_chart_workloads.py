@@ -47,9 +47,12 @@ WORKER_ENV = {
     "ABADA_BROKER_ADDRESS",
     "ABADA_WORKER_TOPIC",
     "ABADA_WORKER_CONCURRENCY",
+    "ABADA_LEASE_MS",
+    "ABADA_POD_NAME",
     "ABADA_WORKER_ID",
     "ABADA_WORKER_TOKEN_FILE",
     "ABADA_DRAIN_SECONDS",
+    "ABADA_WORKER_HEALTH_ADDRESS",
     "ABADA_LOG_LEVEL",
 }
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -206,7 +209,14 @@ def test_workers_speak_the_services_contract() -> None:
         assert value(env, "ABADA_ENGINE_ADDRESS") == "abada-engine:50051"
         assert value(env, "ABADA_BROKER_ADDRESS") == "abada-broker:50061"
         # Each pod is its own worker: the lease holder is the pod.
-        assert env["ABADA_WORKER_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        assert env["ABADA_POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        # Kubernetes expands $(VAR) only from variables listed before it.
+        names = list(env)
+        assert names.index("ABADA_POD_NAME") < names.index("ABADA_WORKER_ID")
+        assert value(env, "ABADA_WORKER_HEALTH_ADDRESS") == "0.0.0.0:8081"
+    # The pool token's identity prefixes every worker id: the engine and the broker refuse other ids.
+    assert value(agent, "ABADA_WORKER_ID") == "agent-pool/$(ABADA_POD_NAME)"
+    assert value(billing, "ABADA_WORKER_ID") == "billing-pool/$(ABADA_POD_NAME)"
     assert (value(agent, "ABADA_WORKER_TOPIC"), value(agent, "ABADA_WORKER_CONCURRENCY")) == (
         "abada:agent",
         "8",
@@ -215,6 +225,8 @@ def test_workers_speak_the_services_contract() -> None:
         "billing:reconcile",
         "2",
     )
+    assert (value(agent, "ABADA_LEASE_MS"), value(billing, "ABADA_LEASE_MS")) == ("30000", "120000")
+    assert "ABADA_GEMINI_BASE_URL" not in agent and "ABADA_GEMINI_BASE_URL" not in billing
     assert secret_key(agent, "GEMINI_API_KEY") == ("abada-gemini", "api-key")
     assert "GEMINI_API_KEY" not in billing
     assert value(billing, "HTTPS_PROXY") == "http://proxy.internal:3128"
@@ -266,12 +278,18 @@ def test_worker_resource_names_are_dns_safe_forms_of_their_topics() -> None:
 
 def test_grpc_services_are_probed_over_grpc_health(value_set: str) -> None:
     release = render_set(value_set)
-    targets = {"broker": 50061} if value_set == "mtls-on.yaml" else {"engine": 50051, "broker": 50061}
-    for component, port in targets.items():
-        container = only_container(release.deployment_of(component))
-        assert {p["name"]: p["containerPort"] for p in container["ports"]}["grpc"] == port
+    if value_set != "mtls-on.yaml":
+        container = only_container(release.deployment_of("engine"))
+        assert {p["name"]: p["containerPort"] for p in container["ports"]}["grpc"] == 50051
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container[probe]["grpc"] == {"port": port}, (component, probe)
+            assert container[probe]["grpc"] == {"port": 50051}, probe
+    broker = only_container(release.deployment_of("broker"))
+    assert {p["name"]: p["containerPort"] for p in broker["ports"]}["grpc"] == 50061
+    # The broker's overall health goes NOT_SERVING while Vault is down: that takes it out of the
+    # Service. Its `liveness` service stays SERVING, so the outage never restarts it.
+    assert broker["readinessProbe"]["grpc"] == {"port": 50061}
+    for probe in ("startupProbe", "livenessProbe"):
+        assert broker[probe]["grpc"] == {"port": 50061, "service": "liveness"}, probe
 
 
 def test_with_mtls_the_engine_is_probed_over_http_and_reads_its_certificates() -> None:
@@ -288,12 +306,27 @@ def test_with_mtls_the_engine_is_probed_over_http_and_reads_its_certificates() -
     }
     assert {secret for secret, _ in files.values()} == {"abada-engine-tls"}
     assert [item["key"] for _, item in files.values()] == ["tls.crt", "tls.key", "ca.crt"]
-    for component, secret in (("broker", "abada-broker-client-tls"), ("worker", "abada-worker-client-tls")):
+    # Each client reads its own variable names (the broker's README, the worker's settings.py).
+    clients = (
+        ("broker", "abada-broker-client-tls", "ABADA_ENGINE_TLS"),
+        ("worker", "abada-worker-client-tls", "ABADA_TLS"),
+    )
+    for component, secret, prefix in clients:
         client = release.deployment_of(component)
         client_container = only_container(client)
         client_env = env_of(client_container)
-        for name in ("ABADA_TLS_CA_FILE", "ABADA_TLS_CERT_FILE", "ABADA_TLS_KEY_FILE"):
-            assert mounted_file(client, client_container, value(client_env, name))[0] == secret
+        files = {
+            part: mounted_file(client, client_container, value(client_env, f"{prefix}_{part}_FILE"))
+            for part in ("CA", "CERT", "KEY")
+        }
+        assert {source for source, _ in files.values()} == {secret}, component
+        assert {part: item["key"] for part, (_, item) in files.items()} == {
+            "CA": "ca.crt",
+            "CERT": "tls.crt",
+            "KEY": "tls.key",
+        }
+    broker_env = env_of(only_container(release.deployment_of("broker")))
+    assert not [name for name in broker_env if name.startswith("ABADA_TLS_")]
 
 
 def test_without_mtls_no_certificate_is_mounted() -> None:

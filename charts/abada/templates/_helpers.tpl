@@ -249,17 +249,20 @@ spec:
 {{- end -}}
 
 {{/*
-With mTLS on the engine, a client (broker, worker) dials it with its own certificate, named by the
-same variables the abada CLI reads. Env, mount and volume; call with (list $ "broker"|"worker").
+With mTLS on the engine, a client (broker, worker) dials it with its own certificate. Each reads
+its own variable names: the broker ABADA_ENGINE_TLS_*_FILE (its ABADA_TLS_* would mean nothing to
+it), the worker ABADA_TLS_*_FILE like the abada CLI. Env, mount and volume; call with
+(list $ "broker"|"worker").
 */}}
 {{- define "abada.engineClientTlsEnv" -}}
 {{- $root := index . 0 -}}
+{{- $prefix := ternary "ABADA_ENGINE_TLS" "ABADA_TLS" (eq (index . 1) "broker") -}}
 {{- if $root.Values.tls.enabled }}
-- name: ABADA_TLS_CA_FILE
+- name: {{ $prefix }}_CA_FILE
   value: /etc/abada/engine-tls/ca.crt
-- name: ABADA_TLS_CERT_FILE
+- name: {{ $prefix }}_CERT_FILE
   value: /etc/abada/engine-tls/tls.crt
-- name: ABADA_TLS_KEY_FILE
+- name: {{ $prefix }}_KEY_FILE
   value: /etc/abada/engine-tls/tls.key
 {{- end }}
 {{- end -}}
