@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import os
@@ -97,6 +98,8 @@ def engine_process(database_url: str, extra_env: dict[str, str] | None = None) -
         "ABADA_GRPC_ADDRESS": f"127.0.0.1:{port}",
         "ABADA_HTTP_ADDRESS": f"127.0.0.1:{http_port}",
         "ABADA_AUTH_TOKENS_FILE": str(callers),
+        "ABADA_JOURNAL_KEYS": "bench:" + base64.b64encode(os.urandom(32)).decode(),
+        "ABADA_IDEMPOTENCY_SECRET": secrets.token_urlsafe(32),
         "ABADA_STATE_DIR": state,
         "ABADA_LOG_LEVEL": "WARNING",
         **(extra_env or {}),

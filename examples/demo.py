@@ -9,6 +9,7 @@ stops everything it started.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
@@ -227,6 +228,8 @@ def run() -> int:
                         "ABADA_STATE_DIR": str(state / "engine"),
                         "ABADA_BROKER_ADDRESS": broker_address,
                         "ABADA_BROKER_TOKEN_FILE": str(engine_token_path),
+                        "ABADA_JOURNAL_KEYS": "demo:" + base64.b64encode(os.urandom(32)).decode(),
+                        "ABADA_IDEMPOTENCY_SECRET": secrets.token_urlsafe(32),
                     },
                     logs,
                 )

@@ -79,11 +79,27 @@ class CallerRegistry:
         return self._by_certificate.get(common_name)
 
     def _reload_if_changed(self) -> None:
-        stat = self._path.stat()
+        try:
+            stat = self._path.stat()
+        except OSError:
+            if self._stamp is None:
+                raise
+            return  # a file being replaced or briefly missing: keep what we know
         stamp = (stat.st_mtime_ns, stat.st_size)
         if stamp == self._stamp:
             return
-        by_token, by_certificate = _parse(self._path)
+        try:
+            by_token, by_certificate = _parse(self._path)
+        except (OSError, ValueError, yaml.YAMLError, AttributeError, TypeError) as error:
+            if self._stamp is None:
+                raise
+            # A broken edit must not lock every caller out: keep the last good list and say why.
+            log.error(
+                "the callers file is invalid; keeping the previous list",
+                extra={"path": str(self._path), "error": str(error)[:300]},
+            )
+            self._stamp = stamp
+            return
         self._by_token, self._by_certificate, self._stamp = by_token, by_certificate, stamp
         log.info(
             "caller list loaded",

@@ -33,10 +33,11 @@ def _database_url(settings: EngineSettings) -> tuple[str, object | None]:
 
 
 async def serve(settings: EngineSettings) -> None:
+    env = dict(os.environ)
+    _require_real_secrets(settings, env)
     url, embedded = _database_url(settings)
     db = create_engine(url, settings.db_pool_size)
     await migrate(db)
-    env = dict(os.environ)
     core = await EngineCore.open(
         db,
         url,
@@ -60,6 +61,22 @@ async def serve(settings: EngineSettings) -> None:
     await core.close()
     await db.dispose()
     del embedded
+
+
+def _require_real_secrets(settings: EngineSettings, env: dict[str, str]) -> None:
+    """Development defaults only go with the embedded database: replicas over a real one must share keys."""
+    if not settings.database_url or env.get("ABADA_DEVELOPMENT") == "1":
+        return
+    missing = [
+        name
+        for name in ("ABADA_JOURNAL_KEYS", "ABADA_IDEMPOTENCY_SECRET", "ABADA_AUTH_TOKENS_FILE")
+        if not env.get(name, "").strip()
+    ]
+    if missing:
+        raise SystemExit(
+            f"ABADA_DATABASE_URL is set but {', '.join(missing)} is not: every replica must share these. "
+            "Set them, or ABADA_DEVELOPMENT=1 to use generated development values."
+        )
 
 
 def _callers_file(settings: EngineSettings, env: dict[str, str]) -> pathlib.Path:
