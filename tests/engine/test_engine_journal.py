@@ -335,3 +335,71 @@ async def test_bad_kind_and_state_are_invalid_arguments(engine, crm_credentials)
             )
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error_info(caught.value).metadata["field"] == field
+
+
+async def test_two_replicas_journaling_one_task_keep_sequence_and_limits(engine, crm_credentials, db):
+    """Each replica remembers where a task stands; what it remembers never lets a step past the checks."""
+    import uuid
+
+    from abada_engine.runtime.journal import StepRequest
+
+    task = await leased_task(engine, crm_credentials)
+    keys = KeyRing.parse("k2:" + base64.b64encode(b"\x02" * 32).decode())
+    replicas = [
+        Journal(db, DefinitionCatalog(db), keys, IdempotencyKeys(b"test-idempotency-secret")) for _ in "ab"
+    ]
+    task_id = uuid.UUID(task.id)
+
+    def model_call(sequence: int, state: str) -> StepRequest:
+        return StepRequest(
+            task_id,
+            "w",
+            task.lease_token,
+            1,
+            sequence,
+            "MODEL_CALL",
+            state,
+            "",
+            {"turn": sequence} if state == "STARTED" else None,
+            {"text": "ok"} if state == "COMPLETED" else None,
+            1,
+            1,
+        )
+
+    async with db.connect() as conn:
+        definition_id = (
+            await conn.execute(
+                text(
+                    "SELECT i.definition_id FROM tasks t JOIN instances i ON i.id = t.instance_id WHERE t.id = :id"
+                ),
+                {"id": task_id},
+            )
+        ).scalar_one()
+    for replica in replicas:  # both know where the task stands, as after a fetch through each of them
+        replica.remember_placement(task_id, definition_id, "triage")
+    await replicas[0].append(model_call(1, "STARTED"))
+    await replicas[1].append(model_call(1, "COMPLETED"))
+    await replicas[1].append(model_call(2, "STARTED"))
+    with pytest.raises(Exception) as caught:  # replica a still thinks sequence 2 is free
+        await replicas[0].append(
+            StepRequest(
+                task_id,
+                "w",
+                task.lease_token,
+                1,
+                2,
+                "MODEL_CALL",
+                "STARTED",
+                "",
+                {"turn": "other"},
+                None,
+                0,
+                0,
+            )
+        )
+    assert caught.value.reason == "SEQUENCE_CONFLICT"
+    await replicas[0].append(model_call(2, "COMPLETED"))
+    await replicas[1].append(model_call(3, "STARTED"))  # the third and last model call the limits allow
+    with pytest.raises(Exception) as caught:
+        await replicas[0].append(model_call(4, "STARTED"))
+    assert (caught.value.reason, caught.value.metadata["limit"]) == ("LIMIT_EXCEEDED", "max_model_calls")

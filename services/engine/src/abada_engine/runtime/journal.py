@@ -9,6 +9,7 @@ and a write is never re-sent blindly.
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,6 +151,61 @@ _EXPIRED_WITH_WRITES_SQL = text(
 )
 
 
+_PLACEMENTS_KEPT = 100_000
+
+# The direct path: the statement itself checks lease, attempt, the sequence being the next one and
+# the node's limits, so nothing it relies on can be stale.
+_FAST_INSERT_SQL = RawSql(
+    f"""
+    WITH live AS ({_LIVE_LEASE}),
+    counts AS (
+        SELECT count(*) AS steps,
+               count(*) FILTER (WHERE kind = 'MODEL_CALL' AND NOT abandoned) AS model_calls,
+               count(*) FILTER (WHERE kind = 'TOOL_CALL' AND NOT abandoned) AS tool_calls,
+               COALESCE(sum(input_tokens + output_tokens), 0) AS tokens
+        FROM journal_steps WHERE task_id = CAST(:task_id AS uuid)
+    ),
+    allowed AS (
+        SELECT 1 FROM live, counts
+        WHERE counts.steps = CAST(:sequence AS integer) - 1
+          AND CASE WHEN CAST(:kind AS text) = 'MODEL_CALL'
+                   THEN counts.model_calls < CAST(:max_model_calls AS integer)
+                        AND counts.tokens < CAST(:max_tokens AS bigint)
+                   ELSE counts.tool_calls < CAST(:max_tool_calls AS integer) END
+    ),
+    abandoned AS (
+        UPDATE journal_steps SET abandoned = true, updated_at = now()
+        WHERE task_id = CAST(:task_id AS uuid) AND kind = 'MODEL_CALL' AND state = 'STARTED'
+          AND attempt < CAST(:attempt AS integer) AND NOT abandoned AND EXISTS (SELECT 1 FROM allowed)
+    )
+    INSERT INTO journal_steps (task_id, sequence, attempt, kind, state, tool_ref, key_id, request_ciphertext,
+        response_ciphertext, request_digest, response_digest, input_tokens, output_tokens, abandoned,
+        created_at, updated_at)
+    SELECT CAST(:task_id AS uuid), CAST(:sequence AS integer), CAST(:attempt AS integer), CAST(:kind AS text),
+        CAST(:state AS text), CAST(:tool_ref AS text), CAST(:key_id AS text), CAST(:request_ct AS bytea),
+        CAST(:response_ct AS bytea), CAST(:request_digest AS bytea), CAST(:response_digest AS bytea),
+        CAST(:input_tokens AS bigint), CAST(:output_tokens AS bigint), false, now(), now()
+    WHERE EXISTS (SELECT 1 FROM allowed)
+    ON CONFLICT (task_id, sequence) DO NOTHING
+    RETURNING *
+    """
+)
+
+_FAST_FINISH_SQL = RawSql(
+    f"""
+    UPDATE journal_steps SET state = CAST(:state AS text), response_ciphertext = CAST(:response_ct AS bytea),
+        response_digest = CAST(:response_digest AS bytea), input_tokens = CAST(:input_tokens AS bigint),
+        output_tokens = CAST(:output_tokens AS bigint), updated_at = now()
+    WHERE task_id = CAST(:task_id AS uuid) AND sequence = CAST(:sequence AS integer) AND state = 'STARTED'
+      AND NOT abandoned AND kind = CAST(:kind AS text) AND tool_ref = CAST(:tool_ref AS text)
+      AND key_id = CAST(:key_id AS text)
+      AND (attempt = CAST(:attempt AS integer) OR CAST(:keyed AS boolean))
+      AND EXISTS ({_LIVE_LEASE})
+    RETURNING *
+    """
+)
+
+
 class Journal:
     def __init__(
         self, engine: AsyncEngine, catalog: DefinitionCatalog, keys: KeyRing, idempotency: IdempotencyKeys
@@ -159,14 +215,104 @@ class Journal:
         self._catalog = catalog
         self._keys = keys
         self._idempotency = idempotency
+        # task -> (definition, node): where the task stands, so most appends need no read first.
+        self._placements: OrderedDict[uuid.UUID, tuple[uuid.UUID, str]] = OrderedDict()
 
     async def append(self, step: StepRequest) -> AppendResult:
-        """Check and journal one step: one read, then one write guarded by the lease in the same statement.
+        """Check and journal one step.
+
+        The common case is one statement that checks the lease, the sequence and the limits itself
+        and writes the step; it needs only to know which node the task is at (remembered from the
+        lock or an earlier step, never trusted for anything the statement does not re-check).
+        Anything else (a re-send, a conflict, a refusal to explain) takes the careful path.
+        """
+        _check_shape(step)
+        placed = self._placements.get(step.task_id)
+        if placed is not None:
+            direct = await self._append_directly(step, *placed)
+            if direct is not None:
+                return direct
+        return await self._append_checked(step)
+
+    def remember_placement(self, task_id: uuid.UUID, definition_id: uuid.UUID, node_id: str) -> None:
+        self._placements[task_id] = (definition_id, node_id)
+        self._placements.move_to_end(task_id)
+        if len(self._placements) > _PLACEMENTS_KEPT:
+            self._placements.popitem(last=False)
+
+    async def _append_directly(
+        self, step: StepRequest, definition_id: uuid.UUID, node_id: str
+    ) -> AppendResult | None:
+        definition = await self._catalog.get(definition_id)
+        node = definition.process.node(node_id)
+        bindings = {b.ref: b for b in definition.bindings_for(node.id)}
+        # A step this node may not journal goes the careful way, which says why.
+        if step.kind == "TOOL_CALL":
+            binding = bindings.get(step.tool_ref)
+            if binding is None:
+                return None
+        else:
+            binding = None
+            if step.tool_ref:
+                return None
+        guard = {
+            "task_id": step.task_id,
+            "worker_id": step.worker_id,
+            "token_hash": hash_token(step.lease_token),
+            "attempt": step.attempt,
+        }
+        key_id = self._keys.primary
+        starts_first = step.kind == "MODEL_CALL" or (binding is not None and binding.policy == "write")
+        async with self._reads.connect() as conn:
+            if step.state in FINISHED and starts_first:
+                if step.request is not None:
+                    return None  # the request must be compared with the STARTED one: the careful path
+                row = await _FAST_FINISH_SQL.fetchrow(
+                    conn,
+                    {
+                        **guard,
+                        "sequence": step.sequence,
+                        "kind": step.kind,
+                        "state": step.state,
+                        "tool_ref": step.tool_ref,
+                        "key_id": key_id,
+                        "keyed": binding is not None and binding.idempotency == "key",
+                        **self._sealed(step, key_id, "response", step.response),
+                        "input_tokens": step.input_tokens,
+                        "output_tokens": step.output_tokens,
+                    },
+                )
+                if row is None:
+                    return None
+                return AppendResult(self._view(row, response=step.response), self._key_for(row, binding))
+            row = await _FAST_INSERT_SQL.fetchrow(
+                conn,
+                {
+                    **guard,
+                    "sequence": step.sequence,
+                    "kind": step.kind,
+                    "state": step.state,
+                    "tool_ref": step.tool_ref,
+                    "key_id": key_id,
+                    **self._sealed(step, key_id, "request", step.request),
+                    **self._sealed(step, key_id, "response", step.response),
+                    "input_tokens": step.input_tokens,
+                    "output_tokens": step.output_tokens,
+                    "max_model_calls": node.limits.max_model_calls,
+                    "max_tool_calls": node.limits.max_tool_calls,
+                    "max_tokens": node.limits.max_tokens,
+                },
+            )
+        if row is None:
+            return None
+        return AppendResult(self._view(row, step.request, step.response), self._key_for(row, binding))
+
+    async def _append_checked(self, step: StepRequest) -> AppendResult:
+        """One read of everything `append` decides on, then one write guarded by the lease.
 
         The sequence's primary key settles races: the loser re-reads and is answered as a re-send
         (identical step) or refused (SEQUENCE_CONFLICT).
         """
-        _check_shape(step)
         for _ in range(3):
             async with self._reads.connect() as conn:
                 row = await _APPEND_READ_SQL.fetchrow(conn, {"id": step.task_id, "seq": step.sequence})
@@ -178,6 +324,7 @@ class Journal:
                         f"the lease is for attempt {held.attempt}, not {step.attempt}",
                         field="attempt",
                     )
+                self.remember_placement(step.task_id, held.definition_id, held.node_id)
                 definition = await self._catalog.get(held.definition_id)
                 node = definition.process.node(held.node_id)
                 bindings = {b.ref: b for b in definition.bindings_for(node.id)}
@@ -347,6 +494,7 @@ class Journal:
                         conn, task.id, task.instance_id, task.node_id, unknown[0], prior == "LEASED", -1
                     )
                 continue
+            self.remember_placement(task.id, task.definition_id, task.node_id)
             offered.append(LockedTask(**{**task.__dict__, "steps": steps}))
         return offered
 

@@ -188,6 +188,7 @@ class Leases:
             attempt=row.attempt,
             lease_token=token,
             lease_expires_at=row.lease_expires_at,
+            definition_id=row.definition_id,
             agent_work=agent_work,
         )
 

@@ -101,5 +101,6 @@ class LockedTask:
     attempt: int
     lease_token: str
     lease_expires_at: datetime
+    definition_id: uuid.UUID | None = None
     agent_work: AgentWorkView | None = None
     steps: list[StepView] = field(default_factory=list)
