@@ -86,7 +86,8 @@ class _Bearer(grpc.aio.UnaryUnaryClientInterceptor):
 def engine_process(database_url: str, extra_env: dict[str, str] | None = None) -> Iterator[EngineProcess]:
     port, http_port = free_port(), free_port()
     token = secrets.token_urlsafe(24)
-    state = tempfile.mkdtemp(prefix="abada-bench-state-")
+    state_dir = tempfile.TemporaryDirectory(prefix="abada-bench-state-")
+    state = state_dir.name
     callers = pathlib.Path(state) / "callers.yaml"
     callers.write_text(
         "callers:\n  - identity: bench\n    roles: [operator, worker, broker, metrics]\n    topics: ['*']\n"
@@ -114,6 +115,7 @@ def engine_process(database_url: str, extra_env: dict[str, str] | None = None) -
             process.wait(10)
         except subprocess.TimeoutExpired:
             process.kill()
+        state_dir.cleanup()
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
