@@ -25,5 +25,5 @@ class EngineSettings:
             http_address=env.get("ABADA_HTTP_ADDRESS", "127.0.0.1:8080"),
             state_dir=pathlib.Path(env.get("ABADA_STATE_DIR", ".abada")),
             log_level=env.get("ABADA_LOG_LEVEL", "INFO"),
-            db_pool_size=int(env.get("ABADA_DB_POOL_SIZE", "10")),
+            db_pool_size=int(env.get("ABADA_DB_POOL_SIZE", "20")),
         )

@@ -28,7 +28,10 @@ def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
     return create_async_engine(
         async_url(url),
         pool_size=pool_size,
-        max_overflow=pool_size,
+        # Waiting for a pooled connection is cheaper than opening one per burst: overflow connections
+        # are closed again on return, and every new one pays a connect and re-prepares statements.
+        max_overflow=0,
+        pool_timeout=30,
         pool_pre_ping=False,
         json_serializer=dumps,
         # Statements are compiled once and cached by SQLAlchemy; asyncpg prepares them per connection.
