@@ -16,8 +16,10 @@ import pathlib
 from collections.abc import Generator
 from typing import Any, Protocol
 
+import grpc
 import httpx2
 import yaml
+from abada.broker.v1 import credential_pb2, credential_pb2_grpc
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import PaginatedRequestParams
@@ -174,9 +176,6 @@ class BrokerCredentials:
         self._token_file = token_file
 
     async def secret(self, credential: str, server: str) -> str:
-        import grpc
-        from abada.broker.v1 import credential_pb2, credential_pb2_grpc
-
         metadata = []
         if self._token_file is not None:
             metadata.append(("authorization", f"Bearer {self._token_file.read_text().strip()}"))

@@ -1,20 +1,21 @@
 """Finishing an attempt: `Complete` under the output contract, and `Fail` with retries.
 
-Each runs in one transaction that first proves the caller holds the live lease;
-a refusal changes nothing.
+Both first prove the caller holds the live lease, and a refusal changes nothing. `Complete` reads,
+decides, and writes everything in one statement that re-checks the lease itself; `Fail` runs in
+one transaction holding the task's row lock.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from abada_engine.db.database import autocommit
+from abada_engine.db.database import autocommit, dumps
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid
 
@@ -40,18 +41,7 @@ class AttemptMetadata:
     tool_calls: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "provider": self.provider,
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "tools_used": list(self.tools_used),
-            "duration_ms": self.duration_ms,
-            "prompt_hash": self.prompt_hash,
-            "confidence": self.confidence,
-            "model_calls": self.model_calls,
-            "tool_calls": self.tool_calls,
-        }
+        return {**asdict(self), "tools_used": list(self.tools_used)}
 
 
 @dataclass(frozen=True)
@@ -233,6 +223,4 @@ class Completions:
 
 
 def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value, separators=(",", ":"))
+    return dumps(value)

@@ -8,6 +8,7 @@ confidence must reach `confidence_threshold`.
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -37,15 +38,11 @@ class Decision:
 
 
 def _schema_key(schema: dict[str, Any]) -> str:
-    import json
-
     return json.dumps(schema, sort_keys=True)
 
 
 @lru_cache(maxsize=512)
 def _validator(schema_json: str) -> jsonschema.Draft202012Validator:
-    import json
-
     return jsonschema.Draft202012Validator(json.loads(schema_json))
 
 

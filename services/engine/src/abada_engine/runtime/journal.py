@@ -8,6 +8,7 @@ and a write is never re-sent blindly.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -627,8 +628,6 @@ class Journal:
         return {f"{field}_ct": blob, f"{field}_digest": self._keys.digest(key_id, value)}
 
     def _open(self, row: Any, field: str) -> dict[str, Any] | None:
-        import json
-
         blob = getattr(row, f"{field}_ciphertext")
         if blob is None:
             return None
