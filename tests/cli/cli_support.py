@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from abada.engine.v1 import definition_pb2, external_task_pb2, process_pb2
+from abada.engine.v1 import external_task_pb2
 from abada_engine.cli.app import app
-from google.protobuf import struct_pb2
+from engine_helpers import fetch
 from typer.testing import CliRunner
 
 # Settings from the developer's shell must not leak into what a test asserts.
@@ -64,37 +64,9 @@ async def abada(
     return Ran(result.exit_code, result.stdout, result.stderr)
 
 
-def struct(values: dict[str, Any]) -> struct_pb2.Struct:
-    message = struct_pb2.Struct()
-    message.update(values)
-    return message
-
-
-async def deploy(
-    engine: Any, content: str, source_name: str = "bundle.yaml"
-) -> definition_pb2.DeployResponse:
-    return await engine.definitions.Deploy(
-        definition_pb2.DeployRequest(source_name=source_name, content=content)
-    )
-
-
-async def start(engine: Any, process_id: str, **variables: Any) -> process_pb2.Instance:
-    response = await engine.processes.StartInstance(
-        process_pb2.StartInstanceRequest(process_id=process_id, variables=struct(variables))
-    )
-    return response.instance
-
-
 async def fetch_one(
     engine: Any, topic: str, worker_id: str = "cli-test-worker"
 ) -> external_task_pb2.ExternalTask:
-    response = await engine.tasks.FetchAndLock(
-        external_task_pb2.FetchAndLockRequest(
-            worker_id=worker_id,
-            topics=[external_task_pb2.TopicSubscription(name=topic, lease_ms=30_000)],
-            max_tasks=1,
-            wait_ms=0,
-        )
-    )
-    assert len(response.tasks) == 1, f"expected one task on {topic}"
-    return response.tasks[0]
+    tasks = await fetch(engine, worker_id, topic)
+    assert len(tasks) == 1, f"expected one task on {topic}"
+    return tasks[0]

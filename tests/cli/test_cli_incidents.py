@@ -6,7 +6,8 @@ import json
 
 from abada.engine.v1 import external_task_pb2, incident_pb2
 from abada_engine.cli import views
-from cli_support import abada, deploy, fetch_one, start, struct
+from cli_support import abada, fetch_one
+from engine_helpers import deploy, start, struct
 
 NOTIFY = """
 processes:

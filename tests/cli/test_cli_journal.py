@@ -6,7 +6,8 @@ import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2
 from abada_engine.cli import views
-from cli_support import abada, deploy, fetch_one, start, struct
+from cli_support import abada, fetch_one
+from engine_helpers import deploy, start, struct
 
 # An agent node with no tools, so deploy has no tool server to dial.
 THINKER = """

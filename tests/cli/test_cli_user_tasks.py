@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from abada.engine.v1 import process_pb2
 from abada_engine.cli.render import plain_numbers
-from cli_support import abada, deploy, start
+from cli_support import abada
+from engine_helpers import deploy, start
 from google.protobuf import json_format
 
 REVIEW = """
