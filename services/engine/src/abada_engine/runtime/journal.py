@@ -77,7 +77,7 @@ _APPEND_READ_SQL = RawSql(
     SELECT t.id, t.instance_id, t.node_id, t.state, t.attempt, t.retries_left, t.lease_owner, t.lease_token_hash,
            t.lease_expires_at, t.lease_expires_at > now() AS live, i.definition_id, i.variables,
            i.state AS instance_state,
-           agg.steps, agg.model_calls, agg.tool_calls, agg.tokens, agg.orphans,
+           agg.steps, agg.model_calls, agg.tool_calls, agg.tokens,
            s.sequence AS taken_sequence, s.attempt AS step_attempt, s.kind, s.state AS step_state, s.tool_ref,
            s.key_id, s.request_digest, s.response_digest, s.input_tokens, s.output_tokens, s.abandoned
     FROM tasks t
@@ -86,9 +86,7 @@ _APPEND_READ_SQL = RawSql(
         SELECT count(*) AS steps,
                count(*) FILTER (WHERE kind = 'MODEL_CALL' AND NOT abandoned) AS model_calls,
                count(*) FILTER (WHERE kind = 'TOOL_CALL' AND NOT abandoned) AS tool_calls,
-               COALESCE(sum(input_tokens + output_tokens), 0) AS tokens,
-               count(*) FILTER (WHERE kind = 'MODEL_CALL' AND state = 'STARTED' AND NOT abandoned
-                                AND attempt < t.attempt) AS orphans
+               COALESCE(sum(input_tokens + output_tokens), 0) AS tokens
         FROM journal_steps WHERE task_id = t.id
     ) agg
     LEFT JOIN journal_steps s ON s.task_id = t.id AND s.sequence = CAST(:seq AS integer)
@@ -102,15 +100,15 @@ _LIVE_LEASE = """
       AND lease_expires_at > now() AND attempt = CAST(:attempt AS integer)
 """
 
-_APPEND_INSERT_SQL = RawSql(
-    f"""
-    WITH live AS ({_LIVE_LEASE}),
+
+def _insert_step_sql(gate: str) -> str:
+    """Insert the step, and abandon orphaned model calls, only if the CTE `gate` has a row."""
+    return f"""
     abandoned AS (
         -- A new attempt moving past a model call an earlier attempt left STARTED has re-run it.
         UPDATE journal_steps SET abandoned = true, updated_at = now()
-        WHERE CAST(:orphans AS boolean) AND task_id = CAST(:task_id AS uuid) AND kind = 'MODEL_CALL'
-          AND state = 'STARTED' AND attempt < CAST(:attempt AS integer) AND NOT abandoned
-          AND EXISTS (SELECT 1 FROM live)
+        WHERE task_id = CAST(:task_id AS uuid) AND kind = 'MODEL_CALL' AND state = 'STARTED'
+          AND attempt < CAST(:attempt AS integer) AND NOT abandoned AND EXISTS (SELECT 1 FROM {gate})
     )
     INSERT INTO journal_steps (task_id, sequence, attempt, kind, state, tool_ref, key_id, request_ciphertext,
         response_ciphertext, request_digest, response_digest, input_tokens, output_tokens, abandoned,
@@ -119,23 +117,27 @@ _APPEND_INSERT_SQL = RawSql(
         CAST(:state AS text), CAST(:tool_ref AS text), CAST(:key_id AS text), CAST(:request_ct AS bytea),
         CAST(:response_ct AS bytea), CAST(:request_digest AS bytea), CAST(:response_digest AS bytea),
         CAST(:input_tokens AS bigint), CAST(:output_tokens AS bigint), false, now(), now()
-    WHERE EXISTS (SELECT 1 FROM live)
+    WHERE EXISTS (SELECT 1 FROM {gate})
     ON CONFLICT (task_id, sequence) DO NOTHING
     RETURNING *
     """
-)
 
-_APPEND_FINISH_SQL = RawSql(
-    f"""
+
+def _finish_step_sql(also: str = "") -> str:
+    """Move a STARTED step to its final state under the live lease; `also` narrows which step."""
+    return f"""
     UPDATE journal_steps SET state = CAST(:state AS text), response_ciphertext = CAST(:response_ct AS bytea),
         response_digest = CAST(:response_digest AS bytea), input_tokens = CAST(:input_tokens AS bigint),
         output_tokens = CAST(:output_tokens AS bigint), updated_at = now()
     WHERE task_id = CAST(:task_id AS uuid) AND sequence = CAST(:sequence AS integer) AND state = 'STARTED'
-      AND NOT abandoned
+      AND NOT abandoned {also}
       AND EXISTS ({_LIVE_LEASE})
     RETURNING *
     """
-)
+
+
+_APPEND_INSERT_SQL = RawSql(f"WITH live AS ({_LIVE_LEASE}), {_insert_step_sql('live')}")
+_APPEND_FINISH_SQL = RawSql(_finish_step_sql())
 
 
 _EXPIRED_WITH_WRITES_SQL = text(
@@ -173,37 +175,14 @@ _FAST_INSERT_SQL = RawSql(
                    THEN counts.model_calls < CAST(:max_model_calls AS integer)
                         AND counts.tokens < CAST(:max_tokens AS bigint)
                    ELSE counts.tool_calls < CAST(:max_tool_calls AS integer) END
-    ),
-    abandoned AS (
-        UPDATE journal_steps SET abandoned = true, updated_at = now()
-        WHERE task_id = CAST(:task_id AS uuid) AND kind = 'MODEL_CALL' AND state = 'STARTED'
-          AND attempt < CAST(:attempt AS integer) AND NOT abandoned AND EXISTS (SELECT 1 FROM allowed)
-    )
-    INSERT INTO journal_steps (task_id, sequence, attempt, kind, state, tool_ref, key_id, request_ciphertext,
-        response_ciphertext, request_digest, response_digest, input_tokens, output_tokens, abandoned,
-        created_at, updated_at)
-    SELECT CAST(:task_id AS uuid), CAST(:sequence AS integer), CAST(:attempt AS integer), CAST(:kind AS text),
-        CAST(:state AS text), CAST(:tool_ref AS text), CAST(:key_id AS text), CAST(:request_ct AS bytea),
-        CAST(:response_ct AS bytea), CAST(:request_digest AS bytea), CAST(:response_digest AS bytea),
-        CAST(:input_tokens AS bigint), CAST(:output_tokens AS bigint), false, now(), now()
-    WHERE EXISTS (SELECT 1 FROM allowed)
-    ON CONFLICT (task_id, sequence) DO NOTHING
-    RETURNING *
-    """
+    ), {_insert_step_sql("allowed")}"""
 )
 
 _FAST_FINISH_SQL = RawSql(
-    f"""
-    UPDATE journal_steps SET state = CAST(:state AS text), response_ciphertext = CAST(:response_ct AS bytea),
-        response_digest = CAST(:response_digest AS bytea), input_tokens = CAST(:input_tokens AS bigint),
-        output_tokens = CAST(:output_tokens AS bigint), updated_at = now()
-    WHERE task_id = CAST(:task_id AS uuid) AND sequence = CAST(:sequence AS integer) AND state = 'STARTED'
-      AND NOT abandoned AND kind = CAST(:kind AS text) AND tool_ref = CAST(:tool_ref AS text)
-      AND key_id = CAST(:key_id AS text)
-      AND (attempt = CAST(:attempt AS integer) OR CAST(:keyed AS boolean))
-      AND EXISTS ({_LIVE_LEASE})
-    RETURNING *
-    """
+    _finish_step_sql(
+        "AND kind = CAST(:kind AS text) AND tool_ref = CAST(:tool_ref AS text) AND key_id = CAST(:key_id AS text) "
+        "AND (attempt = CAST(:attempt AS integer) OR CAST(:keyed AS boolean))"
+    )
 )
 
 
@@ -268,20 +247,9 @@ class Journal:
             if step.state in FINISHED and starts_first:
                 if step.request is not None:
                     return None  # the request must be compared with the STARTED one: the careful path
+                keyed = binding is not None and binding.idempotency == "key"
                 row = await _FAST_FINISH_SQL.fetchrow(
-                    conn,
-                    {
-                        **guard,
-                        "sequence": step.sequence,
-                        "kind": step.kind,
-                        "state": step.state,
-                        "tool_ref": step.tool_ref,
-                        "key_id": key_id,
-                        "keyed": binding is not None and binding.idempotency == "key",
-                        **self._sealed(step, key_id, "response", step.response),
-                        "input_tokens": step.input_tokens,
-                        "output_tokens": step.output_tokens,
-                    },
+                    conn, {**self._write_params(step, guard, key_id, with_request=False), "keyed": keyed}
                 )
                 if row is None:
                     return None
@@ -289,16 +257,7 @@ class Journal:
             row = await _FAST_INSERT_SQL.fetchrow(
                 conn,
                 {
-                    **guard,
-                    "sequence": step.sequence,
-                    "kind": step.kind,
-                    "state": step.state,
-                    "tool_ref": step.tool_ref,
-                    "key_id": key_id,
-                    **self._sealed(step, key_id, "request", step.request),
-                    **self._sealed(step, key_id, "response", step.response),
-                    "input_tokens": step.input_tokens,
-                    "output_tokens": step.output_tokens,
+                    **self._write_params(step, guard, key_id),
                     "max_model_calls": node.limits.max_model_calls,
                     "max_tool_calls": node.limits.max_tool_calls,
                     "max_tokens": node.limits.max_tokens,
@@ -365,22 +324,7 @@ class Journal:
         binding = _binding_for(step, bindings)
         _check_limits(step, row, node.limits)
         key_id = self._keys.primary
-        inserted = await _APPEND_INSERT_SQL.fetchrow(
-            conn,
-            {
-                **guard,
-                "sequence": step.sequence,
-                "kind": step.kind,
-                "state": step.state,
-                "tool_ref": step.tool_ref,
-                "key_id": key_id,
-                **self._sealed(step, key_id, "request", step.request),
-                **self._sealed(step, key_id, "response", step.response),
-                "input_tokens": step.input_tokens,
-                "output_tokens": step.output_tokens,
-                "orphans": row.orphans > 0,
-            },
-        )
+        inserted = await _APPEND_INSERT_SQL.fetchrow(conn, self._write_params(step, guard, key_id))
         if inserted is None:
             return None  # the lease or the sequence changed under us: read again
         return AppendResult(
@@ -431,15 +375,7 @@ class Journal:
                 field="sequence",
             )
         finished = await _APPEND_FINISH_SQL.fetchrow(
-            conn,
-            {
-                **guard,
-                "sequence": step.sequence,
-                "state": step.state,
-                **self._sealed(step, taken.key_id, "response", step.response),
-                "input_tokens": step.input_tokens,
-                "output_tokens": step.output_tokens,
-            },
+            conn, self._write_params(step, guard, taken.key_id, with_request=False)
         )
         if finished is None:
             return None
@@ -618,6 +554,23 @@ class Journal:
         await _offer_again(conn, incident.task_id)
 
     # -- sealing ----------------------------------------------------------------------------------
+
+    def _write_params(
+        self, step: StepRequest, guard: dict[str, Any], key_id: str, with_request: bool = True
+    ) -> dict[str, Any]:
+        """The parameters every step write takes: the lease guard, the step, its sealed payloads."""
+        return {
+            **guard,
+            "sequence": step.sequence,
+            "kind": step.kind,
+            "state": step.state,
+            "tool_ref": step.tool_ref,
+            "key_id": key_id,
+            **self._sealed(step, key_id, "request", step.request if with_request else None),
+            **self._sealed(step, key_id, "response", step.response),
+            "input_tokens": step.input_tokens,
+            "output_tokens": step.output_tokens,
+        }
 
     def _sealed(
         self, step: StepRequest, key_id: str, field: str, value: dict[str, Any] | None
