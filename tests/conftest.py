@@ -32,6 +32,8 @@ from abada_engine.db.migrate import migrate
 from abada_engine.definitions.tool_contracts import FileCredentials, McpContractCheck
 from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
 from bearer import BearerToken
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -177,19 +179,30 @@ async def engine_channel(
         yield channel, address
 
 
+async def empty_tables(db: AsyncEngine) -> None:
+    # The engine keeps running between tests (its reaper too): lock the tables in the order its own
+    # transactions take them (tasks before the journal), and try again if a deadlock still happens.
+    for attempt in range(5):
+        try:
+            async with db.begin() as conn:
+                await conn.execute(
+                    text(
+                        "TRUNCATE tasks, instances, definitions, journal_steps, incidents, history "
+                        "RESTART IDENTITY CASCADE"
+                    )
+                )
+            return
+        except DBAPIError as error:
+            if "deadlock" not in str(error) or attempt == 4:
+                raise
+
+
 @pytest.fixture
 async def engine(
     engine_channel: tuple[grpc.aio.Channel, str], db: AsyncEngine
 ) -> AsyncIterator[EngineClients]:
     """Generated clients on a clean database (every table emptied before the test)."""
-    async with db.begin() as conn:
-        from sqlalchemy import text
-
-        await conn.execute(
-            text(
-                "TRUNCATE journal_steps, incidents, history, tasks, instances, definitions RESTART IDENTITY CASCADE"
-            )
-        )
+    await empty_tables(db)
     channel, address = engine_channel
     yield EngineClients(
         channel=channel,

@@ -107,12 +107,12 @@ async def test_without_a_route_an_incident_holds_the_instance_and_nothing_partia
     [incident] = (await engine.incidents.ListIncidents(incident_pb2.ListIncidentsRequest())).incidents
     assert (incident.type, incident.node_id, incident.task_id) == (incident_type, "agent", task.id)
 
-    # A person retries: the agent node runs again from scratch as a new task.
+    # A person retries: the same task comes back (its journal with it) for the model to answer again.
     await engine.incidents.ResolveIncident(
         incident_pb2.ResolveIncidentRequest(incident_id=incident.id, resolution=incident_pb2.RESOLUTION_RETRY)
     )
     [again] = await fetch(engine, "w2", "abada:agent")
-    assert again.id != task.id
+    assert (again.id, again.attempt) == (task.id, 2)
     await complete(engine, again, "w2", {"triage": {"ticketId": "T-2", "priority": "low"}}, confidence=99)
     assert (await instance(engine, started.id)).current_node_id == "notify"
 
@@ -130,3 +130,30 @@ async def test_writing_another_variable_is_refused_and_changes_nothing(engine):
     done = await complete(engine, task, "w", {"triage": {"ticketId": "T", "priority": "p"}}, confidence=99)
     assert done.outcome == external_task_pb2.COMPLETE_OUTCOME_ADVANCED
     assert ("OUTPUT_REJECTED", "agent") not in await history_types(engine, started.id)
+
+
+async def test_retrying_a_rejected_answer_asks_the_model_again_without_repeating_any_tool(engine):
+    """The journal keeps every tool result; only the rejected answer's model call is set aside."""
+    from engine_helpers import append
+
+    await deploy(engine, UNROUTED)
+    await start(engine, "triage", customerId="C-42")
+    [task] = await fetch(engine, "w", "abada:agent")
+    await append(engine, task, 1, "MODEL_CALL", "STARTED", request={"turn": 0})
+    await append(engine, task, 1, "MODEL_CALL", "COMPLETED", response={"text": "not json"}, tokens=(10, 5))
+    done = await engine.tasks.Complete(
+        external_task_pb2.CompleteRequest(
+            task_id=task.id, worker_id="w", lease_token=task.lease_token, invalid_output_reason="not JSON"
+        )
+    )
+    assert done.outcome == external_task_pb2.COMPLETE_OUTCOME_INCIDENT_RAISED
+    await engine.incidents.ResolveIncident(
+        incident_pb2.ResolveIncidentRequest(
+            incident_id=done.incident_id, resolution=incident_pb2.RESOLUTION_RETRY
+        )
+    )
+    [again] = await fetch(engine, "w2", "abada:agent")
+    assert again.id == task.id
+    assert [(s.sequence, s.abandoned) for s in again.steps] == [(1, True)]
+    # The set-aside answer no longer counts against max_model_calls; the next call journals at 2.
+    await append(engine, again, 2, "MODEL_CALL", "STARTED", worker_id="w2", request={"turn": 0})

@@ -79,6 +79,8 @@ class EngineCore:
         incidents = Incidents(db, catalog)
         incidents.register("TOOL_OUTCOME_UNKNOWN", "HAPPENED", journal.resolve_happened)
         incidents.register("TOOL_OUTCOME_UNKNOWN", "DID_NOT_HAPPEN", journal.resolve_did_not_happen)
+        for rejected in ("INVALID_OUTPUT", "LOW_CONFIDENCE"):
+            incidents.register(rejected, "RETRY", journal.retry_the_answer)
         wakeups = TaskWakeups(async_url(database_url).replace("postgresql+asyncpg://", "postgresql://", 1))
         await wakeups.start()
         reaper = Periodic(

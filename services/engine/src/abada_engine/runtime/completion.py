@@ -137,6 +137,11 @@ class Completions:
                 preceding_task_id=task_id,
                 finished_task_id=task_id,
                 guard=LeaseGuard(worker_id, hash_token(lease_token)),
+                # A rejected answer without a route is held, not finished: a retry re-asks the model
+                # on the same journal, re-running no tool.
+                finished_state="COMPLETED"
+                if decision.verdict is Verdict.ACCEPTED or decision.route
+                else "INCIDENT",
             )
             if not applied.applied:
                 # The lease changed between the read and the write; say how, as a fresh check does.

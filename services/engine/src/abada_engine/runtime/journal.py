@@ -541,6 +541,28 @@ class Journal:
         )
         await _offer_again(conn, incident.task_id)
 
+    async def retry_the_answer(
+        self, conn: AsyncConnection, incident: Any, comment: str, result: dict[str, Any] | None
+    ) -> None:
+        """A person retries a rejected answer: the task comes back with its journal and the model is
+        asked again; the answer's model call is set aside, and every tool result is replayed, so no
+        write happens twice."""
+        await conn.execute(
+            text(
+                "UPDATE journal_steps SET abandoned = true, updated_at = now() WHERE task_id = :id AND sequence = "
+                "(SELECT max(sequence) FROM journal_steps WHERE task_id = :id AND kind = 'MODEL_CALL' "
+                "AND state = 'COMPLETED' AND NOT abandoned)"
+            ),
+            {"id": incident.task_id},
+        )
+        if not await _offer_again(conn, incident.task_id):
+            raise EngineError(
+                Category.FAILED_PRECONDITION,
+                "RESOLUTION_NOT_APPLICABLE",
+                f"task {incident.task_id} is no longer held by this incident",
+                field="incident_id",
+            )
+
     async def resolve_did_not_happen(
         self, conn: AsyncConnection, incident: Any, comment: str, result: dict[str, Any] | None
     ) -> None:
@@ -618,7 +640,7 @@ class Journal:
         return self._idempotency.key(row.task_id, row.attempt, row.sequence)
 
 
-async def _offer_again(conn: AsyncConnection, task_id: uuid.UUID) -> None:
+async def _offer_again(conn: AsyncConnection, task_id: uuid.UUID) -> bool:
     topic = (
         await conn.execute(
             text(
@@ -628,8 +650,10 @@ async def _offer_again(conn: AsyncConnection, task_id: uuid.UUID) -> None:
             {"id": task_id},
         )
     ).scalar_one_or_none()
-    if topic is not None:
-        await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": TASK_CHANNEL, "t": topic})
+    if topic is None:
+        return False
+    await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": TASK_CHANNEL, "t": topic})
+    return True
 
 
 def _unkeyed_writes_in_flight(steps: list[StepView], bindings: list[ToolBinding]) -> list[StepView]:

@@ -74,7 +74,7 @@ async def raise_incident(
 _APPLY_SQL = RawSql(
     """
     WITH finished AS (
-        UPDATE tasks SET state = 'COMPLETED', completed_at = now(), lease_token_hash = NULL
+        UPDATE tasks SET state = CAST(:finished_state AS text), completed_at = now(), lease_token_hash = NULL
         WHERE id = CAST(:finished_task_id AS uuid)
           AND (CAST(:guard_worker AS text) IS NULL OR (
                state = 'LEASED' AND lease_owner = CAST(:guard_worker AS text)
@@ -154,12 +154,14 @@ async def apply_advance(
     preceding_task_id: uuid.UUID | None = None,
     finished_task_id: uuid.UUID | None = None,
     guard: LeaseGuard | None = None,
+    finished_state: str = "COMPLETED",
 ) -> AppliedAdvance:
     """Write what `advance` decided in one statement: the next task or incident, the instance's new
     position and variables, and the history, in order.
 
     `variables` is the instance's new variable map, or None when it did not change;
-    `finished_task_id` is a task this move completes; with `guard`, only while that lease is live,
+    `finished_task_id` is a task this move ends (in `finished_state`: COMPLETED, or INCIDENT when an
+    incident holds it for a retry); with `guard`, only while that lease is live,
     and otherwise nothing at all is written (`applied` is False).
     """
     entries: list[tuple[HistoryEntry, uuid.UUID | None]] = [(e, preceding_task_id) for e in preceding]
@@ -199,6 +201,7 @@ async def apply_advance(
             "incident_node": incident.node_id if incident else None,
             "incident_task": str(incident.task_id) if incident and incident.task_id else None,
             "finished_task_id": str(finished_task_id) if finished_task_id else None,
+            "finished_state": finished_state,
             "incident_type": incident.type if incident else None,
             "incident_message": incident.message if incident else None,
             "incident_details": _dumps(incident.details) if incident else None,
