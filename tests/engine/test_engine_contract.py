@@ -157,3 +157,28 @@ async def test_retrying_a_rejected_answer_asks_the_model_again_without_repeating
     assert [(s.sequence, s.abandoned) for s in again.steps] == [(1, True)]
     # The set-aside answer no longer counts against max_model_calls; the next call journals at 2.
     await append(engine, again, 2, "MODEL_CALL", "STARTED", worker_id="w2", request={"turn": 0})
+
+
+async def test_a_change_to_the_instance_after_the_fetch_is_not_lost_by_complete(engine, db):
+    """Complete usually decides on the instance as it was handed out; a change since then is seen."""
+    from sqlalchemy import text
+
+    started, task = await _agent_task(engine, ROUTED)
+    async with db.begin() as conn:
+        await conn.execute(
+            text(
+                'UPDATE instances SET variables = variables || \'{"lateNote": "added by a person"}\' WHERE id = :id'
+            ),
+            {"id": started.id},
+        )
+    await complete(engine, task, "w", {"triage": {"ticketId": "T-9", "priority": "high"}}, confidence=90)
+    final = plain((await instance(engine, started.id)).variables)
+    assert final["lateNote"] == "added by a person"
+    assert final["triage"] == {"ticketId": "T-9", "priority": "high"}
+
+
+async def test_a_non_holder_learns_nothing_about_the_node_from_a_bad_complete(engine):
+    _, task = await _agent_task(engine, ROUTED)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await complete(engine, task, "intruder", {"approved": True}, confidence=99)
+    assert error_info(caught.value).reason == "NOT_LEASE_HOLDER"

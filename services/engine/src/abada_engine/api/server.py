@@ -76,6 +76,7 @@ class EngineCore:
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
         journal = Journal(db, catalog, keys, idempotency)
+        completions = Completions(db, catalog)
         incidents = Incidents(db, catalog)
         incidents.register("TOOL_OUTCOME_UNKNOWN", "HAPPENED", journal.resolve_happened)
         incidents.register("TOOL_OUTCOME_UNKNOWN", "DID_NOT_HAPPEN", journal.resolve_did_not_happen)
@@ -91,8 +92,10 @@ class EngineCore:
             db=db,
             catalog=catalog,
             instances=Instances(db, catalog),
-            leases=Leases(db, catalog, wakeups, after_lock=journal.on_locked),
-            completions=Completions(db, catalog),
+            leases=Leases(
+                db, catalog, wakeups, after_lock=journal.on_locked, on_leased=completions.remember_leased
+            ),
+            completions=completions,
             incidents=incidents,
             journal=journal,
             wakeups=wakeups,

@@ -8,23 +8,25 @@ one transaction holding the task's row lock.
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit, dumps
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid
 
 from .contract import Verdict, check_written_variables, judge
-from .leases import hash_token, hold_lease
+from .leases import LeaseHeld, hash_token, hold_lease
 from .navigator import Advance, HistoryEntry, IncidentToRaise, advance
 from .tokens import TASK_CHANNEL, LeaseGuard, apply_advance, history_row, raise_incident, write_history
 
 MAX_BACKOFF_MS = 600_000
+_LEASED_KEPT = 50_000
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class Completions:
         self._engine = engine
         self._reads = autocommit(engine)
         self._catalog = catalog
+        # task -> its lease and instance as handed out by this replica (see `complete`).
+        self._leased: OrderedDict[uuid.UUID, LeaseHeld] = OrderedDict()
 
     async def complete(
         self,
@@ -75,78 +79,115 @@ class Completions:
         metadata: AttemptMetadata,
         invalid_output_reason: str = "",
     ) -> CompleteResult:
-        # One read and one guarded write, both autocommit: the write re-checks the lease inside its
-        # own statement, so no row lock has to be held across the round trips in between.
+        """Judge the output and move the token, in one statement that re-checks the lease itself.
+
+        The task's instance as it was when this replica handed the task out is usually remembered, so
+        no read is needed; the write is guarded by the instance row's version, and anything that
+        changed it (or a Complete on another replica's lease) takes the careful path: read, then write.
+        """
+        snapshot = self._leased.pop(task_id, None)
         async with self._reads.connect() as conn:
+            if snapshot is not None:
+                try:
+                    done = await self._judge_and_move(
+                        conn, snapshot, worker_id, lease_token, variables, metadata, invalid_output_reason
+                    )
+                except EngineError:
+                    done = None  # say nothing before the lease is proven: the careful path decides
+                if done is not None:
+                    return done
             held = await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
-            definition = await self._catalog.get(held.definition_id)
-            node = definition.process.node(held.node_id)
-            check_written_variables(node, variables)
-            decision = judge(node, variables, metadata.confidence, invalid_output_reason)
-            completed = HistoryEntry(
-                "TASK_COMPLETED",
-                node.id,
-                {
-                    "attempt": held.attempt,
-                    "worker_id": worker_id,
-                    "metadata": metadata.to_json(),
-                    "verdict": decision.verdict.value,
-                },
+            done = await self._judge_and_move(
+                conn, held, worker_id, lease_token, variables, metadata, invalid_output_reason
             )
-            preceding = [completed]
-            new_variables: dict[str, Any] | None = None
-            if decision.verdict is Verdict.ACCEPTED:
-                new_variables = {**held.variables, **variables}
-                preceding += [
-                    HistoryEntry("VARIABLE_WRITTEN", node.id, {"name": name, "value": value})
-                    for name, value in variables.items()
-                ]
-                preceding.append(HistoryEntry("NODE_COMPLETED", node.id))
-                assert node.next is not None
-                moved = advance(definition.process, new_variables, node.next)
-            else:
-                rejected = {
-                    "verdict": decision.verdict.value,
-                    "reason": decision.reason,
-                    "output": variables,
-                    "confidence": metadata.confidence,
-                }
-                preceding.append(HistoryEntry("OUTPUT_REJECTED", node.id, rejected))
-                if decision.route is not None:
-                    moved = advance(
-                        definition.process, held.variables, decision.route, context={"rejected": rejected}
-                    )
-                else:
-                    # No route: an incident holds the instance at this node; nothing of the output is kept.
-                    moved = Advance(
-                        current_node_id=node.id,
-                        incident=IncidentToRaise(
-                            node.id,
-                            decision.incident_type,
-                            decision.reason,
-                            {"output": variables, "confidence": metadata.confidence},
-                            task_id=task_id,
-                        ),
-                    )
-            applied = await apply_advance(
-                conn,
-                instance_id=held.instance_id,
-                advance=moved,
-                variables=new_variables,
-                preceding=preceding,
-                preceding_task_id=task_id,
-                finished_task_id=task_id,
-                guard=LeaseGuard(worker_id, hash_token(lease_token)),
-                # A rejected answer without a route is held, not finished: a retry re-asks the model
-                # on the same journal, re-running no tool.
-                finished_state="COMPLETED"
-                if decision.verdict is Verdict.ACCEPTED or decision.route
-                else "INCIDENT",
-            )
-            if not applied.applied:
-                # The lease changed between the read and the write; say how, as a fresh check does.
+            if done is None:
+                # The lease or the instance changed between the read and the write; say how.
                 await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
                 raise EngineError(Category.ABORTED, "CONCURRENT_CHANGE", f"task {task_id} changed; try again")
+        return done
+
+    def remember_leased(self, task_id: uuid.UUID, held: LeaseHeld) -> None:
+        self._leased[task_id] = held
+        if len(self._leased) > _LEASED_KEPT:
+            self._leased.popitem(last=False)
+
+    async def _judge_and_move(
+        self,
+        conn: AsyncConnection,
+        held: LeaseHeld,
+        worker_id: str,
+        lease_token: str,
+        variables: dict[str, Any],
+        metadata: AttemptMetadata,
+        invalid_output_reason: str,
+    ) -> CompleteResult | None:
+        task_id = held.task_id
+        definition = await self._catalog.get(held.definition_id)
+        node = definition.process.node(held.node_id)
+        check_written_variables(node, variables)
+        decision = judge(node, variables, metadata.confidence, invalid_output_reason)
+        completed = HistoryEntry(
+            "TASK_COMPLETED",
+            node.id,
+            {
+                "attempt": held.attempt,
+                "worker_id": worker_id,
+                "metadata": metadata.to_json(),
+                "verdict": decision.verdict.value,
+            },
+        )
+        preceding = [completed]
+        new_variables: dict[str, Any] | None = None
+        if decision.verdict is Verdict.ACCEPTED:
+            new_variables = {**held.variables, **variables}
+            preceding += [
+                HistoryEntry("VARIABLE_WRITTEN", node.id, {"name": name, "value": value})
+                for name, value in variables.items()
+            ]
+            preceding.append(HistoryEntry("NODE_COMPLETED", node.id))
+            assert node.next is not None
+            moved = advance(definition.process, new_variables, node.next)
+        else:
+            rejected = {
+                "verdict": decision.verdict.value,
+                "reason": decision.reason,
+                "output": variables,
+                "confidence": metadata.confidence,
+            }
+            preceding.append(HistoryEntry("OUTPUT_REJECTED", node.id, rejected))
+            if decision.route is not None:
+                moved = advance(
+                    definition.process, held.variables, decision.route, context={"rejected": rejected}
+                )
+            else:
+                # No route: an incident holds the instance at this node; nothing of the output is kept.
+                moved = Advance(
+                    current_node_id=node.id,
+                    incident=IncidentToRaise(
+                        node.id,
+                        decision.incident_type,
+                        decision.reason,
+                        {"output": variables, "confidence": metadata.confidence},
+                        task_id=task_id,
+                    ),
+                )
+        applied = await apply_advance(
+            conn,
+            instance_id=held.instance_id,
+            advance=moved,
+            variables=new_variables,
+            preceding=preceding,
+            preceding_task_id=task_id,
+            finished_task_id=task_id,
+            guard=LeaseGuard(worker_id, hash_token(lease_token), held.instance_xmin),
+            # A rejected answer without a route is held, not finished: a retry re-asks the model
+            # on the same journal, re-running no tool.
+            finished_state="COMPLETED"
+            if decision.verdict is Verdict.ACCEPTED or decision.route
+            else "INCIDENT",
+        )
+        if not applied.applied:
+            return None
         routed = decision.verdict is not Verdict.ACCEPTED and decision.route is not None
         return CompleteResult(
             decision.verdict, routed, applied.current_node_id, applied.incident_id, decision.reason

@@ -61,6 +61,8 @@ class LeaseHeld:
     lease_expires_at: datetime
     variables: dict[str, Any]
     instance_state: str
+    # The instance row's version (PostgreSQL xmin): a write guarded by it fails if anything changed it.
+    instance_xmin: str | None = None
 
 
 def hash_token(token: str) -> bytes:
@@ -91,7 +93,8 @@ _LOCK_SQL = RawSql(
     FROM numbered, unnest(CAST(:hashes AS bytea[])) WITH ORDINALITY AS token(hash, n), instances i
     WHERE t.id = numbered.id AND token.n = numbered.n AND i.id = t.instance_id
     RETURNING t.id, numbered.n, numbered.prior_state, t.instance_id, t.node_id, t.topic, t.payload, t.attempt,
-              t.lease_expires_at, i.definition_id, i.process_id
+              t.retries_left, t.lease_expires_at, i.definition_id, i.process_id, i.variables AS instance_variables,
+              i.xmin::text AS instance_xmin
     """
 )
 
@@ -110,8 +113,10 @@ class Leases:
         catalog: DefinitionCatalog,
         wakeups: TaskWakeups | None,
         after_lock: AfterLock | None = None,
+        on_leased: Callable[[uuid.UUID, LeaseHeld], None] | None = None,
     ) -> None:
         self._after_lock = after_lock
+        self._on_leased = on_leased
         self._engine = engine
         self._reads = autocommit(engine)
         self._catalog = catalog
@@ -159,6 +164,22 @@ class Leases:
         for row in rows:
             if row.prior_state == "LEASED":
                 LEASE_EXPIRIES.labels(row.topic).inc()
+            if self._on_leased is not None:
+                self._on_leased(
+                    row.id,
+                    LeaseHeld(
+                        row.id,
+                        row.instance_id,
+                        row.definition_id,
+                        row.node_id,
+                        row.attempt,
+                        row.retries_left,
+                        row.lease_expires_at,
+                        row.instance_variables,
+                        "ACTIVE",
+                        row.instance_xmin,
+                    ),
+                )
         if self._after_lock is None:
             return tasks
         return await self._after_lock(tasks, [row.prior_state for row in rows])
@@ -243,7 +264,7 @@ _HOLD_SQL = text(
     """
     SELECT t.id, t.instance_id, t.node_id, t.state, t.attempt, t.retries_left, t.lease_owner, t.lease_token_hash,
            t.lease_expires_at, t.lease_expires_at > now() AS live, i.definition_id, i.variables,
-           i.state AS instance_state
+           i.state AS instance_state, i.xmin::text AS instance_xmin
     FROM tasks t JOIN instances i ON i.id = t.instance_id
     WHERE t.id = :id
     """
@@ -313,6 +334,7 @@ def held_from_row(row: Any, task_id: uuid.UUID, worker_id: str, lease_token: str
         row.lease_expires_at,
         row.variables,
         row.instance_state,
+        row.get("instance_xmin"),
     )
 
 

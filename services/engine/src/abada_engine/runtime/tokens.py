@@ -79,7 +79,8 @@ _APPLY_SQL = RawSql(
           AND (CAST(:guard_worker AS text) IS NULL OR (
                state = 'LEASED' AND lease_owner = CAST(:guard_worker AS text)
                AND lease_token_hash = CAST(:guard_hash AS bytea) AND lease_expires_at > now()
-               AND EXISTS (SELECT 1 FROM instances WHERE id = CAST(:instance_id AS uuid) AND state = 'ACTIVE')))
+               AND EXISTS (SELECT 1 FROM instances WHERE id = CAST(:instance_id AS uuid) AND state = 'ACTIVE'
+                           AND (CAST(:guard_xmin AS text) IS NULL OR xmin::text = CAST(:guard_xmin AS text)))))
         RETURNING id
     ),
     proceed AS (
@@ -133,6 +134,8 @@ class LeaseGuard:
 
     worker_id: str
     token_hash: bytes
+    # The instance row's xmin the decision was made on; None skips the check.
+    instance_xmin: str | None = None
 
 
 def _history_json(entries: list[tuple[HistoryEntry, uuid.UUID | None]]) -> str:
@@ -189,6 +192,7 @@ async def apply_advance(
         {
             "guard_worker": guard.worker_id if guard else None,
             "guard_hash": guard.token_hash if guard else None,
+            "guard_xmin": guard.instance_xmin if guard else None,
             "instance_id": str(instance_id),
             "task_id": str(task_id) if task_id else None,
             "task_node": task.node.id if task else None,
