@@ -112,6 +112,8 @@ class BrokerProcess:
     address: str
     log_path: Path
     channel: grpc.aio.Channel
+    # The plaintext health-only port, when ABADA_BROKER_HEALTH_ADDRESS opened one.
+    health_address: str | None = None
     stub: credential_pb2_grpc.CredentialServiceStub = field(init=False)
 
     def __post_init__(self) -> None:
@@ -206,10 +208,16 @@ def _spawn(
 
 @contextlib.asynccontextmanager
 async def running_broker(
-    scratch: Path, settings: Mapping[str, str], *, arguments: Sequence[str] = (), wait_serving: bool = True
+    scratch: Path,
+    settings: Mapping[str, str],
+    *,
+    arguments: Sequence[str] = (),
+    wait_serving: bool = True,
+    channel_credentials: grpc.ChannelCredentials | None = None,
 ) -> AsyncIterator[BrokerProcess]:
     """``python -m abada_broker ARGUMENTS`` with ``settings`` as its environment, its output into
-    ``scratch/broker.log``; stopped with SIGTERM (then SIGKILL) on exit."""
+    ``scratch/broker.log``; stopped with SIGTERM (then SIGKILL) on exit. ``channel_credentials`` dial a
+    broker that listens with TLS."""
     process, ready_file = _spawn(scratch, settings, arguments)
     log_path = scratch / "broker.log"
     try:
@@ -220,9 +228,21 @@ async def running_broker(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the broker did not start in time:\n{log_path.read_text()}")
             await asyncio.sleep(0.05)
-        address = json.loads(ready_file.read_text())["address"]
-        async with grpc.aio.insecure_channel(address) as channel:
-            broker = BrokerProcess(process=process, address=address, log_path=log_path, channel=channel)
+        ready = json.loads(ready_file.read_text())
+        address = ready["address"]
+        channel = (
+            grpc.aio.insecure_channel(address)
+            if channel_credentials is None
+            else grpc.aio.secure_channel(address, channel_credentials)
+        )
+        async with channel:
+            broker = BrokerProcess(
+                process=process,
+                address=address,
+                log_path=log_path,
+                channel=channel,
+                health_address=ready.get("health_address"),
+            )
             if wait_serving:
                 await broker.wait_for_health(health_pb2.HealthCheckResponse.SERVING)
             yield broker

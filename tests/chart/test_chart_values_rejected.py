@@ -104,6 +104,27 @@ VALIDATION_REJECTS: dict[str, tuple[dict[str, Any], str]] = {
         {"tls": {"enabled": True, "existingSecret": "e", "clients": {"broker": {"existingSecret": "b"}}}},
         "tls.clients.worker.existingSecret is empty",
     ),
+    "TLS without the broker's certificate": (
+        {
+            "tls": {
+                "enabled": True,
+                "existingSecret": "e",
+                "clients": {"broker": {"existingSecret": "b"}, "worker": {"existingSecret": "w"}},
+            }
+        },
+        "tls.broker.existingSecret is empty",
+    ),
+    "broker mTLS without the engine's client certificate": (
+        {
+            "tls": {
+                "enabled": True,
+                "existingSecret": "e",
+                "clients": {"broker": {"existingSecret": "b"}, "worker": {"existingSecret": "w"}},
+                "broker": {"existingSecret": "t", "requireClientCertificates": True},
+            }
+        },
+        "tls.clients.engine.existingSecret is empty",
+    ),
     "Vault token auth without a token": ({"vault": {"auth": {"method": "token"}}}, "vault.auth.tokenSecret"),
     "Vault Kubernetes auth without a role": ({"vault": {"auth": {"role": ""}}}, "vault.auth.role is empty"),
     "broker on the default ServiceAccount": (

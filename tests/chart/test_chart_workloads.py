@@ -284,12 +284,15 @@ def test_grpc_services_are_probed_over_grpc_health(value_set: str) -> None:
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert container[probe]["grpc"] == {"port": 50051}, probe
     broker = only_container(release.deployment_of("broker"))
-    assert {p["name"]: p["containerPort"] for p in broker["ports"]}["grpc"] == 50061
+    ports = {p["name"]: p["containerPort"] for p in broker["ports"]}
+    assert ports["grpc"] == 50061
+    # With TLS on the broker's gRPC port the kubelet (plaintext only) asks its health-only port.
+    probed = ports["health"] if value_set == "mtls-on.yaml" else 50061
     # The broker's overall health goes NOT_SERVING while Vault is down: that takes it out of the
     # Service. Its `liveness` service stays SERVING, so the outage never restarts it.
-    assert broker["readinessProbe"]["grpc"] == {"port": 50061}
+    assert broker["readinessProbe"]["grpc"] == {"port": probed}
     for probe in ("startupProbe", "livenessProbe"):
-        assert broker[probe]["grpc"] == {"port": 50061, "service": "liveness"}, probe
+        assert broker[probe]["grpc"] == {"port": probed, "service": "liveness"}, probe
 
 
 def test_with_mtls_the_engine_is_probed_over_http_and_reads_its_certificates() -> None:

@@ -86,3 +86,14 @@ def test_a_held_secret_is_scrubbed_from_every_log_line_until_it_is_released() ->
     assert "[redacted]" in formatter.format(record), "still held by the other task"
     redactor.release(secret.reveal())
     assert "s3cr3t-crm-token" in formatter.format(record)
+
+
+def test_the_broker_is_dialed_over_tls_only_with_its_ca_and_a_lone_client_certificate_is_refused() -> None:
+    plain = load_settings([], {})
+    assert plain.broker_tls_ca_file is None
+    tls = load_settings([], {"ABADA_BROKER_TLS_CA_FILE": "/etc/ca.crt"})
+    assert tls.broker_tls_ca_file == Path("/etc/ca.crt") and tls.broker_tls_cert_file is None
+    with pytest.raises(SystemExit):
+        load_settings([], {"ABADA_BROKER_TLS_CERT_FILE": "/c.pem", "ABADA_BROKER_TLS_KEY_FILE": "/c.key"})
+    with pytest.raises(SystemExit):
+        load_settings([], {"ABADA_BROKER_TLS_CA_FILE": "/ca", "ABADA_BROKER_TLS_CERT_FILE": "/c.pem"})

@@ -293,3 +293,66 @@ it), the worker ABADA_TLS_*_FILE like the abada CLI. Env, mount and volume; call
         path: ca.crt
 {{- end }}
 {{- end -}}
+
+{{/*
+With tls.enabled the broker's port speaks TLS: its clients (engine, worker) trust the CA in the
+broker's own Secret (only that key is projected into their pods) and, with
+tls.broker.requireClientCertificates, present a client certificate: the worker its engine client
+certificate, the engine tls.clients.engine. Both read ABADA_BROKER_TLS_{CA,CERT,KEY}_FILE. Env, mounts
+and volumes; call with (list $ "engine"|"worker").
+*/}}
+{{- define "abada.brokerClientTlsEnv" -}}
+{{- $root := index . 0 -}}
+{{- $tls := $root.Values.tls -}}
+{{- if $tls.enabled }}
+- name: ABADA_BROKER_TLS_CA_FILE
+  value: /etc/abada/broker-ca/ca.crt
+{{- if $tls.broker.requireClientCertificates }}
+{{- $directory := ternary "/etc/abada/broker-client-tls" "/etc/abada/engine-tls" (eq (index . 1) "engine") }}
+- name: ABADA_BROKER_TLS_CERT_FILE
+  value: {{ $directory }}/tls.crt
+- name: ABADA_BROKER_TLS_KEY_FILE
+  value: {{ $directory }}/tls.key
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "abada.brokerClientTlsMount" -}}
+{{- $root := index . 0 -}}
+{{- $tls := $root.Values.tls -}}
+{{- if $tls.enabled }}
+- name: broker-ca
+  mountPath: /etc/abada/broker-ca
+  readOnly: true
+{{- if and $tls.broker.requireClientCertificates (eq (index . 1) "engine") }}
+- name: broker-client-tls
+  mountPath: /etc/abada/broker-client-tls
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "abada.brokerClientTlsVolume" -}}
+{{- $root := index . 0 -}}
+{{- $tls := $root.Values.tls -}}
+{{- if $tls.enabled }}
+- name: broker-ca
+  secret:
+    secretName: {{ $tls.broker.existingSecret }}
+    defaultMode: 292 # 0444: a CA certificate is public
+    items:
+      - key: {{ $tls.clientCaKey }}
+        path: ca.crt
+{{- if and $tls.broker.requireClientCertificates (eq (index . 1) "engine") }}
+- name: broker-client-tls
+  secret:
+    secretName: {{ $tls.clients.engine.existingSecret }}
+    defaultMode: 288
+    items:
+      - key: {{ $tls.certKey }}
+        path: tls.crt
+      - key: {{ $tls.keyKey }}
+        path: tls.key
+{{- end }}
+{{- end }}
+{{- end -}}

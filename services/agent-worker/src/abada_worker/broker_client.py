@@ -13,6 +13,7 @@ from .engine_client import LeaseRef
 from .errors import AttemptFailed, LeaseLost
 from .logs import redactor
 from .rpc_errors import failure_of
+from .settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,21 @@ class Secret:
         return "Secret(***)"
 
     __str__ = __repr__
+
+
+def broker_channel_for(settings: WorkerSettings) -> grpc.aio.Channel:
+    """The channel to the broker: TLS when ``broker_tls_ca_file`` is set (mTLS with a client certificate),
+    else plaintext. Secrets travel on it, so never fall back to plaintext when TLS was asked for."""
+    if settings.broker_tls_ca_file is None:
+        return grpc.aio.insecure_channel(settings.broker_address)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=settings.broker_tls_ca_file.read_bytes(),
+        private_key=settings.broker_tls_key_file.read_bytes() if settings.broker_tls_key_file else None,
+        certificate_chain=settings.broker_tls_cert_file.read_bytes()
+        if settings.broker_tls_cert_file
+        else None,
+    )
+    return grpc.aio.secure_channel(settings.broker_address, credentials)
 
 
 class BrokerClient:

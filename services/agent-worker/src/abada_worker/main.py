@@ -13,7 +13,7 @@ import grpc
 from abada.engine.v1 import external_task_pb2
 
 from .agent_task import AgentServices, AgentTask
-from .broker_client import BrokerClient
+from .broker_client import BrokerClient, broker_channel_for
 from .caller_token import CallerToken
 from .engine_client import EngineClient
 from .health import HealthServer
@@ -50,7 +50,7 @@ def engine_channel_for(settings: WorkerSettings) -> grpc.aio.Channel:
 async def serve(settings: WorkerSettings) -> None:
     token = CallerToken(settings.token, settings.token_file)
     engine_channel = engine_channel_for(settings)
-    broker_channel = grpc.aio.insecure_channel(settings.broker_address)
+    broker_channel = broker_channel_for(settings)
     provider = GeminiProvider(
         api_key=settings.gemini_api_key,
         base_url=settings.gemini_base_url,

@@ -40,6 +40,10 @@ class WorkerSettings:
     tls_ca_file: Path | None = None
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
+    # TLS to the credential broker: its CA turns TLS on; a client certificate adds mTLS.
+    broker_tls_ca_file: Path | None = None
+    broker_tls_cert_file: Path | None = None
+    broker_tls_key_file: Path | None = None
     fault: FaultPlan = field(default_factory=FaultPlan)
 
 
@@ -152,6 +156,24 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=default("ABADA_TLS_KEY_FILE", None),
         help="its private key (ABADA_TLS_KEY_FILE)",
     )
+    add(
+        "--broker-tls-ca-file",
+        type=Path,
+        default=default("ABADA_BROKER_TLS_CA_FILE", None),
+        help="CA bundle for TLS to the broker; set, the broker is dialed over TLS (ABADA_BROKER_TLS_CA_FILE)",
+    )
+    add(
+        "--broker-tls-cert-file",
+        type=Path,
+        default=default("ABADA_BROKER_TLS_CERT_FILE", None),
+        help="client certificate for mTLS to the broker (ABADA_BROKER_TLS_CERT_FILE)",
+    )
+    add(
+        "--broker-tls-key-file",
+        type=Path,
+        default=default("ABADA_BROKER_TLS_KEY_FILE", None),
+        help="its private key (ABADA_BROKER_TLS_KEY_FILE)",
+    )
     add("--log-level", default=default("ABADA_LOG_LEVEL", defaults.log_level), help="(ABADA_LOG_LEVEL)")
     return parser
 
@@ -168,6 +190,11 @@ def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | No
         parser.error("--drain-seconds must not be negative")
     if (args.tls_cert_file is None) != (args.tls_key_file is None):
         parser.error("--tls-cert-file and --tls-key-file go together")
+    if (args.broker_tls_cert_file is None) != (args.broker_tls_key_file is None):
+        parser.error("--broker-tls-cert-file and --broker-tls-key-file go together")
+    if args.broker_tls_cert_file is not None and args.broker_tls_ca_file is None:
+        # Without the CA the broker would be dialed in plaintext and the certificate never shown.
+        parser.error("--broker-tls-cert-file needs --broker-tls-ca-file (ABADA_BROKER_TLS_CA_FILE)")
     try:
         fault = FaultPlan.parse(environment.get(FAULT_ENV))
     except ValueError as error:
@@ -193,5 +220,8 @@ def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | No
         tls_ca_file=Path(args.tls_ca_file) if args.tls_ca_file else None,
         tls_cert_file=Path(args.tls_cert_file) if args.tls_cert_file else None,
         tls_key_file=Path(args.tls_key_file) if args.tls_key_file else None,
+        broker_tls_ca_file=Path(args.broker_tls_ca_file) if args.broker_tls_ca_file else None,
+        broker_tls_cert_file=Path(args.broker_tls_cert_file) if args.broker_tls_cert_file else None,
+        broker_tls_key_file=Path(args.broker_tls_key_file) if args.broker_tls_key_file else None,
         fault=fault,
     )

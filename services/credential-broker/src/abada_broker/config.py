@@ -29,6 +29,12 @@ class ConfigError(Exception):
 @dataclass(frozen=True, kw_only=True)
 class BrokerSettings:
     grpc_address: str = DEFAULT_GRPC_ADDRESS
+    # TLS on the listener: a certificate and key, and with a client CA also mTLS (client certificates).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
+    # A second, plaintext listener serving grpc.health.v1 only, for probes that cannot speak TLS.
+    health_address: str | None = None
     engine_address: str = DEFAULT_ENGINE_ADDRESS
     engine_token: str | None = field(default=None, repr=False)
     engine_token_file: Path | None = None
@@ -53,6 +59,13 @@ class BrokerSettings:
             )
         if self.engine_token and self.engine_token_file is not None:
             raise ConfigError("set ABADA_ENGINE_TOKEN or ABADA_ENGINE_TOKEN_FILE, not both")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError("ABADA_BROKER_TLS_CERT_FILE and ABADA_BROKER_TLS_KEY_FILE go together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ConfigError(
+                "ABADA_BROKER_TLS_CLIENT_CA_FILE needs ABADA_BROKER_TLS_CERT_FILE and "
+                "ABADA_BROKER_TLS_KEY_FILE: client certificates are only checked on a TLS listener"
+            )
         if (self.engine_tls_cert_file is None) != (self.engine_tls_key_file is None):
             raise ConfigError("ABADA_ENGINE_TLS_CERT_FILE and ABADA_ENGINE_TLS_KEY_FILE go together")
         for name in ("max_ttl_seconds", "engine_timeout_seconds", "health_interval_seconds"):
@@ -66,6 +79,16 @@ class BrokerSettings:
             address: str = getattr(self, name)
             if not address or ":" not in address:
                 raise ConfigError(f"{_VARIABLES[name]} must be HOST:PORT, got {address!r}")
+        if self.health_address is not None and ":" not in self.health_address:
+            raise ConfigError(f"ABADA_BROKER_HEALTH_ADDRESS must be HOST:PORT, got {self.health_address!r}")
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_cert_file is not None
+
+    @property
+    def client_certificates_required(self) -> bool:
+        return self.tls_client_ca_file is not None
 
     @property
     def engine_tls_enabled(self) -> bool:
@@ -105,6 +128,10 @@ class BrokerSettings:
 
         values: dict[str, object] = {
             "grpc_address": text("ABADA_BROKER_GRPC_ADDRESS") or DEFAULT_GRPC_ADDRESS,
+            "tls_cert_file": path("ABADA_BROKER_TLS_CERT_FILE"),
+            "tls_key_file": path("ABADA_BROKER_TLS_KEY_FILE"),
+            "tls_client_ca_file": path("ABADA_BROKER_TLS_CLIENT_CA_FILE"),
+            "health_address": text("ABADA_BROKER_HEALTH_ADDRESS"),
             "engine_address": text("ABADA_ENGINE_ADDRESS") or DEFAULT_ENGINE_ADDRESS,
             "engine_token": text("ABADA_ENGINE_TOKEN"),
             "engine_token_file": path("ABADA_ENGINE_TOKEN_FILE"),

@@ -44,6 +44,19 @@ def _parser() -> argparse.ArgumentParser:
         "--address", dest="grpc_address", help="listen on HOST:PORT (ABADA_BROKER_GRPC_ADDRESS)"
     )
     serve.add_argument(
+        "--tls-cert-file", type=Path, help="TLS on the listener: its certificate (ABADA_BROKER_TLS_CERT_FILE)"
+    )
+    serve.add_argument("--tls-key-file", type=Path, help="and its private key (ABADA_BROKER_TLS_KEY_FILE)")
+    serve.add_argument(
+        "--tls-client-ca-file",
+        type=Path,
+        help="require client certificates signed by this CA (mTLS) (ABADA_BROKER_TLS_CLIENT_CA_FILE)",
+    )
+    serve.add_argument(
+        "--health-address",
+        help="a plaintext HOST:PORT serving grpc.health.v1 only, for probes (ABADA_BROKER_HEALTH_ADDRESS)",
+    )
+    serve.add_argument(
         "--engine", dest="engine_address", help="the engine's HOST:PORT (ABADA_ENGINE_ADDRESS)"
     )
     serve.add_argument(
@@ -96,12 +109,24 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
     return _parser().parse_args(arguments)
 
 
-def _write_ready_file(path: Path, listen_address: str, port: int) -> None:
+def _reachable_host(listen_address: str) -> str:
     host = listen_address.rsplit(":", 1)[0]
     # A wildcard listener is reached on loopback from the same machine.
-    if host in ("", "0.0.0.0", "[::]", "::"):
-        host = "127.0.0.1"
-    content = json.dumps({"address": f"{host}:{port}", "port": port, "pid": os.getpid()})
+    return "127.0.0.1" if host in ("", "0.0.0.0", "[::]", "::") else host
+
+
+def _write_ready_file(
+    path: Path, listen_address: str, port: int, health_address: str | None, health_port: int | None
+) -> None:
+    ready: dict[str, object] = {
+        "address": f"{_reachable_host(listen_address)}:{port}",
+        "port": port,
+        "pid": os.getpid(),
+    }
+    if health_address is not None and health_port is not None:
+        ready["health_address"] = f"{_reachable_host(health_address)}:{health_port}"
+        ready["health_port"] = health_port
+    content = json.dumps(ready)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
         handle.write(content)
@@ -115,7 +140,13 @@ async def serve(settings: BrokerSettings) -> None:
     for signal_number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signal_number, stop.set)
     if settings.ready_file is not None:
-        _write_ready_file(settings.ready_file, settings.grpc_address, running.port)
+        _write_ready_file(
+            settings.ready_file,
+            settings.grpc_address,
+            running.port,
+            settings.health_address,
+            running.health_port,
+        )
     await stop.wait()
     log.info("credential broker stopping")
     await running.stop()
@@ -127,6 +158,10 @@ def _serve_command(arguments: argparse.Namespace) -> int:
         name: getattr(arguments, name)
         for name in (
             "grpc_address",
+            "tls_cert_file",
+            "tls_key_file",
+            "tls_client_ca_file",
+            "health_address",
             "engine_address",
             "engine_token_file",
             "auth_tokens_file",

@@ -5,6 +5,11 @@ SERVING once the secret store's check passes and NOT_SERVING while it fails (che
 ``health_interval_seconds``, every second while failing). ``liveness`` is SERVING as long as the process
 serves at all: point a liveness probe there, so a Vault outage takes the broker out of rotation without
 getting it restarted.
+
+TLS: with ``ABADA_BROKER_TLS_CERT_FILE``/``_KEY_FILE`` the port speaks TLS only, and with
+``ABADA_BROKER_TLS_CLIENT_CA_FILE`` it also demands a client certificate that chains to that CA. The
+kubelet's gRPC probe cannot do TLS, so ``ABADA_BROKER_HEALTH_ADDRESS`` opens a second, plaintext port that
+serves ``grpc.health.v1`` and nothing else (the same statuses), never a credential.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import contextlib
 import datetime as dt
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from abada.broker.v1 import credential_pb2_grpc
@@ -22,7 +28,7 @@ from grpc_reflection.v1alpha import reflection
 
 from .audit import AuditLog
 from .auth import Callers, InsecureDevCallers, TokenFileCallers
-from .config import BrokerSettings
+from .config import BrokerSettings, ConfigError
 from .engine_client import ClientTls, EngineLeaseClient, ServiceToken
 from .issuer import CredentialIssuer
 from .secret_store import SecretStore, SecretStoreError, secret_store_from_env
@@ -65,6 +71,45 @@ def _engine_client(settings: BrokerSettings) -> EngineLeaseClient:
     )
 
 
+def _listener_credentials(settings: BrokerSettings) -> grpc.ServerCredentials | None:
+    """The TLS credentials of the credential port, or None for plaintext; an unreadable file is a
+    ConfigError naming its variable."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+
+    def read(variable: str, path: Path) -> bytes:
+        try:
+            return path.read_bytes()
+        except OSError as error:
+            raise ConfigError(f"{variable}: cannot read {str(path)!r}: {error.strerror}") from None
+
+    certificate = read("ABADA_BROKER_TLS_CERT_FILE", settings.tls_cert_file)
+    private_key = read("ABADA_BROKER_TLS_KEY_FILE", settings.tls_key_file)
+    client_ca = (
+        None
+        if settings.tls_client_ca_file is None
+        else read("ABADA_BROKER_TLS_CLIENT_CA_FILE", settings.tls_client_ca_file)
+    )
+    return grpc.ssl_server_credentials(
+        [(private_key, certificate)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+def _tls_mode(settings: BrokerSettings) -> str:
+    if settings.client_certificates_required:
+        return "mtls"
+    return "tls" if settings.tls_enabled else "off"
+
+
+def _listen(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    try:
+        if credentials is None:
+            return server.add_insecure_port(address)
+        return server.add_secure_port(address, credentials)
+    except RuntimeError as error:
+        raise OSError(f"cannot listen on {address}: {error}") from None
+
+
 @dataclass
 class RunningBroker:
     server: grpc.aio.Server
@@ -73,6 +118,8 @@ class RunningBroker:
     store: SecretStore
     engine: EngineLeaseClient
     watcher: asyncio.Task[None]
+    health_server: grpc.aio.Server | None = None
+    health_port: int | None = None
 
     async def stop(self, grace: float = 5.0) -> None:
         self.health.enter_graceful_shutdown()
@@ -80,6 +127,8 @@ class RunningBroker:
         with contextlib.suppress(asyncio.CancelledError):
             await self.watcher
         await self.server.stop(grace)
+        if self.health_server is not None:
+            await self.health_server.stop(None)
         await self.engine.close()
         await self.store.close()
 
@@ -117,6 +166,7 @@ async def _watch_secret_store(store: SecretStore, servicer: health.HealthService
 
 async def start_broker(settings: BrokerSettings) -> RunningBroker:
     """Build everything from ``settings`` and start serving; raises on a configuration problem."""
+    credentials = _listener_credentials(settings)
     callers = _callers(settings)
     store = secret_store_from_env(settings.store_environ)
     engine = _engine_client(settings)
@@ -135,13 +185,23 @@ async def start_broker(settings: BrokerSettings) -> RunningBroker:
         health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_servicer.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    health_server: grpc.aio.Server | None = None
+    health_port: int | None = None
     try:
-        port = server.add_insecure_port(settings.grpc_address)
-    except RuntimeError as error:
+        port = _listen(server, settings.grpc_address, credentials)
+        if settings.health_address is not None:
+            # Its own server: a port's services cannot differ within one server, and this one must
+            # offer health alone (no reflection, no credentials) in plaintext.
+            health_server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
+            health_port = _listen(health_server, settings.health_address, None)
+    except OSError:
         await engine.close()
         await store.close()
-        raise OSError(f"cannot listen on {settings.grpc_address}: {error}") from None
+        raise
     await server.start()
+    if health_server is not None:
+        await health_server.start()
     watcher = asyncio.get_running_loop().create_task(
         _watch_secret_store(store, health_servicer, settings.health_interval_seconds),
         name="secret-store-health",
@@ -151,9 +211,21 @@ async def start_broker(settings: BrokerSettings) -> RunningBroker:
         extra={
             "address": settings.grpc_address,
             "port": port,
+            "tls": _tls_mode(settings),
+            "health_address": settings.health_address,
+            "health_port": health_port,
             "engine": settings.engine_address,
             "secret_store": repr(store),
             "max_ttl_seconds": settings.max_ttl_seconds,
         },
     )
-    return RunningBroker(server, port, health_servicer, store, engine, watcher)
+    return RunningBroker(
+        server,
+        port,
+        health_servicer,
+        store,
+        engine,
+        watcher,
+        health_server=health_server,
+        health_port=health_port,
+    )

@@ -14,6 +14,7 @@ import json
 import logging
 import pathlib
 from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
@@ -168,18 +169,50 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:300]
 
 
+@dataclass(frozen=True)
+class BrokerTls:
+    """TLS to the broker: the CA its certificate chains to, and optionally a client certificate (mTLS)."""
+
+    ca_file: pathlib.Path
+    cert_file: pathlib.Path | None = None
+    key_file: pathlib.Path | None = None
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        # Read on every use: a rotated certificate (a re-mounted Secret) is picked up without a restart.
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca_file.read_bytes(),
+            private_key=self.key_file.read_bytes() if self.key_file else None,
+            certificate_chain=self.cert_file.read_bytes() if self.cert_file else None,
+        )
+
+
 class BrokerCredentials:
     """Credentials through the credential broker (purpose: deploy), so only the broker touches Vault."""
 
-    def __init__(self, address: str, token_file: pathlib.Path | None) -> None:
+    def __init__(self, address: str, token_file: pathlib.Path | None, tls: BrokerTls | None = None) -> None:
         self._address = address
         self._token_file = token_file
+        self._tls = tls
+
+    def _channel(self) -> grpc.aio.Channel:
+        if self._tls is None:
+            return grpc.aio.insecure_channel(self._address)
+        return grpc.aio.secure_channel(self._address, self._tls.channel_credentials())
 
     async def secret(self, credential: str, server: str) -> str:
         metadata = []
         if self._token_file is not None:
             metadata.append(("authorization", f"Bearer {self._token_file.read_text().strip()}"))
-        async with grpc.aio.insecure_channel(self._address) as channel:
+        try:
+            channel = self._channel()
+        except OSError as error:
+            raise EngineError(
+                Category.UNAVAILABLE,
+                "CREDENTIAL_UNAVAILABLE",
+                f"cannot read the TLS files for the broker: {error.strerror}: {error.filename}",
+                field=f"tool_servers.{server}.credential",
+            ) from None
+        async with channel:
             stub = credential_pb2_grpc.CredentialServiceStub(channel)
             try:
                 answer = await stub.GetDeployCredential(
@@ -202,11 +235,28 @@ class BrokerCredentials:
         return answer.secret
 
 
+def _broker_tls_from_env(env: dict[str, str]) -> BrokerTls | None:
+    ca, cert, key = (env.get(f"ABADA_BROKER_TLS_{name}_FILE") for name in ("CA", "CERT", "KEY"))
+    if bool(cert) != bool(key):
+        raise ValueError("ABADA_BROKER_TLS_CERT_FILE and ABADA_BROKER_TLS_KEY_FILE go together")
+    if not ca:
+        if cert:
+            # Without the CA the broker would be dialed in plaintext and the certificate never shown.
+            raise ValueError("ABADA_BROKER_TLS_CERT_FILE needs ABADA_BROKER_TLS_CA_FILE")
+        return None
+    return BrokerTls(
+        pathlib.Path(ca), pathlib.Path(cert) if cert else None, pathlib.Path(key) if key else None
+    )
+
+
 def credentials_from_env(env: dict[str, str]) -> CredentialSource | None:
+    """The deploy-time credential source; a partial ABADA_BROKER_TLS_* set raises ValueError."""
     if env.get("ABADA_BROKER_ADDRESS"):
         token_file = env.get("ABADA_BROKER_TOKEN_FILE")
         return BrokerCredentials(
-            env["ABADA_BROKER_ADDRESS"], pathlib.Path(token_file) if token_file else None
+            env["ABADA_BROKER_ADDRESS"],
+            pathlib.Path(token_file) if token_file else None,
+            _broker_tls_from_env(env),
         )
     if env.get("ABADA_DEPLOY_CREDENTIALS_FILE"):
         return FileCredentials(pathlib.Path(env["ABADA_DEPLOY_CREDENTIALS_FILE"]))
