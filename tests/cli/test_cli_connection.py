@@ -181,3 +181,14 @@ async def test_mtls_presents_the_client_certificate(tmp_path):
         assert half.stderr.strip() == "error: mTLS needs both --tls-cert and --tls-key"
     finally:
         await server.stop(0)
+
+
+async def test_the_real_engine_refuses_the_cli_without_a_token_and_names_why(engine, engine_tokens):
+    ran = await abada(engine.address, "definitions", env={"ABADA_TOKEN": ""})
+    assert ran.exit_code == 1
+    assert "UNAUTHENTICATED" in ran.stderr
+    as_operator = await abada(engine.address, "definitions", options=("--token", engine_tokens.operator))
+    assert as_operator.exit_code == 0, as_operator.stderr
+    as_worker = await abada(engine.address, "definitions", options=("--token", engine_tokens.worker_pool))
+    assert as_worker.exit_code == 1
+    assert "ROLE_REQUIRED" in as_worker.stderr
