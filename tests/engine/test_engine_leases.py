@@ -105,12 +105,12 @@ async def test_wrong_token_and_wrong_worker_are_refused_alike(engine):
 async def test_extend_lease_keeps_the_task_from_others(engine):
     await deploy(engine, ONE_STEP)
     await start(engine, "job")
-    [task] = await fetch(engine, "w", "jobs", lease_ms=1000)
-    for _ in range(3):
+    [task] = await fetch(engine, "w", "jobs", lease_ms=1500)
+    for _ in range(5):  # 2.5 s in all: well past the first lease's 1.5 s
         await asyncio.sleep(0.5)
         extended = await engine.tasks.ExtendLease(
             external_task_pb2.ExtendLeaseRequest(
-                task_id=task.id, worker_id="w", lease_token=task.lease_token, lease_ms=1000
+                task_id=task.id, worker_id="w", lease_token=task.lease_token, lease_ms=1500
             )
         )
         assert extended.lease_expires_at.ToDatetime() > task.lease_expires_at.ToDatetime()
