@@ -78,18 +78,19 @@ async def test_tasks_run_side_by_side_up_to_the_concurrency_and_leases_outlive_t
         running += 1
         most_at_once = max(most_at_once, running)
         try:
-            # Longer than the 1 s lease: only the lease keeper lets Complete through.
-            await asyncio.sleep(1.4)
+            # Longer than the 2 s lease: only the lease keeper lets Complete through.
+            await asyncio.sleep(2.6)
         finally:
             running -= 1
         await finish(client, task, done=True)
 
     router = TaskRouter()
     router.add(TOPIC, slow_job)
-    executor = JobExecutor(client, router, lease_ms=1_000, concurrency=3)
+    # 2 s, not 1 s: a loaded CI machine can stall the loop long enough to miss a 330 ms renewal.
+    executor = JobExecutor(client, router, lease_ms=2_000, concurrency=3)
     stopping = asyncio.Event()
     poller = asyncio.create_task(
-        JobPoller(client, executor, topic=TOPIC, lease_ms=1_000, wait_ms=200).run(stopping)
+        JobPoller(client, executor, topic=TOPIC, lease_ms=2_000, wait_ms=200).run(stopping)
     )
     try:
         await wait_until(lambda: all_completed(engine, instance_ids), timeout=15)
