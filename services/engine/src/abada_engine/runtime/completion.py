@@ -22,7 +22,7 @@ from abada_engine.errors import Category, EngineError, invalid
 
 from .contract import Verdict, check_written_variables, judge
 from .leases import LeaseHeld, hash_token, hold_lease
-from .navigator import Advance, HistoryEntry, IncidentToRaise, advance
+from .navigator import Advance, HistoryEntry, IncidentToRaise, advance, leave_node
 from .tokens import TASK_CHANNEL, LeaseGuard, apply_advance, history_row, raise_incident, write_history
 
 MAX_BACKOFF_MS = 600_000
@@ -139,14 +139,8 @@ class Completions:
         preceding = [completed]
         new_variables: dict[str, Any] | None = None
         if decision.verdict is Verdict.ACCEPTED:
-            new_variables = {**held.variables, **variables}
-            preceding += [
-                HistoryEntry("VARIABLE_WRITTEN", node.id, {"name": name, "value": value})
-                for name, value in variables.items()
-            ]
-            preceding.append(HistoryEntry("NODE_COMPLETED", node.id))
-            assert node.next is not None
-            moved = advance(definition.process, new_variables, node.next)
+            new_variables, leaving, moved = leave_node(definition.process, node, held.variables, variables)
+            preceding += leaving
         else:
             rejected = {
                 "verdict": decision.verdict.value,

@@ -13,7 +13,7 @@ from abada_engine.db.schema import history, incidents, instances, tasks
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid, not_found
 
-from .navigator import HistoryEntry, advance
+from .navigator import HistoryEntry, advance, leave_node
 from .tokens import apply_advance, history_row, write_history
 from .views import HistoryView, InstanceView, UserTaskView
 
@@ -188,15 +188,8 @@ class Instances:
                 text("UPDATE tasks SET state = 'COMPLETED', completed_at = now() WHERE id = :id"),
                 {"id": user_task_id},
             )
-            new_variables = {**row.variables, **variables}
-            preceding = [HistoryEntry("USER_TASK_COMPLETED", node.id)]
-            preceding += [
-                HistoryEntry("VARIABLE_WRITTEN", node.id, {"name": k, "value": v})
-                for k, v in variables.items()
-            ]
-            preceding.append(HistoryEntry("NODE_COMPLETED", node.id))
-            assert node.next is not None
-            moved = advance(definition.process, new_variables, node.next)
+            new_variables, leaving, moved = leave_node(definition.process, node, row.variables, variables)
+            preceding = [HistoryEntry("USER_TASK_COMPLETED", node.id), *leaving]
             await apply_advance(
                 conn,
                 instance_id=row.instance_id,

@@ -99,6 +99,17 @@ def advance(
     return result
 
 
+def leave_node(
+    process: Process, node: Node, variables: dict[str, Any], written: dict[str, Any]
+) -> tuple[dict[str, Any], list[HistoryEntry], Advance]:
+    """A task node finished and wrote `written`: the new variables, the history of leaving, and the move on."""
+    new_variables = {**variables, **written}
+    history = [HistoryEntry("VARIABLE_WRITTEN", node.id, {"name": k, "value": v}) for k, v in written.items()]
+    history.append(HistoryEntry("NODE_COMPLETED", node.id))
+    assert node.next is not None
+    return new_variables, history, advance(process, new_variables, node.next)
+
+
 def task_payload(node: Node, variables: dict[str, Any]) -> dict[str, Any]:
     """The resolved inputs (and for agents the rendered prompt) a task carries."""
     inputs = render(node.inputs, variables) if node.inputs is not None else dict(variables)
