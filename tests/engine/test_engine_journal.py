@@ -376,7 +376,7 @@ async def test_two_replicas_journaling_one_task_keep_sequence_and_limits(engine,
             )
         ).scalar_one()
     for replica in replicas:  # both know where the task stands, as after a fetch through each of them
-        replica.remember_placement(task_id, definition_id, "triage")
+        replica.handed_out.place(task_id, definition_id, "triage")
     await replicas[0].append(model_call(1, "STARTED"))
     await replicas[1].append(model_call(1, "COMPLETED"))
     await replicas[1].append(model_call(2, "STARTED"))

@@ -164,6 +164,6 @@ async def test_the_incident_is_raised_when_the_lease_runs_out_even_if_no_worker_
 
 async def test_the_reaper_leaves_keyed_writes_and_live_leases_alone(engine, crm_credentials, engine_core):
     task, _ = await crash_during_the_write(engine, crm_credentials, "key")
-    assert await engine_core.journal.hold_expired_unkeyed_writes() == 0
+    assert await engine_core.takeover.hold_expired_unkeyed_writes() == 0
     [again] = await fetch(engine, "w2", "abada:agent")
     assert again.id == task.id and again.attempt == 2

@@ -26,9 +26,10 @@ from abada_engine.db.database import async_url
 from abada_engine.definitions.catalog import ContractCheck, DefinitionCatalog
 from abada_engine.runtime.completion import Completions
 from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
+from abada_engine.runtime.handed_out import HandedOut
 from abada_engine.runtime.incidents import Incidents
 from abada_engine.runtime.instances import Instances
-from abada_engine.runtime.journal import Journal
+from abada_engine.runtime.journal import Journal, JournalResolutions, Takeover
 from abada_engine.runtime.leases import Leases
 from abada_engine.runtime.reaper import Periodic
 from abada_engine.runtime.wakeups import TaskWakeups
@@ -63,7 +64,10 @@ class EngineCore:
     incidents: Incidents
     wakeups: TaskWakeups
     journal: Journal
+    takeover: Takeover
     reaper: Periodic
+    # What this replica remembers of the tasks it handed out (see `runtime/handed_out.py`).
+    handed_out: HandedOut
 
     @staticmethod
     async def open(
@@ -75,31 +79,33 @@ class EngineCore:
         reaper_interval_seconds: float = 2.0,
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
-        journal = Journal(db, catalog, keys, idempotency)
-        completions = Completions(db, catalog)
+        handed_out = HandedOut()
+        journal = Journal(db, catalog, keys, idempotency, handed_out)
+        takeover = Takeover(db, catalog, journal.sealer, handed_out)
+        resolutions = JournalResolutions(journal.sealer)
         incidents = Incidents(db, catalog)
-        incidents.register("TOOL_OUTCOME_UNKNOWN", "HAPPENED", journal.resolve_happened)
-        incidents.register("TOOL_OUTCOME_UNKNOWN", "DID_NOT_HAPPEN", journal.resolve_did_not_happen)
+        incidents.register("TOOL_OUTCOME_UNKNOWN", "HAPPENED", resolutions.happened)
+        incidents.register("TOOL_OUTCOME_UNKNOWN", "DID_NOT_HAPPEN", resolutions.did_not_happen)
         for rejected in ("INVALID_OUTPUT", "LOW_CONFIDENCE"):
-            incidents.register(rejected, "RETRY", journal.retry_the_answer)
+            incidents.register(rejected, "RETRY", resolutions.retry_the_answer)
         wakeups = TaskWakeups(async_url(database_url).replace("postgresql+asyncpg://", "postgresql://", 1))
         await wakeups.start()
         reaper = Periodic(
-            "outcome-unknown reaper", journal.hold_expired_unkeyed_writes, reaper_interval_seconds
+            "outcome-unknown reaper", takeover.hold_expired_unkeyed_writes, reaper_interval_seconds
         )
         reaper.start()
         return EngineCore(
             db=db,
             catalog=catalog,
             instances=Instances(db, catalog),
-            leases=Leases(
-                db, catalog, wakeups, after_lock=journal.on_locked, on_leased=completions.remember_leased
-            ),
-            completions=completions,
+            leases=Leases(db, catalog, wakeups, handed_out, after_lock=takeover),
+            completions=Completions(db, catalog, handed_out),
             incidents=incidents,
             journal=journal,
+            takeover=takeover,
             wakeups=wakeups,
             reaper=reaper,
+            handed_out=handed_out,
         )
 
     async def close(self) -> None:

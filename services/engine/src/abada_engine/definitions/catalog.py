@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
-from abada_engine.db.schema import definitions
 from abada_engine.errors import EngineError, not_found
+from abada_engine.store import definitions as definition_store
+from abada_engine.store.definitions import DefinitionRow
 
 from .model import Bundle, Process, ToolBinding, ToolServerSpec, ToolSpec
 from .parser import parse_bundle
@@ -98,32 +98,24 @@ class DefinitionCatalog:
         results: list[Definition] = []
         created: list[str] = []
         async with self._engine.begin() as conn:
-            # Concurrent deploys of one process must not both take the same next version number.
-            await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('abada.deploy'))"))
+            await definition_store.lock_for_deploy(conn)
             for process in bundle.processes:
                 bindings = freeze_bindings(bundle, process, observed)
                 frozen = {"process": process.to_json(), "tool_bindings": [b.to_json() for b in bindings]}
                 digest = hashlib.sha256(_canonical(frozen).encode()).hexdigest()
-                latest = await self._latest_row(conn, process.id)
+                latest = await definition_store.latest(conn, process.id)
                 if latest is not None and latest.content_sha256 == digest:
                     results.append(self._from_row(latest))
                     continue
-                row = (
-                    await conn.execute(
-                        insert(definitions)
-                        .values(
-                            id=uuid.uuid4(),
-                            process_id=process.id,
-                            version=(latest.version + 1) if latest is not None else 1,
-                            content_sha256=digest,
-                            source_name=source_name,
-                            spec=frozen["process"],
-                            tool_bindings=frozen["tool_bindings"],
-                            created_at=func.now(),
-                        )
-                        .returning(*definitions.c)
-                    )
-                ).one()
+                row = await definition_store.insert_version(
+                    conn,
+                    process.id,
+                    (latest.version + 1) if latest is not None else 1,
+                    digest,
+                    source_name,
+                    frozen["process"],
+                    frozen["tool_bindings"],
+                )
                 results.append(self._from_row(row))
                 created.append(process.id)
         return DeployResult(results, created)
@@ -134,45 +126,25 @@ class DefinitionCatalog:
             self._cache.move_to_end(definition_id)
             return cached
         async with self._reads.connect() as conn:
-            row = (
-                await conn.execute(select(definitions).where(definitions.c.id == definition_id))
-            ).one_or_none()
+            row = await definition_store.by_id(conn, definition_id)
         if row is None:
             raise not_found("definition", str(definition_id), "definition_id")
         return self._from_row(row)
 
     async def find(self, process_id: str, version: int = 0) -> Definition:
-        query = select(definitions).where(definitions.c.process_id == process_id)
-        if version:
-            query = query.where(definitions.c.version == version)
-        else:
-            query = query.order_by(definitions.c.version.desc()).limit(1)
         async with self._reads.connect() as conn:
-            row = (await conn.execute(query)).one_or_none()
+            row = await definition_store.by_version(conn, process_id, version)
         if row is None:
             ident = f"{process_id} v{version}" if version else process_id
             raise not_found("process definition", ident, "version" if version else "process_id")
         return self._from_row(row)
 
     async def list(self, process_id: str = "", limit: int = 100, offset: int = 0) -> list[Definition]:
-        query = select(definitions).order_by(definitions.c.process_id, definitions.c.version.desc())
-        if process_id:
-            query = query.where(definitions.c.process_id == process_id)
         async with self._reads.connect() as conn:
-            rows = (await conn.execute(query.limit(limit).offset(offset))).all()
+            rows = await definition_store.listed(conn, process_id, limit, offset)
         return [self._from_row(r) for r in rows]
 
-    async def _latest_row(self, conn: AsyncConnection, process_id: str) -> Any:
-        return (
-            await conn.execute(
-                select(definitions)
-                .where(definitions.c.process_id == process_id)
-                .order_by(definitions.c.version.desc())
-                .limit(1)
-            )
-        ).one_or_none()
-
-    def _from_row(self, row: Any) -> Definition:
+    def _from_row(self, row: DefinitionRow) -> Definition:
         cached = self._cache.get(row.id)
         if cached is not None:
             return cached

@@ -8,25 +8,26 @@ one transaction holding the task's row lock.
 from __future__ import annotations
 
 import uuid
-from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from abada_engine.db.database import autocommit, dumps
+from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid
+from abada_engine.store import incidents as incident_store
+from abada_engine.store import tasks as task_store
+from abada_engine.store.states import TaskState
 
 from .contract import Verdict, check_written_variables, judge
-from .leases import LeaseHeld, hash_token, hold_lease
+from .handed_out import HandedOut, LeaseHeld
+from .leases import hash_token, hold_lease
 from .navigator import Advance, HistoryEntry, IncidentToRaise, advance, leave_node
-from .tokens import TASK_CHANNEL, LeaseGuard, apply_advance, history_row, raise_incident, write_history
+from .tokens import LeaseGuard, apply_advance, history_record, write_history
 
 MAX_BACKOFF_MS = 600_000
-_LEASED_KEPT = 50_000
 
 
 @dataclass(frozen=True)
@@ -63,12 +64,13 @@ class FailResult:
 
 
 class Completions:
-    def __init__(self, engine: AsyncEngine, catalog: DefinitionCatalog) -> None:
+    def __init__(
+        self, engine: AsyncEngine, catalog: DefinitionCatalog, handed_out: HandedOut | None = None
+    ) -> None:
         self._engine = engine
         self._reads = autocommit(engine)
         self._catalog = catalog
-        # task -> its lease and instance as handed out by this replica (see `complete`).
-        self._leased: OrderedDict[uuid.UUID, LeaseHeld] = OrderedDict()
+        self._handed_out = handed_out if handed_out is not None else HandedOut()
 
     async def complete(
         self,
@@ -85,7 +87,7 @@ class Completions:
         no read is needed; the write is guarded by the instance row's version, and anything that
         changed it (or a Complete on another replica's lease) takes the careful path: read, then write.
         """
-        snapshot = self._leased.pop(task_id, None)
+        snapshot = self._handed_out.take_lease(task_id)
         async with self._reads.connect() as conn:
             if snapshot is not None:
                 try:
@@ -105,11 +107,6 @@ class Completions:
                 await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
                 raise EngineError(Category.ABORTED, "CONCURRENT_CHANGE", f"task {task_id} changed; try again")
         return done
-
-    def remember_leased(self, task_id: uuid.UUID, held: LeaseHeld) -> None:
-        self._leased[task_id] = held
-        if len(self._leased) > _LEASED_KEPT:
-            self._leased.popitem(last=False)
 
     async def _judge_and_move(
         self,
@@ -176,9 +173,9 @@ class Completions:
             guard=LeaseGuard(worker_id, hash_token(lease_token), held.instance_xmin),
             # A rejected answer without a route is held, not finished: a retry re-asks the model
             # on the same journal, re-running no tool.
-            finished_state="COMPLETED"
+            finished_state=TaskState.COMPLETED
             if decision.verdict is Verdict.ACCEPTED or decision.route
-            else "INCIDENT",
+            else TaskState.INCIDENT,
         )
         if not applied.applied:
             return None
@@ -210,35 +207,19 @@ class Completions:
                 "attempt": held.attempt,
                 "worker_id": worker_id,
             }
-            rows = [history_row(held.instance_id, HistoryEntry("TASK_FAILED", node.id, error), task_id)]
+            records = [history_record(held.instance_id, HistoryEntry("TASK_FAILED", node.id, error), task_id)]
             if not no_retry and held.retries_left > 0:
                 failures = node.retries - held.retries_left + 1
                 backoff_ms = min(node.retry_backoff_ms * 2 ** (failures - 1), MAX_BACKOFF_MS)
-                retry_at = (
-                    await conn.execute(
-                        text(
-                            "UPDATE tasks SET state = 'READY', retries_left = retries_left - 1, last_error = CAST(:error AS jsonb), "
-                            "lease_owner = NULL, lease_token_hash = NULL, lease_expires_at = NULL, "
-                            "due_at = now() + :ms * interval '1 millisecond' WHERE id = :id RETURNING due_at"
-                        ),
-                        {"id": task_id, "ms": backoff_ms, "error": _json(error)},
-                    )
-                ).scalar_one()
-                await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": TASK_CHANNEL, "t": node.topic})
-                await write_history(conn, rows)
+                retry_at = await task_store.release_for_retry(conn, task_id, backoff_ms, error)
+                await write_history(conn, records)
                 return FailResult(True, retry_at, None)
-            await conn.execute(
-                text(
-                    "UPDATE tasks SET state = 'INCIDENT', last_error = CAST(:error AS jsonb), lease_owner = NULL, "
-                    "lease_token_hash = NULL, lease_expires_at = NULL WHERE id = :id"
-                ),
-                {"id": task_id, "error": _json(error)},
-            )
+            await task_store.hold_as_incident(conn, task_id, last_error=error)
             incident_type = error_code if no_retry and error_code else "FAILED_TASK"
             message = error_message or "the task failed"
             if not no_retry:
                 message = f"no retries left: {message}"
-            incident_id = await raise_incident(
+            incident_id = await incident_store.raise_incident(
                 conn,
                 instance_id=held.instance_id,
                 node_id=node.id,
@@ -247,8 +228,8 @@ class Completions:
                 details=error,
                 task_id=task_id,
             )
-            rows.append(
-                history_row(
+            records.append(
+                history_record(
                     held.instance_id,
                     HistoryEntry(
                         "INCIDENT_RAISED",
@@ -258,9 +239,5 @@ class Completions:
                     task_id,
                 )
             )
-            await write_history(conn, rows)
+            await write_history(conn, records)
             return FailResult(False, None, incident_id)
-
-
-def _json(value: Any) -> str:
-    return dumps(value)

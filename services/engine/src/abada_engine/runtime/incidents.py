@@ -6,22 +6,25 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
-from abada_engine.db.schema import incidents, instances
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.store import incidents as incident_store
+from abada_engine.store import instances as instance_store
+from abada_engine.store import tasks as task_store
+from abada_engine.store.incidents import IncidentRow, ListedIncident
+from abada_engine.store.states import IncidentState, InstanceState
 
 from .instances import cancel_instance
 from .navigator import HistoryEntry, advance
-from .tokens import TASK_CHANNEL, apply_advance, history_row, write_history
+from .tokens import apply_advance, history_record, write_history
 from .views import IncidentView
 
 RESOLUTIONS = ("RETRY", "HAPPENED", "DID_NOT_HAPPEN", "CANCEL_INSTANCE")
 # A resolution that only some incident types understand (the journal adds HAPPENED / DID_NOT_HAPPEN).
-ResolutionHandler = Callable[[AsyncConnection, Any, str, dict[str, Any] | None], Awaitable[None]]
+ResolutionHandler = Callable[[AsyncConnection, IncidentRow, str, dict[str, Any] | None], Awaitable[None]]
 
 
 class Incidents:
@@ -35,35 +38,20 @@ class Incidents:
         self._handlers[(incident_type, resolution)] = handler
 
     async def list(
-        self, instance_id: uuid.UUID | None = None, state: str = "OPEN", incident_type: str = ""
+        self, instance_id: uuid.UUID | None = None, state: str = IncidentState.OPEN, incident_type: str = ""
     ) -> list[IncidentView]:
-        query = (
-            select(incidents, instances.c.process_id)
-            .join(instances, instances.c.id == incidents.c.instance_id)
-            .order_by(incidents.c.created_at)
-        )
-        if instance_id is not None:
-            query = query.where(incidents.c.instance_id == instance_id)
-        if state:
-            query = query.where(incidents.c.state == state)
-        if incident_type:
-            query = query.where(incidents.c.type == incident_type)
         async with self._reads.connect() as conn:
-            rows = (await conn.execute(query.limit(1000))).all()
+            rows = await incident_store.listed(
+                conn, instance_id=instance_id, state=state, incident_type=incident_type
+            )
         return [_view(r) for r in rows]
 
     async def get(self, incident_id: uuid.UUID) -> IncidentView:
         async with self._reads.connect() as conn:
-            row = (
-                await conn.execute(
-                    select(incidents, instances.c.process_id)
-                    .join(instances, instances.c.id == incidents.c.instance_id)
-                    .where(incidents.c.id == incident_id)
-                )
-            ).one_or_none()
-        if row is None:
+            rows = await incident_store.listed(conn, incident_id=incident_id)
+        if not rows:
             raise not_found("incident", str(incident_id), "incident_id")
-        return _view(row)
+        return _view(rows[0])
 
     async def resolve(
         self, incident_id: uuid.UUID, resolution: str, result: dict[str, Any] | None, comment: str
@@ -71,14 +59,10 @@ class Incidents:
         if resolution not in RESOLUTIONS:
             raise invalid("INVALID_ARGUMENT", "resolution", f"must be one of {', '.join(RESOLUTIONS)}")
         async with self._engine.begin() as conn:
-            row = (
-                await conn.execute(
-                    text("SELECT * FROM incidents WHERE id = :id FOR UPDATE"), {"id": incident_id}
-                )
-            ).one_or_none()
+            row = await incident_store.lock(conn, incident_id)
             if row is None:
                 raise not_found("incident", str(incident_id), "incident_id")
-            if row.state != "OPEN":
+            if row.state != IncidentState.OPEN:
                 raise EngineError(
                     Category.FAILED_PRECONDITION,
                     "INCIDENT_RESOLVED",
@@ -104,17 +88,12 @@ class Incidents:
                 )
         return await self.get(incident_id)
 
-    async def _close(self, conn: AsyncConnection, row: Any, resolution: str, comment: str) -> None:
-        await conn.execute(
-            text(
-                "UPDATE incidents SET state = 'RESOLVED', resolved_at = now(), resolution = :r WHERE id = :id"
-            ),
-            {"id": row.id, "r": resolution},
-        )
+    async def _close(self, conn: AsyncConnection, row: IncidentRow, resolution: str, comment: str) -> None:
+        await incident_store.close(conn, row.id, resolution)
         await write_history(
             conn,
             [
-                history_row(
+                history_record(
                     row.instance_id,
                     HistoryEntry(
                         "INCIDENT_RESOLVED",
@@ -131,14 +110,11 @@ class Incidents:
             ],
         )
 
-    async def _retry(self, conn: AsyncConnection, row: Any) -> None:
+    async def _retry(self, conn: AsyncConnection, row: IncidentRow) -> None:
         """A held task is offered again with fresh retries; otherwise the token re-enters the node."""
-        instance = (
-            await conn.execute(
-                text("SELECT * FROM instances WHERE id = :id FOR UPDATE"), {"id": row.instance_id}
-            )
-        ).one()
-        if instance.state != "ACTIVE":
+        instance = await instance_store.lock(conn, row.instance_id)
+        assert instance is not None  # an incident's instance is never deleted
+        if instance.state != InstanceState.ACTIVE:
             raise EngineError(
                 Category.FAILED_PRECONDITION,
                 "INSTANCE_NOT_ACTIVE",
@@ -147,19 +123,10 @@ class Incidents:
             )
         definition = await self._catalog.get(instance.definition_id)
         node = definition.process.node(row.node_id)
-        if row.task_id is not None:
-            reopened = (
-                await conn.execute(
-                    text(
-                        "UPDATE tasks SET state = 'READY', retries_left = :retries, due_at = now() "
-                        "WHERE id = :id AND state = 'INCIDENT' RETURNING topic"
-                    ),
-                    {"id": row.task_id, "retries": node.retries},
-                )
-            ).scalar_one_or_none()
-            if reopened is not None:
-                await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": TASK_CHANNEL, "t": reopened})
-                return
+        if row.task_id is not None and await task_store.offer_again(
+            conn, row.task_id, retries_left=node.retries
+        ):
+            return
         moved = advance(definition.process, instance.variables, node.id)
         await apply_advance(conn, instance_id=row.instance_id, advance=moved, variables=None, preceding=[])
 
@@ -168,7 +135,7 @@ class Incidents:
 _NEEDS_A_DECISION = frozenset({"TOOL_OUTCOME_UNKNOWN"})
 
 
-def _view(r: Any) -> IncidentView:
+def _view(r: ListedIncident) -> IncidentView:
     return IncidentView(
         r.id,
         r.type,

@@ -14,21 +14,23 @@ import hmac
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Protocol
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
-from abada_engine.db.raw import RawSql
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.model import ToolBinding
 from abada_engine.errors import Category, EngineError, invalid, not_found
 from abada_engine.metrics import LEASE_EXPIRIES
+from abada_engine.store import tasks as task_store
+from abada_engine.store.states import InstanceState, TaskState
+from abada_engine.store.tasks import LeaseRow, LockedRow
 
+from .handed_out import HandedOut, LeaseHeld
 from .views import AgentWorkView, LockedTask
 from .wakeups import TaskWakeups
 
@@ -37,9 +39,14 @@ MAX_LEASE_MS = 3_600_000
 MAX_WAIT_MS = 60_000
 MAX_TASKS = 500
 
+__all__ = ["LeaseHeld", "Leases", "Subscription", "hash_token", "held_from_row", "hold_lease"]
 
-# Runs on the tasks just locked (the journal attaches steps and holds unsafe takeovers here).
-AfterLock = Callable[[list[LockedTask], list[str]], Awaitable[list[LockedTask]]]
+
+class AfterLock(Protocol):
+    """Runs on the tasks just locked, before they are handed out (the journal's takeover: it attaches
+    steps and holds tasks whose unkeyed write may have happened)."""
+
+    async def on_locked(self, tasks: list[LockedTask], prior_states: list[str]) -> list[LockedTask]: ...
 
 
 @dataclass(frozen=True)
@@ -48,62 +55,8 @@ class Subscription:
     lease_ms: int
 
 
-@dataclass(frozen=True)
-class LeaseHeld:
-    """A task row as seen by someone who proved they hold its live lease."""
-
-    task_id: uuid.UUID
-    instance_id: uuid.UUID
-    definition_id: uuid.UUID
-    node_id: str
-    attempt: int
-    retries_left: int
-    lease_expires_at: datetime
-    variables: dict[str, Any]
-    instance_state: str
-    # The instance row's version (PostgreSQL xmin): a write guarded by it fails if anything changed it.
-    instance_xmin: str | None = None
-
-
 def hash_token(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
-
-
-_LOCK_SQL = RawSql(
-    """
-    WITH subscription AS (
-        SELECT * FROM unnest(CAST(:topics AS text[]), CAST(:lease_ms AS bigint[])) AS s(topic, lease_ms)
-    ),
-    picked AS (
-        SELECT t.id, s.lease_ms, t.state AS prior_state
-        FROM tasks t JOIN subscription s ON s.topic = t.topic
-        WHERE t.state IN ('READY', 'LEASED') AND t.due_at <= now()
-        ORDER BY t.due_at
-        LIMIT CAST(:max_tasks AS integer)
-        FOR UPDATE OF t SKIP LOCKED
-    ),
-    numbered AS (SELECT picked.*, row_number() OVER () AS n FROM picked)
-    UPDATE tasks t
-    SET state = 'LEASED',
-        attempt = t.attempt + 1,
-        lease_owner = CAST(:worker_id AS text),
-        lease_token_hash = token.hash,
-        lease_expires_at = now() + numbered.lease_ms * interval '1 millisecond',
-        due_at = now() + numbered.lease_ms * interval '1 millisecond'
-    FROM numbered, unnest(CAST(:hashes AS bytea[])) WITH ORDINALITY AS token(hash, n), instances i
-    WHERE t.id = numbered.id AND token.n = numbered.n AND i.id = t.instance_id
-    RETURNING t.id, numbered.n, numbered.prior_state, t.instance_id, t.node_id, t.topic, t.payload, t.attempt,
-              t.retries_left, t.lease_expires_at, i.definition_id, i.process_id, i.variables AS instance_variables,
-              i.xmin::text AS instance_xmin
-    """
-)
-
-_NEXT_DUE_SQL = text(
-    """
-    SELECT EXTRACT(EPOCH FROM (min(due_at) - now())) FROM tasks
-    WHERE topic = ANY(CAST(:topics AS text[])) AND state IN ('READY', 'LEASED')
-    """
-)
 
 
 class Leases:
@@ -112,11 +65,11 @@ class Leases:
         engine: AsyncEngine,
         catalog: DefinitionCatalog,
         wakeups: TaskWakeups | None,
+        handed_out: HandedOut | None = None,
         after_lock: AfterLock | None = None,
-        on_leased: Callable[[uuid.UUID, LeaseHeld], None] | None = None,
     ) -> None:
         self._after_lock = after_lock
-        self._on_leased = on_leased
+        self._handed_out = handed_out if handed_out is not None else HandedOut()
         self._engine = engine
         self._reads = autocommit(engine)
         self._catalog = catalog
@@ -137,8 +90,8 @@ class Leases:
                 return []
             # Sleep until new work is announced, or until a backoff or a lease runs out.
             async with self._reads.connect() as conn:
-                due_in = (await conn.execute(_NEXT_DUE_SQL, {"topics": topics})).scalar()
-            timeout = remaining if due_in is None else min(remaining, max(float(due_in), 0.0) + 0.005)
+                due_in = await task_store.seconds_until_due(conn, topics)
+            timeout = remaining if due_in is None else min(remaining, max(due_in, 0.0) + 0.005)
             if self._wakeups is None:
                 await asyncio.sleep(min(timeout, 0.5))
             else:
@@ -148,43 +101,41 @@ class Leases:
         self, worker_id: str, subscriptions: Sequence[Subscription], max_tasks: int
     ) -> list[LockedTask]:
         tokens = [secrets.token_urlsafe(32) for _ in range(max_tasks)]
-        params = {
-            "topics": [s.topic for s in subscriptions],
-            "lease_ms": [s.lease_ms for s in subscriptions],
-            "max_tasks": max_tasks,
-            "worker_id": worker_id,
-            "hashes": [hash_token(t) for t in tokens],
-        }
         # One statement, so autocommit is atomic and saves the BEGIN/COMMIT round trips.
         async with self._reads.connect() as conn:
-            rows = await _LOCK_SQL.fetch(conn, params)
+            rows = await task_store.lease_due(
+                conn,
+                worker_id,
+                [s.topic for s in subscriptions],
+                [s.lease_ms for s in subscriptions],
+                max_tasks,
+                [hash_token(t) for t in tokens],
+            )
         if not rows:
             return []
         tasks = [await self._locked_task(row, tokens[row.n - 1]) for row in rows]
         for row in rows:
-            if row.prior_state == "LEASED":
+            if row.prior_state == TaskState.LEASED:
                 LEASE_EXPIRIES.labels(row.topic).inc()
-            if self._on_leased is not None:
-                self._on_leased(
+            self._handed_out.leased(
+                LeaseHeld(
                     row.id,
-                    LeaseHeld(
-                        row.id,
-                        row.instance_id,
-                        row.definition_id,
-                        row.node_id,
-                        row.attempt,
-                        row.retries_left,
-                        row.lease_expires_at,
-                        row.instance_variables,
-                        "ACTIVE",
-                        row.instance_xmin,
-                    ),
+                    row.instance_id,
+                    row.definition_id,
+                    row.node_id,
+                    row.attempt,
+                    row.retries_left,
+                    row.lease_expires_at,
+                    row.instance_variables,
+                    InstanceState.ACTIVE,
+                    row.instance_xmin,
                 )
+            )
         if self._after_lock is None:
             return tasks
-        return await self._after_lock(tasks, [row.prior_state for row in rows])
+        return await self._after_lock.on_locked(tasks, [row.prior_state for row in rows])
 
-    async def _locked_task(self, row: Any, token: str) -> LockedTask:
+    async def _locked_task(self, row: LockedRow, token: str) -> LockedTask:
         payload = row.payload
         agent_work = None
         if row.topic == "abada:agent":
@@ -218,16 +169,7 @@ class Leases:
             raise invalid("INVALID_LEASE", "lease_ms", f"must be between {MIN_LEASE_MS} and {MAX_LEASE_MS}")
         async with self._engine.begin() as conn:
             await hold_lease(conn, task_id, worker_id, lease_token)
-            expires = (
-                await conn.execute(
-                    text(
-                        "UPDATE tasks SET lease_expires_at = now() + :ms * interval '1 millisecond', "
-                        "due_at = now() + :ms * interval '1 millisecond' WHERE id = :id RETURNING lease_expires_at"
-                    ),
-                    {"ms": lease_ms, "id": task_id},
-                )
-            ).scalar_one()
-        return expires
+            return await task_store.extend_lease(conn, task_id, lease_ms)
 
     async def verify(self, task_id: uuid.UUID, worker_id: str, lease_token: str) -> LeaseHeld:
         async with self._reads.connect() as conn:
@@ -260,21 +202,6 @@ class Leases:
         return held, bindings
 
 
-_HOLD_SQL = text(
-    """
-    SELECT t.id, t.instance_id, t.node_id, t.state, t.attempt, t.retries_left, t.lease_owner, t.lease_token_hash,
-           t.lease_expires_at, t.lease_expires_at > now() AS live, i.definition_id, i.variables,
-           i.state AS instance_state, i.xmin::text AS instance_xmin
-    FROM tasks t JOIN instances i ON i.id = t.instance_id
-    WHERE t.id = :id
-    """
-)
-
-
-_HOLD = RawSql(_HOLD_SQL.text)
-_HOLD_LOCKED = RawSql(_HOLD_SQL.text + " FOR UPDATE OF t, i")
-
-
 async def hold_lease(
     conn: AsyncConnection, task_id: uuid.UUID, worker_id: str, lease_token: str, lock: bool = True
 ) -> LeaseHeld:
@@ -283,21 +210,21 @@ async def hold_lease(
     Refusals never change anything: NOT_FOUND, TASK_NOT_LEASED, NOT_LEASE_HOLDER (wrong worker or token,
     indistinguishably) and LEASE_EXPIRED (the right holder, too late).
     """
-    row = await (_HOLD_LOCKED if lock else _HOLD).fetchrow(conn, {"id": task_id})
+    row = await task_store.read_lease(conn, task_id, lock=lock)
     return held_from_row(row, task_id, worker_id, lease_token)
 
 
-def held_from_row(row: Any, task_id: uuid.UUID, worker_id: str, lease_token: str) -> LeaseHeld:
-    """The lease checks of `hold_lease`, on a row that has the `_HOLD_SQL` columns."""
-    if row is None or row.state == "WAITING":
+def held_from_row(row: LeaseRow | None, task_id: uuid.UUID, worker_id: str, lease_token: str) -> LeaseHeld:
+    """The lease checks of `hold_lease`, on a row that has the columns of `LeaseRow`."""
+    if row is None or row.state == TaskState.WAITING:
         raise not_found("external task", str(task_id), "task_id")
     holder = (
         row.lease_owner == worker_id
         and row.lease_token_hash is not None
         and hmac.compare_digest(bytes(row.lease_token_hash), hash_token(lease_token))
     )
-    if row.state != "LEASED":
-        if holder or row.state in ("COMPLETED", "CANCELED"):
+    if row.state != TaskState.LEASED:
+        if holder or row.state in (TaskState.COMPLETED, TaskState.CANCELED):
             raise EngineError(
                 Category.FAILED_PRECONDITION,
                 "TASK_NOT_LEASED",
@@ -317,7 +244,7 @@ def held_from_row(row: Any, task_id: uuid.UUID, worker_id: str, lease_token: str
             f"{worker_id!r} does not hold the lease on task {task_id}",
             field="lease_token",
         )
-    if not row.live:
+    if not row.live or row.lease_expires_at is None:
         raise EngineError(
             Category.FAILED_PRECONDITION,
             "LEASE_EXPIRED",
@@ -334,7 +261,7 @@ def held_from_row(row: Any, task_id: uuid.UUID, worker_id: str, lease_token: str
         row.lease_expires_at,
         row.variables,
         row.instance_state,
-        row.get("instance_xmin"),
+        row.instance_xmin,
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from abada_engine.definitions.expressions import ExpressionError, evaluate_condition, render
 from abada_engine.definitions.model import Node, Process
+from abada_engine.store.states import TaskKind
 
 # A cycle of gateways that never waits would spin forever; no real process takes this many hops.
 MAX_HOPS = 1000
@@ -29,7 +30,7 @@ class HistoryEntry:
 @dataclass(frozen=True)
 class TaskToCreate:
     node: Node
-    kind: str  # "external" or "user"
+    kind: TaskKind
     topic: str | None
     payload: dict[str, Any]
     retries: int
@@ -92,7 +93,7 @@ def advance(
             return result
         if context:
             payload["context"] = context
-        kind = "user" if node.type == "user_task" else "external"
+        kind = TaskKind.USER if node.type == "user_task" else TaskKind.EXTERNAL
         result.task = TaskToCreate(node, kind, node.topic, payload, node.retries)
         return result
     result.incident = IncidentToRaise(node_id, "TOO_MANY_HOPS", f"more than {MAX_HOPS} hops without waiting")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
+from abada_engine.store import incidents as incident_store
+from abada_engine.store import journal_steps as step_store
+from abada_engine.store import tasks as task_store
 
 
 @dataclass(frozen=True)
@@ -28,50 +30,30 @@ class TopicStats:
         }
 
 
-_STATS_SQL = """
-    SELECT topic,
-           count(*) FILTER (WHERE due_at <= now()) AS ready,
-           count(*) FILTER (WHERE state = 'LEASED' AND due_at > now()) AS leased,
-           count(*) FILTER (WHERE state = 'READY' AND due_at > now()) AS delayed,
-           COALESCE(EXTRACT(EPOCH FROM now() - min(due_at) FILTER (WHERE due_at <= now())), 0) AS oldest
-    FROM tasks
-    WHERE state IN ('READY', 'LEASED') {where}
-    GROUP BY topic
-"""
-
-
 class QueueStats:
     def __init__(self, engine: AsyncEngine) -> None:
         self._reads = autocommit(engine)
 
     async def topic(self, topic: str) -> TopicStats:
         async with self._reads.connect() as conn:
-            row = (
-                await conn.execute(text(_STATS_SQL.format(where="AND topic = :topic")), {"topic": topic})
-            ).first()
-        if row is None:
+            rows = await task_store.topic_counts(conn, topic)
+        if not rows:
             return TopicStats(topic, 0, 0, 0, 0.0)
-        return TopicStats(topic, row.ready, row.leased, row.delayed, float(row.oldest))
+        return _stats(rows[0])
 
     async def topics(self) -> list[TopicStats]:
         async with self._reads.connect() as conn:
-            rows = (await conn.execute(text(_STATS_SQL.format(where="AND topic IS NOT NULL")))).all()
-        return [TopicStats(r.topic, r.ready, r.leased, r.delayed, float(r.oldest)) for r in rows]
+            rows = await task_store.topic_counts(conn)
+        return [_stats(r) for r in rows]
 
     async def open_incidents(self) -> dict[str, int]:
         async with self._reads.connect() as conn:
-            rows = (
-                await conn.execute(
-                    text("SELECT type, count(*) AS n FROM incidents WHERE state = 'OPEN' GROUP BY type")
-                )
-            ).all()
-        return {r.type: r.n for r in rows}
+            return await incident_store.open_counts_by_type(conn)
 
     async def journal_steps(self) -> dict[tuple[str, str], int]:
         async with self._reads.connect() as conn:
-            rows = (
-                await conn.execute(
-                    text("SELECT kind, state, count(*) AS n FROM journal_steps GROUP BY kind, state")
-                )
-            ).all()
-        return {(r.kind, r.state): r.n for r in rows}
+            return await step_store.counts_by_kind_and_state(conn)
+
+
+def _stats(counts: task_store.TopicCounts) -> TopicStats:
+    return TopicStats(counts.topic, counts.ready, counts.leased, counts.delayed, counts.oldest)

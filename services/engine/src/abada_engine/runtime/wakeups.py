@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncpg
 
-from .tokens import TASK_CHANNEL
+from abada_engine.store.tasks import TASK_CHANNEL
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,259 @@
+"""Appending steps to a task's journal, and reading the journal back.
+
+Every model and tool call is journaled; the engine checks the lease, the attempt, the sequence,
+the binding and the limits before a step is accepted, so a worker that takes over after a crash
+can replay finished steps instead of paying for them again, and a write is never re-sent blindly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from abada_engine.db.database import autocommit
+from abada_engine.definitions.catalog import DefinitionCatalog
+from abada_engine.definitions.model import Node, ToolBinding
+from abada_engine.errors import Category, EngineError, not_found
+from abada_engine.store import journal_steps as step_store
+from abada_engine.store import tasks as task_store
+from abada_engine.store.journal_steps import AppendContext
+from abada_engine.store.states import FINISHED_STEP_STATES, StepKind, StepState
+
+from ..crypto import IdempotencyKeys, KeyRing
+from ..handed_out import HandedOut
+from ..leases import hash_token, held_from_row
+from ..sealing import StepSealer
+from ..views import StepView
+from .rules import StepRequest, binding_for, check_limits, check_shape
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    step: StepView
+    idempotency_key: str
+
+
+class Journal:
+    """The worker-facing journal: append a step under the lease, read the steps back opened."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        catalog: DefinitionCatalog,
+        keys: KeyRing,
+        idempotency: IdempotencyKeys,
+        handed_out: HandedOut | None = None,
+    ) -> None:
+        self._reads = autocommit(engine)
+        self._catalog = catalog
+        self.sealer = StepSealer(keys, idempotency)
+        self.handed_out = handed_out if handed_out is not None else HandedOut()
+
+    async def append(self, step: StepRequest) -> AppendResult:
+        """Check and journal one step.
+
+        The common case is one statement that checks the lease, the sequence and the limits itself
+        and writes the step; it needs only to know which node the task is at (remembered from the
+        lock or an earlier step, never trusted for anything the statement does not re-check).
+        Anything else (a re-send, a conflict, a refusal to explain) takes the careful path.
+        """
+        check_shape(step)
+        placed = self.handed_out.placement(step.task_id)
+        if placed is not None:
+            direct = await self._append_directly(step, *placed)
+            if direct is not None:
+                return direct
+        return await self._append_checked(step)
+
+    async def journal(self, task_id: uuid.UUID) -> list[StepView]:
+        async with self._reads.connect() as conn:
+            placed = await task_store.placement(conn, task_id)
+            if placed is None:
+                raise not_found("task", str(task_id), "task_id")
+            rows = (await step_store.steps_of(conn, [task_id])).get(task_id, [])
+        definition = await self._catalog.get(placed.definition_id)
+        return self.sealer.views(rows, definition.bindings_for(placed.node_id))
+
+    async def _append_directly(
+        self, step: StepRequest, definition_id: uuid.UUID, node_id: str
+    ) -> AppendResult | None:
+        definition = await self._catalog.get(definition_id)
+        node = definition.process.node(node_id)
+        bindings = {b.ref: b for b in definition.bindings_for(node.id)}
+        # A step this node may not journal goes the careful way, which says why.
+        if step.kind == StepKind.TOOL_CALL:
+            binding = bindings.get(step.tool_ref)
+            if binding is None:
+                return None
+        else:
+            binding = None
+            if step.tool_ref:
+                return None
+        key_id = self.sealer.primary_key_id
+        starts_first = step.kind == StepKind.MODEL_CALL or (binding is not None and binding.policy == "write")
+        async with self._reads.connect() as conn:
+            if step.state in FINISHED_STEP_STATES and starts_first:
+                if step.request is not None:
+                    return None  # the request must be compared with the STARTED one: the careful path
+                keyed = binding is not None and binding.idempotency == "key"
+                row = await step_store.finish_checked(
+                    conn, {**self._write_params(step, key_id, with_request=False), "keyed": keyed}
+                )
+                if row is None:
+                    return None
+                return AppendResult(
+                    self.sealer.view(row, response=step.response), self.sealer.key_for(row, binding)
+                )
+            row = await step_store.insert_checked(
+                conn,
+                {
+                    **self._write_params(step, key_id),
+                    "max_model_calls": node.limits.max_model_calls,
+                    "max_tool_calls": node.limits.max_tool_calls,
+                    "max_tokens": node.limits.max_tokens,
+                },
+            )
+        if row is None:
+            return None
+        return AppendResult(
+            self.sealer.view(row, step.request, step.response), self.sealer.key_for(row, binding)
+        )
+
+    async def _append_checked(self, step: StepRequest) -> AppendResult:
+        """One read of everything `append` decides on, then one write guarded by the lease.
+
+        The sequence's primary key settles races: the loser re-reads and is answered as a re-send
+        (identical step) or refused (SEQUENCE_CONFLICT).
+        """
+        for _ in range(3):
+            async with self._reads.connect() as conn:
+                context = await step_store.append_context(conn, step.task_id, step.sequence)
+                held = held_from_row(context, step.task_id, step.worker_id, step.lease_token)
+                assert context is not None  # held_from_row refused a missing task
+                if step.attempt != held.attempt:
+                    raise EngineError(
+                        Category.FAILED_PRECONDITION,
+                        "ATTEMPT_MISMATCH",
+                        f"the lease is for attempt {held.attempt}, not {step.attempt}",
+                        field="attempt",
+                    )
+                self.handed_out.place(step.task_id, held.definition_id, held.node_id)
+                definition = await self._catalog.get(held.definition_id)
+                node = definition.process.node(held.node_id)
+                bindings = {b.ref: b for b in definition.bindings_for(node.id)}
+                if context.taken_sequence is not None:
+                    result = await self._revisit(conn, step, context, bindings)
+                else:
+                    result = await self._insert(conn, step, context, node, bindings)
+            if result is not None:
+                return result
+        raise EngineError(
+            Category.ABORTED, "CONCURRENT_CHANGE", f"task {step.task_id} kept changing; try again"
+        )
+
+    async def _insert(
+        self,
+        conn: AsyncConnection,
+        step: StepRequest,
+        context: AppendContext,
+        node: Node,
+        bindings: dict[str, ToolBinding],
+    ) -> AppendResult | None:
+        next_free = context.steps + 1
+        if step.sequence != next_free:
+            raise EngineError(
+                Category.FAILED_PRECONDITION,
+                "SEQUENCE_GAP",
+                f"the next sequence of task {step.task_id} is {next_free}, not {step.sequence}",
+                field="sequence",
+            )
+        binding = binding_for(step, bindings)
+        check_limits(step, context, node.limits)
+        inserted = await step_store.insert_guarded(conn, self._write_params(step, self.sealer.primary_key_id))
+        if inserted is None:
+            return None  # the lease or the sequence changed under us: read again
+        return AppendResult(
+            self.sealer.view(inserted, step.request, step.response), self.sealer.key_for(inserted, binding)
+        )
+
+    async def _revisit(
+        self,
+        conn: AsyncConnection,
+        step: StepRequest,
+        taken: AppendContext,
+        bindings: dict[str, ToolBinding],
+    ) -> AppendResult | None:
+        """A step at a taken sequence: the same step again, a STARTED step finishing, or a conflict."""
+        assert taken.key_id is not None and taken.tool_ref is not None
+        binding = bindings.get(taken.tool_ref)
+        same_request = step.request is None or self.sealer.digest(taken.key_id, step.request) == bytes(
+            taken.request_digest or b""
+        )
+        same_response = (step.response is None and taken.response_digest is None) or (
+            step.response is not None
+            and taken.response_digest is not None
+            and self.sealer.digest(taken.key_id, step.response) == bytes(taken.response_digest)
+        )
+        if (
+            (taken.kind, taken.step_state, taken.tool_ref) == (step.kind, step.state, step.tool_ref)
+            and same_request
+            and same_response
+            and (taken.input_tokens, taken.output_tokens) == (step.input_tokens, step.output_tokens)
+        ):
+            full = await step_store.step_at(conn, step.task_id, step.sequence)
+            assert full is not None  # steps are never deleted
+            return AppendResult(self.sealer.view(full), self.sealer.key_for(full, binding))
+        finishing = (
+            taken.step_state == StepState.STARTED
+            and step.state in FINISHED_STEP_STATES
+            and (taken.kind, taken.tool_ref) == (step.kind, step.tool_ref)
+            and same_request
+            and not taken.abandoned
+            # A later attempt may only finish a write it re-sent under the same key.
+            and (taken.step_attempt == step.attempt or (binding is not None and binding.idempotency == "key"))
+        )
+        if not finishing:
+            raise EngineError(
+                Category.ABORTED,
+                "SEQUENCE_CONFLICT",
+                f"sequence {step.sequence} of task {step.task_id} already holds a different step "
+                f"({taken.kind} {taken.step_state}{' ' + taken.tool_ref if taken.tool_ref else ''})",
+                field="sequence",
+            )
+        finished = await step_store.finish_guarded(
+            conn, self._write_params(step, taken.key_id, with_request=False)
+        )
+        if finished is None:
+            return None
+        return AppendResult(
+            self.sealer.view(finished, response=step.response), self.sealer.key_for(finished, binding)
+        )
+
+    def _write_params(self, step: StepRequest, key_id: str, with_request: bool = True) -> dict[str, Any]:
+        """The parameters every step write takes: the lease guard, the step, its sealed payloads."""
+        request_ct, request_digest = self.sealer.seal(
+            key_id, step.task_id, step.sequence, "request", step.request if with_request else None
+        )
+        response_ct, response_digest = self.sealer.seal(
+            key_id, step.task_id, step.sequence, "response", step.response
+        )
+        return {
+            "task_id": step.task_id,
+            "worker_id": step.worker_id,
+            "token_hash": hash_token(step.lease_token),
+            "attempt": step.attempt,
+            "sequence": step.sequence,
+            "kind": step.kind,
+            "state": step.state,
+            "tool_ref": step.tool_ref,
+            "key_id": key_id,
+            "request_ct": request_ct,
+            "request_digest": request_digest,
+            "response_ct": response_ct,
+            "response_digest": response_digest,
+            "input_tokens": step.input_tokens,
+            "output_tokens": step.output_tokens,
+        }

@@ -1,0 +1,139 @@
+"""Taking over a task after its holder's lease ran out: the journal travels with the task, and a
+write that may have happened without an idempotency key is held for a person, never re-sent."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from abada_engine.db.database import autocommit
+from abada_engine.definitions.catalog import DefinitionCatalog
+from abada_engine.store import incidents as incident_store
+from abada_engine.store import journal_steps as step_store
+from abada_engine.store import tasks as task_store
+from abada_engine.store.states import TaskState
+
+from ..handed_out import HandedOut
+from ..navigator import HistoryEntry
+from ..sealing import StepSealer
+from ..tokens import history_record, write_history
+from ..views import LockedTask, StepView
+from .rules import unkeyed_writes_in_flight
+
+OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
+
+
+class Takeover:
+    def __init__(
+        self, engine: AsyncEngine, catalog: DefinitionCatalog, sealer: StepSealer, handed_out: HandedOut
+    ) -> None:
+        self._engine = engine
+        self._reads = autocommit(engine)
+        self._catalog = catalog
+        self._sealer = sealer
+        self._handed_out = handed_out
+
+    async def on_locked(self, tasks: list[LockedTask], prior_states: list[str]) -> list[LockedTask]:
+        """Attach each task's journal; hold a re-offered task whose unkeyed write may have happened."""
+        retried = [t.id for t in tasks if t.attempt > 1]
+        journals = {}
+        if retried:
+            async with self._reads.connect() as conn:
+                journals = await step_store.steps_of(conn, retried)
+        offered: list[LockedTask] = []
+        for task, prior in zip(tasks, prior_states, strict=True):
+            bindings = task.agent_work.tool_bindings if task.agent_work else []
+            steps = self._sealer.views(journals.get(task.id, []), bindings)
+            unknown = unkeyed_writes_in_flight(steps, bindings)
+            if unknown:
+                async with self._engine.begin() as conn:
+                    # The task was never handed out: give back the attempt the lock took.
+                    await self._hold_for_a_person(
+                        conn,
+                        task.id,
+                        task.instance_id,
+                        task.node_id,
+                        unknown[0],
+                        taken_over=prior == TaskState.LEASED,
+                        give_back_attempt=True,
+                    )
+                continue
+            if task.definition_id is not None:
+                self._handed_out.place(task.id, task.definition_id, task.node_id)
+            offered.append(replace(task, steps=steps))
+        return offered
+
+    async def hold_expired_unkeyed_writes(self, limit: int = 100) -> int:
+        """Raise TOOL_OUTCOME_UNKNOWN as soon as a lease runs out over an unkeyed write, not at the next fetch.
+
+        Run periodically by every replica; SKIP LOCKED keeps them (and fetchers) out of each other's way.
+        """
+        held = 0
+        async with self._engine.begin() as conn:
+            candidates = await task_store.lock_expired_leases_over_tool_calls(conn, limit)
+            journals = await step_store.steps_of(conn, [c.id for c in candidates])
+            for candidate in candidates:
+                definition = await self._catalog.get(candidate.definition_id)
+                bindings = definition.bindings_for(candidate.node_id)
+                steps = self._sealer.views(journals.get(candidate.id, []), bindings)
+                unknown = unkeyed_writes_in_flight(steps, bindings)
+                if unknown:
+                    await self._hold_for_a_person(
+                        conn,
+                        candidate.id,
+                        candidate.instance_id,
+                        candidate.node_id,
+                        unknown[0],
+                        taken_over=True,
+                        give_back_attempt=False,
+                    )
+                    held += 1
+        return held
+
+    async def _hold_for_a_person(
+        self,
+        conn: AsyncConnection,
+        task_id: uuid.UUID,
+        instance_id: uuid.UUID,
+        node_id: str,
+        step: StepView,
+        taken_over: bool,
+        give_back_attempt: bool,
+    ) -> None:
+        details = {
+            "task_id": str(task_id),
+            "sequence": step.sequence,
+            "attempt": step.attempt,
+            "tool_ref": step.tool_ref,
+            "request": step.request,
+            "idempotency": "none",
+            "started_at": step.created_at.isoformat(),
+        }
+        message = (
+            f"{step.tool_ref} was sent (step {step.sequence}, attempt {step.attempt}) and its outcome is unknown; "
+            "it has no idempotency key, so it is never re-sent: say whether it happened"
+        )
+        await step_store.mark_outcome_unknown(conn, task_id, step.sequence)
+        await task_store.hold_as_incident(conn, task_id, give_back_attempt=give_back_attempt)
+        incident_id = await incident_store.raise_incident(
+            conn,
+            instance_id=instance_id,
+            node_id=node_id,
+            type_=OUTCOME_UNKNOWN,
+            message=message,
+            details=details,
+            task_id=task_id,
+        )
+        entry = HistoryEntry(
+            "INCIDENT_RAISED",
+            node_id,
+            {
+                "incident_id": str(incident_id),
+                "type": OUTCOME_UNKNOWN,
+                "message": message,
+                "taken_over": taken_over,
+            },
+        )
+        await write_history(conn, [history_record(instance_id, entry, task_id)])

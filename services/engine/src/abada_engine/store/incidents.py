@@ -1,0 +1,124 @@
+"""Incidents: raising them, locking one for a resolution, closing them, and reading them."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from abada_engine.db.schema import incidents, instances
+
+from .hand_written import typed
+from .states import IncidentState, is_
+
+INSTANCE_CANCELED = "INSTANCE_CANCELED"  # the resolution recorded on incidents closed by a cancel
+
+
+@dataclass(slots=True)
+class IncidentRow:
+    id: uuid.UUID
+    instance_id: uuid.UUID
+    task_id: uuid.UUID | None
+    node_id: str
+    type: str
+    message: str
+    details: dict[str, Any]
+    state: str
+    created_at: datetime
+    resolved_at: datetime | None
+    resolution: str | None
+
+
+@dataclass(slots=True)
+class ListedIncident(IncidentRow):
+    process_id: str
+
+
+async def raise_incident(
+    conn: AsyncConnection,
+    *,
+    instance_id: uuid.UUID,
+    node_id: str,
+    type_: str,
+    message: str,
+    details: dict[str, Any] | None = None,
+    task_id: uuid.UUID | None = None,
+) -> uuid.UUID:
+    incident_id = uuid.uuid4()
+    await conn.execute(
+        insert(incidents).values(
+            id=incident_id,
+            instance_id=instance_id,
+            task_id=task_id,
+            node_id=node_id,
+            type=type_,
+            message=message,
+            details=details or {},
+            state=IncidentState.OPEN,
+            created_at=func.now(),
+        )
+    )
+    return incident_id
+
+
+async def lock(conn: AsyncConnection, incident_id: uuid.UUID) -> IncidentRow | None:
+    row = (
+        await conn.execute(select(incidents).where(incidents.c.id == incident_id).with_for_update())
+    ).one_or_none()
+    return typed(IncidentRow, row._mapping) if row is not None else None
+
+
+async def close(conn: AsyncConnection, incident_id: uuid.UUID, resolution: str) -> None:
+    await conn.execute(
+        update(incidents)
+        .where(incidents.c.id == incident_id)
+        .values(state=IncidentState.RESOLVED, resolved_at=func.now(), resolution=resolution)
+    )
+
+
+async def close_all_of_instance(conn: AsyncConnection, instance_id: uuid.UUID) -> None:
+    await conn.execute(
+        update(incidents)
+        .where(incidents.c.instance_id == instance_id, is_(incidents.c.state, IncidentState.OPEN))
+        .values(state=IncidentState.RESOLVED, resolved_at=func.now(), resolution=INSTANCE_CANCELED)
+    )
+
+
+async def listed(
+    conn: AsyncConnection,
+    incident_id: uuid.UUID | None = None,
+    instance_id: uuid.UUID | None = None,
+    state: str = "",
+    incident_type: str = "",
+    limit: int = 1000,
+) -> list[ListedIncident]:
+    query = (
+        select(incidents, instances.c.process_id)
+        .join(instances, instances.c.id == incidents.c.instance_id)
+        .order_by(incidents.c.created_at)
+    )
+    if incident_id is not None:
+        query = query.where(incidents.c.id == incident_id)
+    if instance_id is not None:
+        query = query.where(incidents.c.instance_id == instance_id)
+    if state:
+        query = query.where(incidents.c.state == state)
+    if incident_type:
+        query = query.where(incidents.c.type == incident_type)
+    rows = (await conn.execute(query.limit(limit))).all()
+    return [typed(ListedIncident, row._mapping) for row in rows]
+
+
+async def open_counts_by_type(conn: AsyncConnection) -> dict[str, int]:
+    rows = (
+        await conn.execute(
+            select(incidents.c.type, func.count().label("n"))
+            .where(is_(incidents.c.state, IncidentState.OPEN))
+            .group_by(incidents.c.type)
+        )
+    ).all()
+    return {r.type: r.n for r in rows}

@@ -1,0 +1,306 @@
+"""The step journal's rows: appending under a live lease, finishing, reading back, and the engine's own
+marks (outcome unknown, set aside, completed by a person)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, func, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from abada_engine.db.schema import journal_steps
+
+from .hand_written import HandWritten, typed
+from .states import StepKind, StepState, TaskState
+
+
+@dataclass(slots=True)
+class StepRow:
+    """One journal step as stored: payloads still sealed."""
+
+    task_id: uuid.UUID
+    sequence: int
+    attempt: int
+    kind: str
+    state: str
+    tool_ref: str
+    key_id: str
+    request_ciphertext: bytes | None
+    response_ciphertext: bytes | None
+    request_digest: bytes | None
+    response_digest: bytes | None
+    input_tokens: int
+    output_tokens: int
+    abandoned: bool
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(slots=True)
+class AppendContext:
+    """What a careful append decides on: the lease row, the journal's counts for the limits, and the
+    step already at the requested sequence (its `taken_sequence` is None if the sequence is free)."""
+
+    id: uuid.UUID
+    instance_id: uuid.UUID
+    node_id: str
+    state: str
+    attempt: int
+    retries_left: int
+    lease_owner: str | None
+    lease_token_hash: bytes | None
+    lease_expires_at: datetime | None
+    live: bool | None
+    definition_id: uuid.UUID
+    variables: dict[str, Any]
+    instance_state: str
+    steps: int
+    model_calls: int
+    tool_calls: int
+    tokens: int
+    taken_sequence: int | None
+    step_attempt: int | None
+    kind: str | None
+    step_state: str | None
+    tool_ref: str | None
+    key_id: str | None
+    request_digest: bytes | None
+    response_digest: bytes | None
+    input_tokens: int | None
+    output_tokens: int | None
+    abandoned: bool | None
+    instance_xmin: str | None
+
+
+_STEP_COLUMNS = (
+    "task_id, sequence, attempt, kind, state, tool_ref, key_id, request_ciphertext, response_ciphertext, "
+    "request_digest, response_digest, input_tokens, output_tokens, abandoned, created_at, updated_at"
+)
+
+# Hand-written: every fetch of a taken-over task and every journal read runs it.
+STEPS_OF = HandWritten(
+    f"SELECT {_STEP_COLUMNS} FROM journal_steps WHERE task_id = ANY(CAST(:ids AS uuid[])) ORDER BY task_id, sequence"
+)
+
+STEP_AT = HandWritten(
+    f"SELECT {_STEP_COLUMNS} FROM journal_steps "
+    "WHERE task_id = CAST(:id AS uuid) AND sequence = CAST(:seq AS integer)"
+)
+
+# Hand-written: one read of everything a careful append decides on, without any sealed payload.
+APPEND_CONTEXT = HandWritten(
+    f"""
+    SELECT t.id, t.instance_id, t.node_id, t.state, t.attempt, t.retries_left, t.lease_owner, t.lease_token_hash,
+           t.lease_expires_at, t.lease_expires_at > now() AS live, i.definition_id, i.variables,
+           i.state AS instance_state, i.xmin::text AS instance_xmin,
+           agg.steps, agg.model_calls, agg.tool_calls, agg.tokens,
+           s.sequence AS taken_sequence, s.attempt AS step_attempt, s.kind, s.state AS step_state, s.tool_ref,
+           s.key_id, s.request_digest, s.response_digest, s.input_tokens, s.output_tokens, s.abandoned
+    FROM tasks t
+    JOIN instances i ON i.id = t.instance_id
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS steps,
+               count(*) FILTER (WHERE kind = '{StepKind.MODEL_CALL}' AND NOT abandoned) AS model_calls,
+               count(*) FILTER (WHERE kind = '{StepKind.TOOL_CALL}' AND NOT abandoned) AS tool_calls,
+               COALESCE(sum(input_tokens + output_tokens), 0) AS tokens
+        FROM journal_steps WHERE task_id = t.id
+    ) agg
+    LEFT JOIN journal_steps s ON s.task_id = t.id AND s.sequence = CAST(:seq AS integer)
+    WHERE t.id = :id
+    """
+)
+
+# The guard every step write carries: the writer holds the task's live lease, for this attempt.
+_LIVE_LEASE = f"""
+    SELECT 1 FROM tasks WHERE id = CAST(:task_id AS uuid) AND state = '{TaskState.LEASED}'
+      AND lease_owner = CAST(:worker_id AS text) AND lease_token_hash = CAST(:token_hash AS bytea)
+      AND lease_expires_at > now() AND attempt = CAST(:attempt AS integer)
+"""
+
+
+def _insert_step_sql(gate: str) -> str:
+    """Insert the step, and abandon orphaned model calls, only if the CTE `gate` has a row."""
+    return f"""
+    abandoned AS (
+        -- A new attempt moving past a model call an earlier attempt left STARTED has re-run it.
+        UPDATE journal_steps SET abandoned = true, updated_at = now()
+        WHERE task_id = CAST(:task_id AS uuid) AND kind = '{StepKind.MODEL_CALL}' AND state = '{StepState.STARTED}'
+          AND attempt < CAST(:attempt AS integer) AND NOT abandoned AND EXISTS (SELECT 1 FROM {gate})
+    )
+    INSERT INTO journal_steps (task_id, sequence, attempt, kind, state, tool_ref, key_id, request_ciphertext,
+        response_ciphertext, request_digest, response_digest, input_tokens, output_tokens, abandoned,
+        created_at, updated_at)
+    SELECT CAST(:task_id AS uuid), CAST(:sequence AS integer), CAST(:attempt AS integer), CAST(:kind AS text),
+        CAST(:state AS text), CAST(:tool_ref AS text), CAST(:key_id AS text), CAST(:request_ct AS bytea),
+        CAST(:response_ct AS bytea), CAST(:request_digest AS bytea), CAST(:response_digest AS bytea),
+        CAST(:input_tokens AS bigint), CAST(:output_tokens AS bigint), false, now(), now()
+    WHERE EXISTS (SELECT 1 FROM {gate})
+    ON CONFLICT (task_id, sequence) DO NOTHING
+    RETURNING {_STEP_COLUMNS}
+    """
+
+
+def _finish_step_sql(also: str = "") -> str:
+    """Move a STARTED step to its final state under the live lease; `also` narrows which step."""
+    return f"""
+    UPDATE journal_steps SET state = CAST(:state AS text), response_ciphertext = CAST(:response_ct AS bytea),
+        response_digest = CAST(:response_digest AS bytea), input_tokens = CAST(:input_tokens AS bigint),
+        output_tokens = CAST(:output_tokens AS bigint), updated_at = now()
+    WHERE task_id = CAST(:task_id AS uuid) AND sequence = CAST(:sequence AS integer)
+      AND state = '{StepState.STARTED}' AND NOT abandoned {also}
+      AND EXISTS ({_LIVE_LEASE})
+    RETURNING {_STEP_COLUMNS}
+    """
+
+
+# Hand-written: the careful path's writes, guarded by the lease (the caller checked the rest).
+INSERT_GUARDED = HandWritten(f"WITH live AS ({_LIVE_LEASE}), {_insert_step_sql('live')}")
+FINISH_GUARDED = HandWritten(_finish_step_sql())
+
+# Hand-written: the direct path, one statement per step. It checks lease, attempt, the sequence being
+# the next one and the node's limits itself, so nothing it relies on can be stale.
+INSERT_CHECKED = HandWritten(
+    f"""
+    WITH live AS ({_LIVE_LEASE}),
+    counts AS (
+        SELECT count(*) AS steps,
+               count(*) FILTER (WHERE kind = '{StepKind.MODEL_CALL}' AND NOT abandoned) AS model_calls,
+               count(*) FILTER (WHERE kind = '{StepKind.TOOL_CALL}' AND NOT abandoned) AS tool_calls,
+               COALESCE(sum(input_tokens + output_tokens), 0) AS tokens
+        FROM journal_steps WHERE task_id = CAST(:task_id AS uuid)
+    ),
+    allowed AS (
+        SELECT 1 FROM live, counts
+        WHERE counts.steps = CAST(:sequence AS integer) - 1
+          AND CASE WHEN CAST(:kind AS text) = '{StepKind.MODEL_CALL}'
+                   THEN counts.model_calls < CAST(:max_model_calls AS integer)
+                        AND counts.tokens < CAST(:max_tokens AS bigint)
+                   ELSE counts.tool_calls < CAST(:max_tool_calls AS integer) END
+    ), {_insert_step_sql("allowed")}"""
+)
+
+FINISH_CHECKED = HandWritten(
+    _finish_step_sql(
+        "AND kind = CAST(:kind AS text) AND tool_ref = CAST(:tool_ref AS text) AND key_id = CAST(:key_id AS text) "
+        "AND (attempt = CAST(:attempt AS integer) OR CAST(:keyed AS boolean))"
+    )
+)
+
+
+async def _one(statement: HandWritten, conn: AsyncConnection, params: Mapping[str, Any]) -> StepRow | None:
+    row = await statement.fetchrow(conn, params)
+    return typed(StepRow, row) if row is not None else None
+
+
+async def append_context(conn: AsyncConnection, task_id: uuid.UUID, sequence: int) -> AppendContext | None:
+    row = await APPEND_CONTEXT.fetchrow(conn, {"id": task_id, "seq": sequence})
+    return typed(AppendContext, row) if row is not None else None
+
+
+async def insert_guarded(conn: AsyncConnection, params: Mapping[str, Any]) -> StepRow | None:
+    """Insert a step if the lease is live and the sequence free; None otherwise."""
+    return await _one(INSERT_GUARDED, conn, params)
+
+
+async def finish_guarded(conn: AsyncConnection, params: Mapping[str, Any]) -> StepRow | None:
+    """Finish a STARTED step if the lease is live; None otherwise."""
+    return await _one(FINISH_GUARDED, conn, params)
+
+
+async def insert_checked(conn: AsyncConnection, params: Mapping[str, Any]) -> StepRow | None:
+    """Insert the next step if the lease, the sequence and the limits allow it; None otherwise."""
+    return await _one(INSERT_CHECKED, conn, params)
+
+
+async def finish_checked(conn: AsyncConnection, params: Mapping[str, Any]) -> StepRow | None:
+    """Finish a STARTED step that is exactly the one described, under the live lease; None otherwise."""
+    return await _one(FINISH_CHECKED, conn, params)
+
+
+async def step_at(conn: AsyncConnection, task_id: uuid.UUID, sequence: int) -> StepRow | None:
+    return await _one(STEP_AT, conn, {"id": task_id, "seq": sequence})
+
+
+async def steps_of(conn: AsyncConnection, task_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[StepRow]]:
+    """The (still sealed) steps of each task, in sequence order."""
+    found: dict[uuid.UUID, list[StepRow]] = {}
+    if not task_ids:
+        return found
+    for row in await STEPS_OF.fetch(conn, {"ids": [str(i) for i in task_ids]}):
+        found.setdefault(row["task_id"], []).append(typed(StepRow, row))
+    return found
+
+
+def _at(task_id: uuid.UUID, sequence: int) -> Any:
+    return and_(journal_steps.c.task_id == task_id, journal_steps.c.sequence == sequence)
+
+
+async def mark_outcome_unknown(conn: AsyncConnection, task_id: uuid.UUID, sequence: int) -> None:
+    await conn.execute(
+        update(journal_steps)
+        .where(_at(task_id, sequence))
+        .values(state=StepState.OUTCOME_UNKNOWN, updated_at=func.now())
+    )
+
+
+async def lock_key_id(conn: AsyncConnection, task_id: uuid.UUID, sequence: int) -> str:
+    """The key a step is sealed under, with the step locked for the caller's transaction."""
+    return (
+        await conn.execute(select(journal_steps.c.key_id).where(_at(task_id, sequence)).with_for_update())
+    ).scalar_one()
+
+
+async def complete_with_response(
+    conn: AsyncConnection, task_id: uuid.UUID, sequence: int, sealed_response: bytes, digest: bytes
+) -> None:
+    await conn.execute(
+        update(journal_steps)
+        .where(_at(task_id, sequence))
+        .values(
+            state=StepState.COMPLETED,
+            response_ciphertext=sealed_response,
+            response_digest=digest,
+            updated_at=func.now(),
+        )
+    )
+
+
+async def set_aside(conn: AsyncConnection, task_id: uuid.UUID, sequence: int) -> None:
+    """The step no longer counts: neither replayed nor against the limits."""
+    await conn.execute(
+        update(journal_steps).where(_at(task_id, sequence)).values(abandoned=True, updated_at=func.now())
+    )
+
+
+async def set_aside_last_answer(conn: AsyncConnection, task_id: uuid.UUID) -> None:
+    """Set aside the latest completed model call still counting (the answer being retried)."""
+    last_answer = (
+        select(func.max(journal_steps.c.sequence))
+        .where(
+            journal_steps.c.task_id == task_id,
+            journal_steps.c.kind == StepKind.MODEL_CALL,
+            journal_steps.c.state == StepState.COMPLETED,
+            ~journal_steps.c.abandoned,
+        )
+        .scalar_subquery()
+    )
+    await conn.execute(
+        update(journal_steps)
+        .where(journal_steps.c.task_id == task_id, journal_steps.c.sequence == last_answer)
+        .values(abandoned=True, updated_at=func.now())
+    )
+
+
+async def counts_by_kind_and_state(conn: AsyncConnection) -> dict[tuple[str, str], int]:
+    rows = (
+        await conn.execute(
+            select(journal_steps.c.kind, journal_steps.c.state, func.count().label("n")).group_by(
+                journal_steps.c.kind, journal_steps.c.state
+            )
+        )
+    ).all()
+    return {(r.kind, r.state): r.n for r in rows}

@@ -1,0 +1,174 @@
+"""Moving a token in one statement: finish the task it leaves, create the next task or incident, move
+the instance, and write the history, all or nothing."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from abada_engine.db.database import dumps
+
+from .hand_written import HandWritten
+from .history import HistoryRecord
+from .states import IncidentState, InstanceState, TaskKind, TaskState
+from .tasks import TASK_CHANNEL
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    id: uuid.UUID
+    node_id: str
+    kind: TaskKind
+    topic: str | None
+    payload: dict[str, Any]
+    retries: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewIncident:
+    id: uuid.UUID
+    node_id: str
+    type: str
+    message: str
+    details: dict[str, Any]
+    task_id: uuid.UUID | None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGuard:
+    """Move only if this worker still holds the live lease (checked inside the statement)."""
+
+    worker_id: str
+    token_hash: bytes
+    # The instance row's xmin the decision was made on; None skips the check.
+    instance_xmin: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenMove:
+    instance_id: uuid.UUID
+    current_node_id: str
+    completed: bool
+    # The instance's new variable map, or None when it did not change.
+    variables: dict[str, Any] | None
+    history: list[HistoryRecord] = field(default_factory=list)
+    new_task: NewTask | None = None
+    new_incident: NewIncident | None = None
+    # A task this move ends, in `finished_state` (COMPLETED, or INCIDENT when an incident holds it).
+    finished_task_id: uuid.UUID | None = None
+    finished_state: TaskState = TaskState.COMPLETED
+    guard: LeaseGuard | None = None
+
+
+# Hand-written: every Complete (and every start) runs it. One statement, so one round trip and no
+# transaction to hold open; with a lease guard, nothing at all is written unless the lease is live.
+MOVE_TOKEN = HandWritten(
+    f"""
+    WITH finished AS (
+        UPDATE tasks SET state = CAST(:finished_state AS text), completed_at = now(), lease_token_hash = NULL
+        WHERE id = CAST(:finished_task_id AS uuid)
+          AND (CAST(:guard_worker AS text) IS NULL OR (
+               state = '{TaskState.LEASED}' AND lease_owner = CAST(:guard_worker AS text)
+               AND lease_token_hash = CAST(:guard_hash AS bytea) AND lease_expires_at > now()
+               AND EXISTS (SELECT 1 FROM instances WHERE id = CAST(:instance_id AS uuid)
+                           AND state = '{InstanceState.ACTIVE}'
+                           AND (CAST(:guard_xmin AS text) IS NULL OR xmin::text = CAST(:guard_xmin AS text)))))
+        RETURNING id
+    ),
+    proceed AS (
+        SELECT CAST(:finished_task_id AS uuid) IS NULL OR EXISTS (SELECT 1 FROM finished) AS ok
+    ),
+    new_task AS (
+        INSERT INTO tasks (id, instance_id, node_id, kind, topic, state, payload, attempt, retries_left, due_at,
+                           created_at)
+        SELECT CAST(:task_id AS uuid), CAST(:instance_id AS uuid), CAST(:task_node AS text), CAST(:task_kind AS text),
+               CAST(:task_topic AS text), CAST(:task_state AS text), CAST(:task_payload AS jsonb), 0,
+               CAST(:task_retries AS integer), now(), now()
+        FROM proceed WHERE proceed.ok AND CAST(:task_id AS uuid) IS NOT NULL
+        RETURNING id
+    ),
+    new_incident AS (
+        INSERT INTO incidents (id, instance_id, task_id, node_id, type, message, details, state, created_at)
+        SELECT CAST(:incident_id AS uuid), CAST(:instance_id AS uuid), CAST(:incident_task AS uuid),
+               CAST(:incident_node AS text), CAST(:incident_type AS text), CAST(:incident_message AS text),
+               CAST(:incident_details AS jsonb), '{IncidentState.OPEN}', now()
+        FROM proceed WHERE proceed.ok AND CAST(:incident_id AS uuid) IS NOT NULL
+        RETURNING id
+    ),
+    moved AS (
+        UPDATE instances
+        SET current_node_id = CAST(:current_node AS text),
+            variables = COALESCE(CAST(:variables AS jsonb), variables),
+            state = CASE WHEN CAST(:completed AS boolean) THEN '{InstanceState.COMPLETED}' ELSE state END,
+            ended_at = CASE WHEN CAST(:completed AS boolean) THEN now() ELSE ended_at END
+        WHERE id = CAST(:instance_id AS uuid) AND (SELECT ok FROM proceed)
+        RETURNING id
+    ),
+    written AS (
+        INSERT INTO history (instance_id, type, node_id, task_id, data)
+        SELECT CAST(:instance_id AS uuid), h.item ->> 'type', h.item ->> 'node_id',
+               CAST(h.item ->> 'task_id' AS uuid), h.item -> 'data'
+        FROM jsonb_array_elements(CAST(:history AS jsonb)) WITH ORDINALITY AS h(item, n)
+        WHERE (SELECT ok FROM proceed)
+        ORDER BY h.n
+        RETURNING id
+    )
+    SELECT (SELECT ok FROM proceed) AS applied,
+           CASE WHEN CAST(:task_topic AS text) IS NOT NULL AND (SELECT ok FROM proceed)
+                THEN pg_notify(CAST(:channel AS text), CAST(:task_topic AS text)) END AS notified
+    """
+)
+
+
+def _history_json(records: list[HistoryRecord]) -> str:
+    return dumps(
+        [
+            {
+                "type": r.type,
+                "node_id": r.node_id,
+                "task_id": str(r.task_id) if r.task_id else None,
+                "data": r.data,
+            }
+            for r in records
+        ]
+    )
+
+
+async def move_token(conn: AsyncConnection, move: TokenMove) -> bool:
+    """Write the move; False if its guard refused it (then nothing was written)."""
+    task, incident, guard = move.new_task, move.new_incident, move.guard
+    result = await MOVE_TOKEN.fetchrow(
+        conn,
+        {
+            "guard_worker": guard.worker_id if guard else None,
+            "guard_hash": guard.token_hash if guard else None,
+            "guard_xmin": guard.instance_xmin if guard else None,
+            "instance_id": str(move.instance_id),
+            "task_id": str(task.id) if task else None,
+            "task_node": task.node_id if task else None,
+            "task_kind": task.kind.value if task else None,
+            "task_topic": task.topic if task else None,
+            "task_state": (TaskState.READY if task.kind is TaskKind.EXTERNAL else TaskState.WAITING).value
+            if task
+            else None,
+            "task_payload": dumps(task.payload) if task else None,
+            "task_retries": task.retries if task else 0,
+            "incident_id": str(incident.id) if incident else None,
+            "incident_node": incident.node_id if incident else None,
+            "incident_task": str(incident.task_id) if incident and incident.task_id else None,
+            "finished_task_id": str(move.finished_task_id) if move.finished_task_id else None,
+            "finished_state": move.finished_state.value,
+            "incident_type": incident.type if incident else None,
+            "incident_message": incident.message if incident else None,
+            "incident_details": dumps(incident.details) if incident else None,
+            "current_node": move.current_node_id,
+            "variables": dumps(move.variables) if move.variables is not None else None,
+            "completed": move.completed,
+            "history": _history_json(move.history),
+            "channel": TASK_CHANNEL,
+        },
+    )
+    return bool(result is not None and result.applied)

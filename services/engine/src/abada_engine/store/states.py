@@ -1,0 +1,76 @@
+"""The states a row moves through. Every state the engine writes or tests is named here, once.
+
+They are `StrEnum`s: a row's `state` column compares equal to its member, and a member formats as
+its value, so statements embed them with f-strings instead of spelling the literals.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import literal_column
+
+
+class TaskState(StrEnum):
+    READY = "READY"  # fetchable once due (after a retry backoff, due later)
+    LEASED = "LEASED"  # under a lease; fetchable again once the lease runs out
+    WAITING = "WAITING"  # a user task, waiting for a person
+    INCIDENT = "INCIDENT"  # held by an incident until a person resolves it
+    COMPLETED = "COMPLETED"
+    CANCELED = "CANCELED"
+
+
+# The queue: the states a fetcher can take a task from (the partial index `tasks_fetchable` covers them).
+FETCHABLE = (TaskState.READY, TaskState.LEASED)
+# A task in one of these still belongs to a live instance: cancelling the instance cancels it.
+OPEN_TASK_STATES = (TaskState.READY, TaskState.LEASED, TaskState.WAITING, TaskState.INCIDENT)
+
+
+class TaskKind(StrEnum):
+    EXTERNAL = "external"
+    USER = "user"
+
+
+class StepKind(StrEnum):
+    MODEL_CALL = "MODEL_CALL"
+    TOOL_CALL = "TOOL_CALL"
+
+
+class StepState(StrEnum):
+    STARTED = "STARTED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # the engine's: a write's lease ran out while it was in flight
+
+
+# What a worker may journal; OUTCOME_UNKNOWN is only ever set by the engine.
+WORKER_STEP_STATES = (StepState.STARTED, StepState.COMPLETED, StepState.FAILED)
+FINISHED_STEP_STATES = (StepState.COMPLETED, StepState.FAILED)
+
+
+class InstanceState(StrEnum):
+    ACTIVE = "ACTIVE"
+    COMPLETED = "COMPLETED"
+    CANCELED = "CANCELED"
+
+
+class IncidentState(StrEnum):
+    OPEN = "OPEN"
+    RESOLVED = "RESOLVED"
+
+
+def sql_list(states: tuple[StrEnum, ...]) -> str:
+    """`('READY', 'LEASED')` for an `IN` inside a hand-written statement (values are our own constants)."""
+    return "(" + ", ".join(f"'{state}'" for state in states) + ")"
+
+
+def one_of(column: Any, states: tuple[StrEnum, ...]) -> Any:
+    """`column IN ('READY', 'LEASED')` with the states inline, not as parameters: a prepared statement's
+    generic plan can then still use the partial indexes whose predicates name them."""
+    return column.in_([literal_column(f"'{state}'") for state in states])
+
+
+def is_(column: Any, state: StrEnum) -> Any:
+    """`column = 'LEASED'` inline, for the same reason as `one_of`."""
+    return column == literal_column(f"'{state}'")

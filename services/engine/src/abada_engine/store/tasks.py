@@ -1,0 +1,393 @@
+"""The task queue: leasing due tasks, extending and checking leases, and every other task transition."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Integer, and_, bindparam, extract, func, literal_column, select, update
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from abada_engine.db.schema import instances, journal_steps, tasks
+
+from .hand_written import HandWritten, typed
+from .states import (
+    FETCHABLE,
+    OPEN_TASK_STATES,
+    StepKind,
+    StepState,
+    TaskKind,
+    TaskState,
+    is_,
+    one_of,
+    sql_list,
+)
+
+# PostgreSQL NOTIFY channel on which every transaction that makes a task fetchable names its topic.
+TASK_CHANNEL = "abada_tasks"
+
+_MILLISECOND = literal_column("interval '1 millisecond'")
+
+
+@dataclass(slots=True)
+class LockedRow:
+    """A task just leased to a fetcher, with what its instance looked like at that moment."""
+
+    id: uuid.UUID
+    n: int  # which of the offered lease tokens this task took (1-based)
+    prior_state: str  # LEASED when a lease ran out and the task is taken over
+    instance_id: uuid.UUID
+    node_id: str
+    topic: str
+    payload: dict[str, Any]
+    attempt: int
+    retries_left: int
+    lease_expires_at: datetime
+    definition_id: uuid.UUID
+    process_id: str
+    instance_variables: dict[str, Any]
+    # The instance row's version (PostgreSQL xmin): a write guarded by it fails if anything changed it.
+    instance_xmin: str
+
+
+@dataclass(slots=True)
+class LeaseRow:
+    """A task's lease and its instance, as read to check that a caller holds the lease."""
+
+    id: uuid.UUID
+    instance_id: uuid.UUID
+    node_id: str
+    state: str
+    attempt: int
+    retries_left: int
+    lease_owner: str | None
+    lease_token_hash: bytes | None
+    lease_expires_at: datetime | None
+    live: bool | None
+    definition_id: uuid.UUID
+    variables: dict[str, Any]
+    instance_state: str
+    instance_xmin: str | None
+
+
+# Hand-written: every fetch runs it. One statement picks due tasks with SKIP LOCKED (fetchers never
+# wait on each other), leases each with its own token hash and returns the instance alongside.
+LEASE_DUE = HandWritten(
+    f"""
+    WITH subscription AS (
+        SELECT * FROM unnest(CAST(:topics AS text[]), CAST(:lease_ms AS bigint[])) AS s(topic, lease_ms)
+    ),
+    picked AS (
+        SELECT t.id, s.lease_ms, t.state AS prior_state
+        FROM tasks t JOIN subscription s ON s.topic = t.topic
+        WHERE t.state IN {sql_list(FETCHABLE)} AND t.due_at <= now()
+        ORDER BY t.due_at
+        LIMIT CAST(:max_tasks AS integer)
+        FOR UPDATE OF t SKIP LOCKED
+    ),
+    numbered AS (SELECT picked.*, row_number() OVER () AS n FROM picked)
+    UPDATE tasks t
+    SET state = '{TaskState.LEASED}',
+        attempt = t.attempt + 1,
+        lease_owner = CAST(:worker_id AS text),
+        lease_token_hash = token.hash,
+        lease_expires_at = now() + numbered.lease_ms * interval '1 millisecond',
+        due_at = now() + numbered.lease_ms * interval '1 millisecond'
+    FROM numbered, unnest(CAST(:hashes AS bytea[])) WITH ORDINALITY AS token(hash, n), instances i
+    WHERE t.id = numbered.id AND token.n = numbered.n AND i.id = t.instance_id
+    RETURNING t.id, numbered.n, numbered.prior_state, t.instance_id, t.node_id, t.topic, t.payload, t.attempt,
+              t.retries_left, t.lease_expires_at, i.definition_id, i.process_id, i.variables AS instance_variables,
+              i.xmin::text AS instance_xmin
+    """
+)
+
+
+async def lease_due(
+    conn: AsyncConnection,
+    worker_id: str,
+    topics: Sequence[str],
+    lease_ms: Sequence[int],
+    max_tasks: int,
+    token_hashes: Sequence[bytes],
+) -> list[LockedRow]:
+    """Lease up to `max_tasks` due tasks of `topics`, the n-th taking `token_hashes[n-1]`."""
+    rows = await LEASE_DUE.fetch(
+        conn,
+        {
+            "topics": list(topics),
+            "lease_ms": list(lease_ms),
+            "max_tasks": max_tasks,
+            "worker_id": worker_id,
+            "hashes": list(token_hashes),
+        },
+    )
+    return [typed(LockedRow, row) for row in rows]
+
+
+async def seconds_until_due(conn: AsyncConnection, topics: Sequence[str]) -> float | None:
+    """How long until the next task of `topics` becomes fetchable (negative: already due), or None."""
+    query = select(extract("epoch", func.min(tasks.c.due_at) - func.now())).where(
+        tasks.c.topic.in_(list(topics)), one_of(tasks.c.state, FETCHABLE)
+    )
+    due_in = (await conn.execute(query)).scalar()
+    return None if due_in is None else float(due_in)
+
+
+# Hand-written: every lease check (Complete's careful path, Fail, ExtendLease, VerifyLease) runs it.
+_READ_LEASE_SQL = """
+    SELECT t.id, t.instance_id, t.node_id, t.state, t.attempt, t.retries_left, t.lease_owner, t.lease_token_hash,
+           t.lease_expires_at, t.lease_expires_at > now() AS live, i.definition_id, i.variables,
+           i.state AS instance_state, i.xmin::text AS instance_xmin
+    FROM tasks t JOIN instances i ON i.id = t.instance_id
+    WHERE t.id = :id
+"""
+READ_LEASE = HandWritten(_READ_LEASE_SQL)
+READ_LEASE_LOCKED = HandWritten(_READ_LEASE_SQL + " FOR UPDATE OF t, i")
+
+
+async def read_lease(conn: AsyncConnection, task_id: uuid.UUID, lock: bool = False) -> LeaseRow | None:
+    """The task's lease and instance; with `lock`, both rows locked for the caller's transaction."""
+    row = await (READ_LEASE_LOCKED if lock else READ_LEASE).fetchrow(conn, {"id": task_id})
+    return typed(LeaseRow, row) if row is not None else None
+
+
+async def extend_lease(conn: AsyncConnection, task_id: uuid.UUID, lease_ms: int) -> datetime:
+    until = func.now() + bindparam("ms", lease_ms, Integer) * _MILLISECOND
+    return (
+        await conn.execute(
+            update(tasks)
+            .where(tasks.c.id == task_id)
+            .values(lease_expires_at=until, due_at=until)
+            .returning(tasks.c.lease_expires_at)
+        )
+    ).scalar_one()
+
+
+_NO_LEASE = {"lease_owner": None, "lease_token_hash": None, "lease_expires_at": None}
+
+
+async def release_for_retry(
+    conn: AsyncConnection, task_id: uuid.UUID, backoff_ms: int, error: dict[str, Any]
+) -> datetime:
+    """A failed attempt with retries left: READY again after `backoff_ms`, one retry spent."""
+    retry_at, topic = (
+        await conn.execute(
+            update(tasks)
+            .where(tasks.c.id == task_id)
+            .values(
+                state=TaskState.READY,
+                retries_left=tasks.c.retries_left - 1,
+                last_error=bindparam("error", error, JSONB),
+                due_at=func.now() + bindparam("ms", backoff_ms, Integer) * _MILLISECOND,
+                **_NO_LEASE,
+            )
+            .returning(tasks.c.due_at, tasks.c.topic)
+        )
+    ).one()
+    await announce_work(conn, topic)
+    return retry_at
+
+
+async def hold_as_incident(
+    conn: AsyncConnection,
+    task_id: uuid.UUID,
+    last_error: dict[str, Any] | None = None,
+    give_back_attempt: bool = False,
+) -> None:
+    """An incident holds the task: no lease, not fetchable, until `offer_again`.
+
+    `give_back_attempt` for a task locked but never handed out: the attempt the lock took is returned.
+    """
+    values: dict[str, Any] = {"state": TaskState.INCIDENT, **_NO_LEASE}
+    if last_error is not None:
+        values["last_error"] = bindparam("error", last_error, JSONB)
+    if give_back_attempt:
+        values["attempt"] = tasks.c.attempt - 1
+    await conn.execute(update(tasks).where(tasks.c.id == task_id).values(**values))
+
+
+async def offer_again(conn: AsyncConnection, task_id: uuid.UUID, retries_left: int | None = None) -> bool:
+    """A task an incident held is fetchable again at once (with fresh retries if given); False if it
+    is no longer held by an incident."""
+    values: dict[str, Any] = {"state": TaskState.READY, "due_at": func.now()}
+    if retries_left is not None:
+        values["retries_left"] = retries_left
+    topic = (
+        await conn.execute(
+            update(tasks)
+            .where(tasks.c.id == task_id, tasks.c.state == TaskState.INCIDENT)
+            .values(**values)
+            .returning(tasks.c.topic)
+        )
+    ).scalar_one_or_none()
+    if topic is None:
+        return False
+    await announce_work(conn, topic)
+    return True
+
+
+async def announce_work(conn: AsyncConnection, topic: str) -> None:
+    """Wake fetchers waiting on `topic`, on every replica, when the transaction commits."""
+    await conn.execute(select(func.pg_notify(TASK_CHANNEL, topic)))
+
+
+async def cancel_open_tasks(conn: AsyncConnection, instance_id: uuid.UUID) -> None:
+    await conn.execute(
+        update(tasks)
+        .where(tasks.c.instance_id == instance_id, one_of(tasks.c.state, OPEN_TASK_STATES))
+        .values(state=TaskState.CANCELED, lease_token_hash=None)
+    )
+
+
+@dataclass(slots=True)
+class UserTaskRow:
+    id: uuid.UUID
+    instance_id: uuid.UUID
+    node_id: str
+    state: str
+    kind: str
+    definition_id: uuid.UUID
+    variables: dict[str, Any]
+
+
+async def lock_user_task(conn: AsyncConnection, task_id: uuid.UUID) -> UserTaskRow | None:
+    """The task and its instance, both locked; None if there is no such task."""
+    row = (
+        await conn.execute(
+            select(
+                tasks.c.id,
+                tasks.c.instance_id,
+                tasks.c.node_id,
+                tasks.c.state,
+                tasks.c.kind,
+                instances.c.definition_id,
+                instances.c.variables,
+            )
+            .join(instances, instances.c.id == tasks.c.instance_id)
+            .where(tasks.c.id == task_id)
+            .with_for_update(of=[tasks, instances])
+        )
+    ).one_or_none()
+    return typed(UserTaskRow, row._mapping) if row is not None else None
+
+
+async def mark_user_task_completed(conn: AsyncConnection, task_id: uuid.UUID) -> None:
+    await conn.execute(
+        update(tasks).where(tasks.c.id == task_id).values(state=TaskState.COMPLETED, completed_at=func.now())
+    )
+
+
+async def waiting_user_tasks(conn: AsyncConnection, instance_id: uuid.UUID | None) -> list[Any]:
+    query = (
+        select(
+            tasks.c.id,
+            tasks.c.instance_id,
+            tasks.c.node_id,
+            tasks.c.payload,
+            tasks.c.created_at,
+            instances.c.process_id,
+        )
+        .join(instances, instances.c.id == tasks.c.instance_id)
+        .where(tasks.c.kind == TaskKind.USER, tasks.c.state == TaskState.WAITING)
+        .order_by(tasks.c.created_at)
+    )
+    if instance_id is not None:
+        query = query.where(tasks.c.instance_id == instance_id)
+    return list((await conn.execute(query)).all())
+
+
+@dataclass(slots=True)
+class Placement:
+    """Where a task stands: its node, in its instance's definition."""
+
+    node_id: str
+    definition_id: uuid.UUID
+
+
+async def placement(conn: AsyncConnection, task_id: uuid.UUID) -> Placement | None:
+    row = (
+        await conn.execute(
+            select(tasks.c.node_id, instances.c.definition_id)
+            .join(instances, instances.c.id == tasks.c.instance_id)
+            .where(tasks.c.id == task_id)
+        )
+    ).one_or_none()
+    return Placement(row.node_id, row.definition_id) if row is not None else None
+
+
+@dataclass(slots=True)
+class ExpiredAgentTask:
+    id: uuid.UUID
+    instance_id: uuid.UUID
+    node_id: str
+    definition_id: uuid.UUID
+
+
+async def lock_expired_leases_over_tool_calls(conn: AsyncConnection, limit: int) -> list[ExpiredAgentTask]:
+    """Agent tasks whose lease ran out while a tool call was STARTED, locked (SKIP LOCKED) for a decision."""
+    open_tool_call = (
+        select(literal_column("1"))
+        .select_from(journal_steps)
+        .where(
+            journal_steps.c.task_id == tasks.c.id,
+            journal_steps.c.kind == StepKind.TOOL_CALL,
+            journal_steps.c.state == StepState.STARTED,
+            ~journal_steps.c.abandoned,
+        )
+        .exists()
+    )
+    query = (
+        select(tasks.c.id, tasks.c.instance_id, tasks.c.node_id, instances.c.definition_id)
+        .join(instances, instances.c.id == tasks.c.instance_id)
+        .where(
+            and_(
+                is_(tasks.c.state, TaskState.LEASED),
+                tasks.c.due_at <= func.now(),
+                tasks.c.topic == "abada:agent",
+                open_tool_call,
+            )
+        )
+        .order_by(tasks.c.due_at)
+        .limit(limit)
+        .with_for_update(of=tasks, skip_locked=True)
+    )
+    return [typed(ExpiredAgentTask, row._mapping) for row in (await conn.execute(query)).all()]
+
+
+@dataclass(slots=True)
+class TopicCounts:
+    topic: str
+    ready: int
+    leased: int
+    delayed: int
+    oldest: float
+
+
+async def topic_counts(conn: AsyncConnection, topic: str | None = None) -> list[TopicCounts]:
+    """Per topic: fetchable now (an expired lease counts), under a live lease, waiting out a backoff."""
+    due = tasks.c.due_at <= func.now()
+    not_due = tasks.c.due_at > func.now()
+    query = (
+        select(
+            tasks.c.topic,
+            func.count().filter(due).label("ready"),
+            func.count().filter(and_(is_(tasks.c.state, TaskState.LEASED), not_due)).label("leased"),
+            func.count().filter(and_(is_(tasks.c.state, TaskState.READY), not_due)).label("delayed"),
+            func.coalesce(extract("epoch", func.now() - func.min(tasks.c.due_at).filter(due)), 0).label(
+                "oldest"
+            ),
+        )
+        .where(one_of(tasks.c.state, FETCHABLE))
+        .group_by(tasks.c.topic)
+    )
+    query = (
+        query.where(tasks.c.topic == topic) if topic is not None else query.where(tasks.c.topic.is_not(None))
+    )
+    return [
+        TopicCounts(r.topic, r.ready, r.leased, r.delayed, float(r.oldest))
+        for r in (await conn.execute(query)).all()
+    ]
