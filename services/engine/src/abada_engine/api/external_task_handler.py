@@ -11,6 +11,7 @@ from abada_engine.runtime.completion import AttemptMetadata, Completions
 from abada_engine.runtime.contract import Verdict
 from abada_engine.runtime.journal import Journal, StepRequest
 from abada_engine.runtime.leases import Leases, Subscription
+from abada_engine.store.states import WORKER_STEP_STATES
 
 from . import messages
 from .convert import from_struct, parse_uuid, timestamp
@@ -18,9 +19,7 @@ from .errors import translates_errors
 from .guard import Guard, current_caller
 
 _KIND_NAMES = {value: name for name, value in messages.STEP_KINDS.items()}
-_STATE_NAMES = {
-    value: name for name, value in messages.STEP_STATES.items() if name in ("STARTED", "COMPLETED", "FAILED")
-}
+_STATE_NAMES = {value: name for name, value in messages.STEP_STATES.items() if name in WORKER_STEP_STATES}
 _OUTCOMES = {
     (Verdict.ACCEPTED, False): external_task_pb2.COMPLETE_OUTCOME_ADVANCED,
     (Verdict.INVALID_OUTPUT, True): external_task_pb2.COMPLETE_OUTCOME_INVALID_OUTPUT_ROUTED,

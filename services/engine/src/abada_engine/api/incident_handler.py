@@ -7,6 +7,7 @@ from abada.engine.v1 import incident_pb2, incident_pb2_grpc
 
 from abada_engine.errors import invalid
 from abada_engine.runtime.incidents import Incidents
+from abada_engine.store.states import IncidentState
 
 from . import messages
 from .convert import from_struct, optional_uuid, parse_uuid
@@ -32,7 +33,7 @@ class IncidentHandler(incident_pb2_grpc.IncidentServiceServicer):
     async def ListIncidents(
         self, request: incident_pb2.ListIncidentsRequest, context: grpc.aio.ServicerContext
     ) -> incident_pb2.ListIncidentsResponse:
-        state = messages.INCIDENT_STATE_NAMES.get(request.state, "OPEN")
+        state = messages.INCIDENT_STATE_NAMES.get(request.state, IncidentState.OPEN)
         found = await self._incidents.list(
             optional_uuid(request.instance_id, "instance_id"), state, request.type
         )

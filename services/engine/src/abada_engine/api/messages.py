@@ -14,28 +14,32 @@ from abada_engine.runtime.views import (
     StepView,
     UserTaskView,
 )
+from abada_engine.store.states import IncidentState, InstanceState, StepKind, StepState
 
 from .convert import timestamp, to_struct
 
 _POLICY = {"read": common_pb2.TOOL_POLICY_READ, "write": common_pb2.TOOL_POLICY_WRITE}
 _IDEMPOTENCY = {"key": common_pb2.IDEMPOTENCY_KEY, "none": common_pb2.IDEMPOTENCY_NONE}
 _INSTANCE_STATE = {
-    "ACTIVE": process_pb2.INSTANCE_STATE_ACTIVE,
-    "COMPLETED": process_pb2.INSTANCE_STATE_COMPLETED,
-    "CANCELED": process_pb2.INSTANCE_STATE_CANCELED,
+    InstanceState.ACTIVE: process_pb2.INSTANCE_STATE_ACTIVE,
+    InstanceState.COMPLETED: process_pb2.INSTANCE_STATE_COMPLETED,
+    InstanceState.CANCELED: process_pb2.INSTANCE_STATE_CANCELED,
 }
 INSTANCE_STATE_NAMES = {v: k for k, v in _INSTANCE_STATE.items()}
-_INCIDENT_STATE = {"OPEN": incident_pb2.INCIDENT_STATE_OPEN, "RESOLVED": incident_pb2.INCIDENT_STATE_RESOLVED}
+_INCIDENT_STATE = {
+    IncidentState.OPEN: incident_pb2.INCIDENT_STATE_OPEN,
+    IncidentState.RESOLVED: incident_pb2.INCIDENT_STATE_RESOLVED,
+}
 INCIDENT_STATE_NAMES = {v: k for k, v in _INCIDENT_STATE.items()}
 STEP_KINDS = {
-    "MODEL_CALL": external_task_pb2.STEP_KIND_MODEL_CALL,
-    "TOOL_CALL": external_task_pb2.STEP_KIND_TOOL_CALL,
+    StepKind.MODEL_CALL: external_task_pb2.STEP_KIND_MODEL_CALL,
+    StepKind.TOOL_CALL: external_task_pb2.STEP_KIND_TOOL_CALL,
 }
 STEP_STATES = {
-    "STARTED": external_task_pb2.STEP_STATE_STARTED,
-    "COMPLETED": external_task_pb2.STEP_STATE_COMPLETED,
-    "FAILED": external_task_pb2.STEP_STATE_FAILED,
-    "OUTCOME_UNKNOWN": external_task_pb2.STEP_STATE_OUTCOME_UNKNOWN,
+    StepState.STARTED: external_task_pb2.STEP_STATE_STARTED,
+    StepState.COMPLETED: external_task_pb2.STEP_STATE_COMPLETED,
+    StepState.FAILED: external_task_pb2.STEP_STATE_FAILED,
+    StepState.OUTCOME_UNKNOWN: external_task_pb2.STEP_STATE_OUTCOME_UNKNOWN,
 }
 
 
