@@ -58,10 +58,50 @@ class ToolBinding:
 
 
 @dataclass(frozen=True)
+class Price:
+    """What a provider charges, in US dollars per million tokens."""
+
+    input_per_million_usd: float = 0.0
+    output_per_million_usd: float = 0.0
+
+    def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.input_per_million_usd + output_tokens * self.output_per_million_usd) / 1e6
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A model as the bundle declares it: the quotas every worker shares and what it costs.
+
+    `name` is the model id sent to the provider; an agent node's `model` names a profile or, when no
+    profile has that name, runs without quotas or prices. A quota of None is not enforced.
+    """
+
+    name: str
+    provider: str
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrent_calls: int | None = None
+    price: Price = field(default_factory=Price)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> ModelProfile:
+        return ModelProfile(**{**data, "price": Price(**data.get("price", {}))})
+
+
+@dataclass(frozen=True)
 class Limits:
     max_model_calls: int = 8
     max_tool_calls: int = 16
     max_tokens: int = 100_000
+    # Dollars this node may spend on model calls in one task (prices from its model profile).
+    max_cost_usd: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        # Unset budgets are left out, so definitions frozen before budgets existed keep their digest.
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -102,6 +142,7 @@ class Node:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        data["limits"] = self.limits.to_json()
         data["tools"] = list(self.tools)
         data["branches"] = [asdict(b) for b in self.branches]
         return {k: v for k, v in data.items() if v not in (None, [], ())}
@@ -120,23 +161,49 @@ class Process:
     id: str
     start: str
     nodes: dict[str, Node]
+    # The model profiles its agent nodes name, frozen with the version like the tool bindings.
+    models: dict[str, ModelProfile] = field(default_factory=dict)
+    # Dollars one instance may spend on model calls, across all its agent nodes.
+    max_cost_usd: float | None = None
 
     def node(self, node_id: str) -> Node:
         return self.nodes[node_id]
 
+    def model_profile(self, node_id: str) -> ModelProfile | None:
+        model = self.nodes[node_id].model
+        return self.models.get(model) if model else None
+
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "start": self.start, "nodes": [n.to_json() for n in self.nodes.values()]}
+        data: dict[str, Any] = {
+            "id": self.id,
+            "start": self.start,
+            "nodes": [n.to_json() for n in self.nodes.values()],
+        }
+        # Only when set, so definitions frozen before profiles and budgets existed keep their digest.
+        if self.models:
+            data["models"] = [profile.to_json() for profile in self.models.values()]
+        if self.max_cost_usd is not None:
+            data["limits"] = {"max_cost_usd": self.max_cost_usd}
+        return data
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Process:
         nodes = [Node.from_json(n) for n in data["nodes"]]
-        return Process(id=data["id"], start=data["start"], nodes={n.id: n for n in nodes})
+        models = [ModelProfile.from_json(m) for m in data.get("models", ())]
+        return Process(
+            id=data["id"],
+            start=data["start"],
+            nodes={n.id: n for n in nodes},
+            models={m.name: m for m in models},
+            max_cost_usd=data.get("limits", {}).get("max_cost_usd"),
+        )
 
 
 @dataclass(frozen=True)
 class Bundle:
     tool_servers: dict[str, ToolServerSpec]
     processes: list[Process]
+    models: dict[str, ModelProfile] = field(default_factory=dict)
 
     def bound_tools(self, process: Process) -> list[tuple[ToolServerSpec, ToolSpec]]:
         """The (server, tool) pairs a process's agent nodes reference, in first-use order."""

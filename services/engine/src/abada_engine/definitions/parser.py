@@ -24,7 +24,9 @@ from .model import (
     Branch,
     Bundle,
     Limits,
+    ModelProfile,
     Node,
+    Price,
     Process,
     ToolServerSpec,
     ToolSpec,
@@ -35,11 +37,23 @@ _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
 
-_BUNDLE_KEYS = {"tool_servers", "processes"}
+_BUNDLE_KEYS = {"models", "tool_servers", "processes"}
+_MODEL_KEYS = {
+    "name",
+    "provider",
+    "requests_per_minute",
+    "tokens_per_minute",
+    "max_concurrent_calls",
+    "price",
+}
+_PRICE_KEYS = {"input_per_million_usd", "output_per_million_usd"}
+PROVIDERS = ("gemini", "openai", "anthropic")
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}$")
 _SERVER_KEYS = {"name", "transport", "url", "credential", "tools"}
 _TOOL_KEYS = {"policy", "idempotency", "input_schema_sha256"}
-_PROCESS_KEYS = {"id", "start", "nodes"}
-_LIMIT_KEYS = {"max_model_calls", "max_tool_calls", "max_tokens"}
+_PROCESS_KEYS = {"id", "start", "nodes", "limits"}
+_PROCESS_LIMIT_KEYS = {"max_cost_usd"}
+_LIMIT_KEYS = {"max_model_calls", "max_tool_calls", "max_tokens", "max_cost_usd"}
 _COMMON_NODE_KEYS = {"id", "type", "next"}
 _NODE_KEYS: dict[str, set[str]] = {
     "agent": _COMMON_NODE_KEYS
@@ -157,6 +171,32 @@ class _Checker:
             return default
         return value
 
+    def optional_integer(
+        self, data: dict[str, Any], key: str, path: tuple[str | int, ...], minimum: int = 1
+    ) -> int | None:
+        if data.get(key) is None:
+            return None
+        return self.integer(data, key, path, minimum, minimum)
+
+    def amount(
+        self, data: dict[str, Any], key: str, path: tuple[str | int, ...], *, positive: bool = False
+    ) -> float | None:
+        """A dollar figure: a number >= 0 (> 0 when `positive`), or None when absent."""
+        value = data.get(key)
+        if value is None:
+            return None
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or value < 0
+            or (positive and value == 0)
+        ):
+            self.report(
+                (*path, key), f"must be a number {'> 0' if positive else '>= 0'} (US dollars), not {value!r}"
+            )
+            return None
+        return float(value)
+
 
 def _kind(value: Any) -> str:
     return {dict: "a mapping", list: "a list", str: "a string", type(None): "empty"}.get(
@@ -197,6 +237,7 @@ def _invalid(problems: list[FieldProblem]) -> EngineError:
 
 def _check_bundle(checker: _Checker) -> Bundle | None:
     root = checker.mapping(checker.located.value, (), _BUNDLE_KEYS)
+    models = _check_models(checker, root.get("models", []))
     servers = _check_tool_servers(checker, root.get("tool_servers", []))
     raw_processes = root.get("processes")
     if not isinstance(raw_processes, list) or not raw_processes:
@@ -205,14 +246,48 @@ def _check_bundle(checker: _Checker) -> Bundle | None:
     processes: list[Process] = []
     seen_ids: dict[str, int] = {}
     for index, raw in enumerate(raw_processes):
-        process = _check_process(checker, raw, ("processes", index), servers)
+        process = _check_process(checker, raw, ("processes", index), servers, models)
         if process is None:
             continue
         if process.id in seen_ids:
             checker.report(("processes", index, "id"), f"duplicate process id {process.id!r}")
         seen_ids[process.id] = index
         processes.append(process)
-    return Bundle(tool_servers=servers, processes=processes)
+    return Bundle(tool_servers=servers, processes=processes, models=models)
+
+
+def _check_models(checker: _Checker, raw: Any) -> dict[str, ModelProfile]:
+    models: dict[str, ModelProfile] = {}
+    if not isinstance(raw, list):
+        checker.report(("models",), f"must be a list of model profiles, not {_kind(raw)}")
+        return models
+    for index, item in enumerate(raw):
+        path: tuple[str | int, ...] = ("models", index)
+        data = checker.mapping(item, path, _MODEL_KEYS)
+        name = checker.string(data, "name", path, pattern=_MODEL_NAME, what="model name")
+        provider = checker.string(data, "provider", path)
+        if provider and provider not in PROVIDERS:
+            checker.report((*path, "provider"), f"{provider!r} is not one of: {', '.join(PROVIDERS)}")
+        price_path = (*path, "price")
+        price = checker.mapping(data.get("price", {}), price_path, _PRICE_KEYS)
+        profile = ModelProfile(
+            name=name or "",
+            provider=provider or "",
+            requests_per_minute=checker.optional_integer(data, "requests_per_minute", path),
+            tokens_per_minute=checker.optional_integer(data, "tokens_per_minute", path),
+            max_concurrent_calls=checker.optional_integer(data, "max_concurrent_calls", path),
+            price=Price(
+                input_per_million_usd=checker.amount(price, "input_per_million_usd", price_path) or 0.0,
+                output_per_million_usd=checker.amount(price, "output_per_million_usd", price_path) or 0.0,
+            ),
+        )
+        if name is None:
+            continue
+        if name in models:
+            checker.report((*path, "name"), f"duplicate model profile {name!r}")
+            continue
+        models[name] = profile
+    return models
 
 
 def _check_tool_servers(checker: _Checker, raw: Any) -> dict[str, ToolServerSpec]:
@@ -282,11 +357,18 @@ def _check_tools(checker: _Checker, raw: Any, path: tuple[str | int, ...]) -> di
 
 
 def _check_process(
-    checker: _Checker, raw: Any, path: tuple[str | int, ...], servers: dict[str, ToolServerSpec]
+    checker: _Checker,
+    raw: Any,
+    path: tuple[str | int, ...],
+    servers: dict[str, ToolServerSpec],
+    models: dict[str, ModelProfile],
 ) -> Process | None:
     data = checker.mapping(raw, path, _PROCESS_KEYS)
     process_id = checker.string(data, "id", path, pattern=_IDENTIFIER, what="process id")
     start = checker.string(data, "start", path)
+    limits_path = (*path, "limits")
+    process_limits = checker.mapping(data.get("limits", {}), limits_path, _PROCESS_LIMIT_KEYS)
+    max_cost_usd = checker.amount(process_limits, "max_cost_usd", limits_path, positive=True)
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         checker.report((*path, "nodes"), "must be a non-empty list of nodes")
@@ -323,7 +405,14 @@ def _check_process(
     # Only worth saying when the nodes themselves parsed; otherwise it is an echo of those problems.
     if len(checker.problems) == problems_before and not any(n.type == "end" for n in nodes.values()):
         checker.report((*path, "nodes"), "has no end node")
-    return Process(process_id, start, nodes)
+    for node_id, node in nodes.items():
+        if node.limits.max_cost_usd is not None and (node.model or "") not in models:
+            checker.report(
+                (*node_paths[node_id], "limits", "max_cost_usd"),
+                f"needs prices: model {node.model!r} is not a profile in models:",
+            )
+    used = {node.model: models[node.model] for node in nodes.values() if node.model in models}
+    return Process(process_id, start, nodes, used, max_cost_usd)
 
 
 def _targets(node: Node, path: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], str]]:
@@ -449,6 +538,7 @@ def _check_agent(
         max_model_calls=checker.integer(limits, "max_model_calls", limits_path, defaults.max_model_calls, 1),
         max_tool_calls=checker.integer(limits, "max_tool_calls", limits_path, defaults.max_tool_calls, 0),
         max_tokens=checker.integer(limits, "max_tokens", limits_path, defaults.max_tokens, 1),
+        max_cost_usd=checker.amount(limits, "max_cost_usd", limits_path, positive=True),
     )
     values["on_invalid_output"] = checker.string(data, "on_invalid_output", path, required=False)
     values["on_low_confidence"] = checker.string(data, "on_low_confidence", path, required=False)
