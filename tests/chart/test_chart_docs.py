@@ -16,13 +16,22 @@ from abada_engine.metrics import (
     REGISTRY,
     RPC_SECONDS,
     TASKS_DELAYED,
+    TASKS_DEMAND,
     TASKS_LEASED,
     TASKS_READY,
 )
 from chart_support import REPO_ROOT, Release, env_of, only_container, pod_spec, render_set
 
 GUIDE = REPO_ROOT / "docs" / "operations.md"
-DATABASE_GAUGES = (TASKS_READY, TASKS_LEASED, TASKS_DELAYED, OLDEST_READY, INCIDENTS_OPEN, JOURNAL_STEPS)
+DATABASE_GAUGES = (
+    TASKS_READY,
+    TASKS_LEASED,
+    TASKS_DEMAND,
+    TASKS_DELAYED,
+    OLDEST_READY,
+    INCIDENTS_OPEN,
+    JOURNAL_STEPS,
+)
 
 
 def referenced_secrets(release: Release) -> set[tuple[str, str]]:

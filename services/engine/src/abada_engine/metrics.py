@@ -22,6 +22,12 @@ TASKS_READY = Gauge("abada_tasks_ready", "Tasks fetchable now, per topic.", ["to
 TASKS_LEASED = Gauge(
     "abada_tasks_leased", "Tasks under a live lease, per topic.", ["topic"], registry=REGISTRY
 )
+TASKS_DEMAND = Gauge(
+    "abada_tasks_demand",
+    "Tasks a topic's pool must serve now (ready + leased); KEDA scales on it.",
+    ["topic"],
+    registry=REGISTRY,
+)
 TASKS_DELAYED = Gauge(
     "abada_tasks_delayed", "Tasks waiting out a retry backoff.", ["topic"], registry=REGISTRY
 )
@@ -37,11 +43,12 @@ JOURNAL_STEPS = Gauge(
 async def render(stats: QueueStats) -> bytes:
     """Refresh the database-wide gauges (so replicas agree) and render every metric."""
     topics = await stats.topics()
-    for gauge in (TASKS_READY, TASKS_LEASED, TASKS_DELAYED, OLDEST_READY):
+    for gauge in (TASKS_READY, TASKS_LEASED, TASKS_DEMAND, TASKS_DELAYED, OLDEST_READY):
         gauge.clear()
     for topic in topics:
         TASKS_READY.labels(topic.topic).set(topic.ready)
         TASKS_LEASED.labels(topic.topic).set(topic.leased)
+        TASKS_DEMAND.labels(topic.topic).set(topic.demand)
         TASKS_DELAYED.labels(topic.topic).set(topic.delayed)
         OLDEST_READY.labels(topic.topic).set(topic.oldest_ready_age_seconds)
     INCIDENTS_OPEN.clear()

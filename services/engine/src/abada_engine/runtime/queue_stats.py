@@ -20,12 +20,22 @@ class TopicStats:
     delayed: int  # waiting out a retry backoff
     oldest_ready_age_seconds: float
 
+    @property
+    def demand(self) -> int:
+        """The tasks the pool must serve now: the ones waiting for a worker and the ones being worked on.
+
+        Autoscalers scale on this, not on `ready` alone: a burst being worked on with nothing left
+        waiting must keep its pods, or they are stopped in the middle of long agent tasks.
+        """
+        return self.ready + self.leased
+
     def to_json(self) -> dict[str, object]:
         return {
             "topic": self.topic,
             "ready": self.ready,
             "leased": self.leased,
             "delayed": self.delayed,
+            "demand": self.demand,
             "oldestReadyAgeSeconds": round(self.oldest_ready_age_seconds, 3),
         }
 
