@@ -11,13 +11,13 @@ GEN_STAMP := api/python/abada/.generated
 
 all: test
 
-$(STAMP): requirements-dev.txt services/engine/pyproject.toml services/agent-worker/pyproject.toml services/credential-broker/pyproject.toml api/python/pyproject.toml examples/pyproject.toml
+$(STAMP): requirements-dev.txt sdk/python/pyproject.toml services/engine/pyproject.toml services/agent-worker/pyproject.toml services/credential-broker/pyproject.toml api/python/pyproject.toml examples/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	$(MAKE) --no-print-directory $(GEN_STAMP)
 	$(PY) -m pip install --quiet --no-deps -e api/python
-	$(PY) -m pip install --quiet -e api/python -e services/engine -e services/credential-broker -e services/agent-worker -e examples
+	$(PY) -m pip install --quiet -e api/python -e sdk/python -e services/engine -e services/credential-broker -e services/agent-worker -e examples
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -46,6 +46,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / "examples" / "support-triage.yaml"
 BUNDLE_URL = "http://127.0.0.1:8765/mcp"
 WORKER_POOL = "demo-workers"
+NOTIFIER = "demo-notifier"
+NOTIFY_WORKER = ROOT / "examples" / "notify_worker.py"
 
 
 def say(text: str = "") -> None:
@@ -163,6 +165,7 @@ def run() -> int:
         tokens.mkdir()
         operator, _ = token_file(tokens, "operator")
         worker, worker_token_path = token_file(tokens, "worker")
+        notifier, notifier_token_path = token_file(tokens, "notifier")
         broker_to_engine, broker_token_path = token_file(tokens, "broker-to-engine")
         engine_to_broker, engine_token_path = token_file(tokens, "engine-to-broker")
         engine_callers = state / "engine-callers.yaml"
@@ -180,6 +183,12 @@ def run() -> int:
                             "roles": ["worker"],
                             "topics": ["abada:agent"],
                             "token_sha256": digest(worker),
+                        },
+                        {
+                            "identity": NOTIFIER,
+                            "roles": ["worker"],
+                            "topics": ["notify"],
+                            "token_sha256": digest(notifier),
                         },
                         {
                             "identity": "abada-broker",
@@ -279,6 +288,19 @@ def run() -> int:
             )
             wait_for_http(f"http://127.0.0.1:{health_port}/healthz", worker_process, "worker", logs)
             say(f"worker:    {WORKER_POOL}/1, topic abada:agent")
+            stack.enter_context(
+                service(
+                    "notify-worker",
+                    [sys.executable, str(NOTIFY_WORKER)],
+                    {
+                        "ABADA_ENGINE_ADDRESS": engine_address,
+                        "ABADA_WORKER_ID": f"{NOTIFIER}/1",
+                        "ABADA_TOKEN_FILE": str(notifier_token_path),
+                    },
+                    logs,
+                )
+            )
+            say(f"worker:    {NOTIFIER}/1, topic notify (examples/notify_worker.py, the Python SDK)")
             say()
             with grpc.insecure_channel(engine_address) as channel:
                 return triage(channel, operator, crm, logs)
@@ -314,7 +336,9 @@ def triage(channel: grpc.Channel, operator: str, crm: Any, logs: pathlib.Path) -
         instance = processes.GetInstance(
             process_pb2.GetInstanceRequest(instance_id=instance.id), metadata=auth
         ).instance
-        if instance.current_node_id != "triage" or instance.open_incidents:
+        if instance.state != process_pb2.INSTANCE_STATE_ACTIVE or instance.open_incidents:
+            break
+        if instance.current_node_id not in ("triage", "notify_customer"):
             break
         time.sleep(0.3)
     history = processes.GetHistory(
@@ -351,19 +375,33 @@ def triage(channel: grpc.Channel, operator: str, crm: Any, logs: pathlib.Path) -
     completed = next((e for e in history if e.type == "TASK_COMPLETED" and e.node_id == "triage"), None)
     if completed is not None:
         say(f"attempt metadata = {summary(plain(completed.data).get('metadata'), 200)}")
-    say(f"\nthe token is at: {instance.current_node_id}")
+    notification = values.get("notification")
+    if notification is not None:
+        say(
+            f"\nnotify worker: {notification.get('channel')} to {notification.get('to')}: {notification.get('text')!r}"
+        )
+        for line in (logs / "notify-worker.log").read_text(errors="replace").splitlines():
+            if " notify: " in line:
+                say(f"  its log: {line.split(' notify: ', 1)[1]}")
+    state = process_pb2.InstanceState.Name(instance.state).removeprefix("INSTANCE_STATE_")
+    say(f"\ninstance {instance.id} is {state}; the token is at: {instance.current_node_id}")
     open_incidents = incidents.ListIncidents(
         incident_pb2.ListIncidentsRequest(instance_id=instance.id), metadata=auth
     ).incidents
     for incident in open_incidents:
         say(f"open incident {incident.type}: {incident.message}")
-    ok = instance.current_node_id == "notify_customer" and len(tickets) == 1 and not open_incidents
+    ok = (
+        instance.state == process_pb2.INSTANCE_STATE_COMPLETED
+        and instance.current_node_id == "done"
+        and len(tickets) == 1
+        and not open_incidents
+    )
     say(
         "\n"
         + (
             "demo finished: the model reasoned, the worker acted, the engine decided."
             if ok
-            else f"demo did not reach notify_customer; the logs are in {logs} until this exits"
+            else f"demo did not complete at done; the logs are in {logs} until this exits"
         )
     )
     return 0 if ok else 1

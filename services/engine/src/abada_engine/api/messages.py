@@ -167,6 +167,8 @@ def locked_task(value: LockedTask) -> external_task_pb2.ExternalTask:
         lease_token=value.lease_token,
         lease_expires_at=timestamp(value.lease_expires_at),
         steps=[step(s) for s in value.steps],
+        business_key=value.business_key,
+        retries_left=value.retries_left,
     )
     work = value.agent_work
     if work is not None:

@@ -162,6 +162,8 @@ class Leases:
             lease_expires_at=row.lease_expires_at,
             definition_id=row.definition_id,
             agent_work=agent_work,
+            business_key=row.business_key,
+            retries_left=row.retries_left,
         )
 
     async def extend(self, task_id: uuid.UUID, worker_id: str, lease_token: str, lease_ms: int) -> datetime:

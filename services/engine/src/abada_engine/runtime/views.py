@@ -104,3 +104,5 @@ class LockedTask:
     definition_id: uuid.UUID | None = None
     agent_work: AgentWorkView | None = None
     steps: list[StepView] = field(default_factory=list)
+    business_key: str = ""
+    retries_left: int = 0

@@ -52,6 +52,7 @@ class LockedRow:
     instance_variables: dict[str, Any]
     # The instance row's version (PostgreSQL xmin): a write guarded by it fails if anything changed it.
     instance_xmin: str
+    business_key: str
 
 
 @dataclass(slots=True)
@@ -101,7 +102,7 @@ LEASE_DUE = HandWritten(
     WHERE t.id = numbered.id AND token.n = numbered.n AND i.id = t.instance_id
     RETURNING t.id, numbered.n, numbered.prior_state, t.instance_id, t.node_id, t.topic, t.payload, t.attempt,
               t.retries_left, t.lease_expires_at, i.definition_id, i.process_id, i.variables AS instance_variables,
-              i.xmin::text AS instance_xmin
+              i.xmin::text AS instance_xmin, i.business_key
     """
 )
 

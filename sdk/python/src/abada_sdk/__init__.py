@@ -1,0 +1,62 @@
+"""Abada's Python SDK: a typed engine client (AsyncEngineClient, EngineClient) and a task Worker."""
+
+from .client import AsyncEngineClient, InstanceHandle
+from .errors import (
+    AbadaError,
+    AlreadyExists,
+    EngineUnavailable,
+    FailedPrecondition,
+    InstanceFailed,
+    InvalidArgument,
+    LeaseLost,
+    NotFound,
+    PermissionDenied,
+    TaskFailed,
+    Unauthenticated,
+)
+from .models import (
+    Definition,
+    Deployment,
+    HistoryEvent,
+    Incident,
+    Instance,
+    InstanceState,
+    JournalStep,
+    Resolution,
+    Task,
+    UserTask,
+)
+from .sync_client import EngineClient, SyncInstanceHandle
+from .worker import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AbadaError",
+    "AlreadyExists",
+    "AsyncEngineClient",
+    "Definition",
+    "Deployment",
+    "EngineClient",
+    "EngineUnavailable",
+    "FailedPrecondition",
+    "HistoryEvent",
+    "Incident",
+    "Instance",
+    "InstanceFailed",
+    "InstanceHandle",
+    "InstanceState",
+    "InvalidArgument",
+    "JournalStep",
+    "LeaseLost",
+    "NotFound",
+    "PermissionDenied",
+    "Resolution",
+    "SyncInstanceHandle",
+    "Task",
+    "TaskFailed",
+    "Unauthenticated",
+    "UserTask",
+    "Worker",
+    "__version__",
+]

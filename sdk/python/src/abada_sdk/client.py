@@ -1,0 +1,335 @@
+"""`AsyncEngineClient`: the engine's operator API as typed async methods, errors as SDK exceptions."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Literal, TypeVar, overload
+
+import grpc
+from abada.engine.v1 import (
+    definition_pb2,
+    definition_pb2_grpc,
+    external_task_pb2,
+    external_task_pb2_grpc,
+    incident_pb2,
+    incident_pb2_grpc,
+    process_pb2,
+    process_pb2_grpc,
+)
+
+from .connection import Connection
+from .errors import AbadaError, InstanceFailed, error_from_rpc
+from .models import (
+    Definition,
+    Deployment,
+    HistoryEvent,
+    Incident,
+    Instance,
+    InstanceState,
+    JournalStep,
+    Resolution,
+    UserTask,
+    to_struct,
+)
+
+Reply = TypeVar("Reply")
+# The engine caps a page at 500; full pages keep long listings to a few round trips.
+_PAGE_SIZE = 500
+_FIRST_POLL_SECONDS = 0.1
+_MAX_POLL_SECONDS = 1.0
+
+
+class InstanceHandle:
+    """A started instance: its first snapshot, and `await handle.result()` for how it ended."""
+
+    def __init__(self, client: AsyncEngineClient, started: Instance) -> None:
+        self._client = client
+        self.started = started
+
+    @property
+    def id(self) -> str:
+        return self.started.id
+
+    async def refresh(self) -> Instance:
+        return await self._client.get(self.id)
+
+    async def result(self, timeout: float | None = None, *, stop_on_incident: bool = True) -> Instance:
+        """Waits until the instance completes and returns it.
+
+        Raises InstanceFailed when it was canceled or (with `stop_on_incident`) an incident holds it,
+        and TimeoutError when `timeout` seconds pass first.
+        """
+        return await self._client.wait(self.id, timeout, stop_on_incident=stop_on_incident)
+
+
+class AsyncEngineClient:
+    """The engine's operator API. Address and token from the arguments or ABADA_ENGINE_ADDRESS,
+    ABADA_TOKEN / ABADA_TOKEN_FILE; use as `async with AsyncEngineClient(...) as client:`."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.connection = Connection.resolve(
+            address, token=token, token_file=token_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+        )
+        self.timeout = timeout
+        self._channel: grpc.aio.Channel | None = None
+        self._definitions: definition_pb2_grpc.DefinitionServiceStub
+        self._processes: process_pb2_grpc.ProcessServiceStub
+        self._incidents: incident_pb2_grpc.IncidentServiceStub
+        self.tasks: external_task_pb2_grpc.ExternalTaskServiceStub
+
+    async def __aenter__(self) -> AsyncEngineClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    def _open(self) -> None:
+        # aio channels belong to the loop that made them, so the channel is opened on first use.
+        if self._channel is None:
+            self._channel = self.connection.open_aio_channel()
+            self._definitions = definition_pb2_grpc.DefinitionServiceStub(self._channel)
+            self._processes = process_pb2_grpc.ProcessServiceStub(self._channel)
+            self._incidents = incident_pb2_grpc.IncidentServiceStub(self._channel)
+            self.tasks = external_task_pb2_grpc.ExternalTaskServiceStub(self._channel)
+
+    async def call(
+        self,
+        method: Callable[[], Callable[..., Awaitable[Reply]]],
+        request: Any,
+        timeout: float | None = None,
+    ) -> Reply:
+        """One RPC with the token and a deadline; a refusal becomes an AbadaError."""
+        self._open()
+        try:
+            return await method()(request, timeout=timeout or self.timeout, metadata=self.connection.metadata)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+
+    # Definitions
+
+    async def deploy(self, bundle: str | os.PathLike[str], *, source_name: str | None = None) -> Deployment:
+        """Deploys a YAML bundle, given as a path or as its text (then name it with `source_name`)."""
+        content, name = await asyncio.to_thread(_bundle_text, bundle)
+        reply = await self.call(
+            lambda: self._definitions.Deploy,
+            definition_pb2.DeployRequest(source_name=source_name or name, content=content),
+        )
+        return Deployment(
+            [Definition.from_proto(d) for d in reply.definitions], list(reply.created_process_ids)
+        )
+
+    async def definitions(self, process_id: str = "") -> list[Definition]:
+        found: list[Definition] = []
+        page_token = ""
+        while True:
+            reply = await self.call(
+                lambda: self._definitions.ListDefinitions,
+                definition_pb2.ListDefinitionsRequest(
+                    process_id=process_id, page_size=_PAGE_SIZE, page_token=page_token
+                ),
+            )
+            found += [Definition.from_proto(d) for d in reply.definitions]
+            page_token = reply.next_page_token
+            if not page_token:
+                return found
+
+    # Instances
+
+    @overload
+    async def start(
+        self,
+        process_id: str,
+        variables: dict[str, Any] | None = None,
+        *,
+        business_key: str = "",
+        version: int = 0,
+        wait: Literal[False] = False,
+        timeout: float | None = None,
+    ) -> InstanceHandle: ...
+
+    @overload
+    async def start(
+        self,
+        process_id: str,
+        variables: dict[str, Any] | None = None,
+        *,
+        business_key: str = "",
+        version: int = 0,
+        wait: Literal[True],
+        timeout: float | None = None,
+    ) -> Instance: ...
+
+    async def start(
+        self,
+        process_id: str,
+        variables: dict[str, Any] | None = None,
+        *,
+        business_key: str = "",
+        version: int = 0,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> InstanceHandle | Instance:
+        """Starts an instance (latest version unless `version`). With `wait=True`, returns it completed."""
+        reply = await self.call(
+            lambda: self._processes.StartInstance,
+            process_pb2.StartInstanceRequest(
+                process_id=process_id,
+                version=version,
+                variables=to_struct(variables),
+                business_key=business_key,
+            ),
+        )
+        handle = InstanceHandle(self, Instance.from_proto(reply.instance))
+        return await handle.result(timeout) if wait else handle
+
+    async def get(self, instance_id: str) -> Instance:
+        reply = await self.call(
+            lambda: self._processes.GetInstance, process_pb2.GetInstanceRequest(instance_id=instance_id)
+        )
+        return Instance.from_proto(reply.instance)
+
+    async def history(self, instance_id: str) -> list[HistoryEvent]:
+        reply = await self.call(
+            lambda: self._processes.GetHistory, process_pb2.GetHistoryRequest(instance_id=instance_id)
+        )
+        return [HistoryEvent.from_proto(e) for e in reply.events]
+
+    async def list_instances(
+        self, process_id: str = "", state: InstanceState | None = None, limit: int = 100
+    ) -> list[Instance]:
+        found: list[Instance] = []
+        page_token = ""
+        while len(found) < limit:
+            reply = await self.call(
+                lambda: self._processes.ListInstances,
+                process_pb2.ListInstancesRequest(
+                    process_id=process_id,
+                    state=state.to_proto() if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
+                    page_size=min(limit - len(found), _PAGE_SIZE),
+                    page_token=page_token,
+                ),
+            )
+            found += [Instance.from_proto(i) for i in reply.instances]
+            page_token = reply.next_page_token
+            if not page_token:
+                break
+        return found[:limit]
+
+    async def cancel(self, instance_id: str, reason: str = "") -> Instance:
+        reply = await self.call(
+            lambda: self._processes.CancelInstance,
+            process_pb2.CancelInstanceRequest(instance_id=instance_id, reason=reason),
+        )
+        return Instance.from_proto(reply.instance)
+
+    async def wait(
+        self, instance_id: str, timeout: float | None = None, *, stop_on_incident: bool = True
+    ) -> Instance:
+        """Polls until the instance completes; see InstanceHandle.result."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = _FIRST_POLL_SECONDS
+        while True:
+            instance = await self.get(instance_id)
+            if instance.state is InstanceState.COMPLETED:
+                return instance
+            if instance.state is InstanceState.CANCELED:
+                raise InstanceFailed(f"instance {instance_id} was canceled", instance, [])
+            if stop_on_incident and instance.open_incidents:
+                found = await self.incidents(instance_id=instance_id)
+                summary = "; ".join(f"{i.type}: {i.message}" for i in found) or "an open incident"
+                raise InstanceFailed(
+                    f"instance {instance_id} is held at {instance.current_node_id} by {summary}",
+                    instance,
+                    found,
+                )
+            if deadline is not None and time.monotonic() + delay > deadline:
+                raise TimeoutError(
+                    f"instance {instance_id} is still {instance.state} at {instance.current_node_id} "
+                    f"after {timeout:g}s"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, _MAX_POLL_SECONDS)
+
+    # Incidents and user tasks
+
+    async def incidents(
+        self, *, instance_id: str = "", include_resolved: bool = False, type: str = ""
+    ) -> list[Incident]:
+        states = [incident_pb2.INCIDENT_STATE_OPEN]
+        if include_resolved:
+            states.append(incident_pb2.INCIDENT_STATE_RESOLVED)
+        found: list[Incident] = []
+        for state in states:
+            reply = await self.call(
+                lambda: self._incidents.ListIncidents,
+                incident_pb2.ListIncidentsRequest(instance_id=instance_id, state=state, type=type),
+            )
+            found += [Incident.from_proto(i) for i in reply.incidents]
+        return sorted(found, key=lambda i: (i.created_at is None, i.created_at))
+
+    async def resolve_incident(
+        self,
+        incident_id: str,
+        resolution: Resolution,
+        *,
+        result: dict[str, Any] | None = None,
+        comment: str = "",
+    ) -> Incident:
+        request = incident_pb2.ResolveIncidentRequest(
+            incident_id=incident_id, resolution=resolution.to_proto(), comment=comment
+        )
+        if result is not None:
+            request.result.CopyFrom(to_struct(result))
+        reply = await self.call(lambda: self._incidents.ResolveIncident, request)
+        return Incident.from_proto(reply.incident)
+
+    async def user_tasks(self, instance_id: str = "") -> list[UserTask]:
+        reply = await self.call(
+            lambda: self._processes.ListUserTasks, process_pb2.ListUserTasksRequest(instance_id=instance_id)
+        )
+        return [UserTask.from_proto(t) for t in reply.user_tasks]
+
+    async def complete_user_task(
+        self, user_task_id: str, variables: dict[str, Any] | None = None
+    ) -> Instance:
+        reply = await self.call(
+            lambda: self._processes.CompleteUserTask,
+            process_pb2.CompleteUserTaskRequest(user_task_id=user_task_id, variables=to_struct(variables)),
+        )
+        return Instance.from_proto(reply.instance)
+
+    async def journal(self, task_id: str) -> list[JournalStep]:
+        reply = await self.call(
+            lambda: self.tasks.GetJournal, external_task_pb2.GetJournalRequest(task_id=task_id)
+        )
+        return sorted((JournalStep.from_proto(s) for s in reply.steps), key=lambda s: s.sequence)
+
+
+def _bundle_text(bundle: str | os.PathLike[str]) -> tuple[str, str]:
+    """(content, file name) of a bundle given as a path, or as YAML text (named bundle.yaml)."""
+    if isinstance(bundle, os.PathLike) or ("\n" not in bundle and Path(bundle).is_file()):
+        path = Path(bundle)
+        return path.read_text(encoding="utf-8"), path.name
+    return bundle, "bundle.yaml"
+
+
+__all__ = ["AbadaError", "AsyncEngineClient", "InstanceHandle"]

@@ -1,0 +1,156 @@
+"""The SDK's exceptions: an engine refusal carries its gRPC code and the engine's ErrorInfo reason.
+
+Callers catch `AbadaError` (or one of its kinds) and read `.reason`, `.field` and `.violations`
+instead of digging through `grpc.RpcError` trailers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+# The engine refuses a call under a lease that is no longer the caller's with one of these reasons.
+LEASE_LOST_REASONS = frozenset({"NOT_LEASE_HOLDER", "LEASE_EXPIRED", "TASK_NOT_LEASED", "ATTEMPT_MISMATCH"})
+
+
+class AbadaError(Exception):
+    """The engine (or the way to it) refused a call."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: grpc.StatusCode = grpc.StatusCode.UNKNOWN,
+        reason: str = "",
+        metadata: Mapping[str, str] | None = None,
+        violations: list[str] | None = None,
+    ) -> None:
+        super().__init__(f"{reason or code.name}: {message}")
+        self.message = message
+        self.code = code
+        self.reason = reason
+        self.metadata = dict(metadata or {})
+        self.violations = list(violations or [])
+
+    @property
+    def field(self) -> str:
+        """The request field the engine blamed, when it named one."""
+        return self.metadata.get("field", "")
+
+    @property
+    def transient(self) -> bool:
+        """Worth asking again later: the engine was unreachable, slow or pushing back."""
+        return isinstance(self, EngineUnavailable) or (
+            self.code is grpc.StatusCode.RESOURCE_EXHAUSTED and self.reason != "LIMIT_EXCEEDED"
+        )
+
+
+class InvalidArgument(AbadaError):
+    """The request was wrong; `violations` lists every problem of a refused bundle."""
+
+
+class NotFound(AbadaError):
+    pass
+
+
+class AlreadyExists(AbadaError):
+    pass
+
+
+class FailedPrecondition(AbadaError):
+    """The object is not in a state that allows this (an ended instance, a resolved incident)."""
+
+
+class PermissionDenied(AbadaError):
+    pass
+
+
+class Unauthenticated(AbadaError):
+    """No token, or one the engine does not know: pass `token` / `token_file` or set ABADA_TOKEN_FILE."""
+
+
+class LeaseLost(AbadaError):
+    """The task's lease is no longer this worker's: it expired, or another attempt took over."""
+
+
+class EngineUnavailable(AbadaError):
+    """The engine could not be reached or did not answer in time."""
+
+
+class InstanceFailed(AbadaError):
+    """An instance being waited for stopped on an incident (or was canceled) instead of completing."""
+
+    def __init__(self, message: str, instance: Any, incidents: list[Any]) -> None:
+        super().__init__(message, code=grpc.StatusCode.FAILED_PRECONDITION, reason="INSTANCE_NOT_COMPLETED")
+        self.instance = instance
+        self.incidents = incidents
+
+
+class TaskFailed(Exception):
+    """Raised by a task handler: the attempt failed. With `retry=False` the engine raises an incident now.
+
+    Any other exception from a handler is reported the same way with `retry=True`.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry: bool = True,
+        code: str = "TASK_FAILED",
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry = retry
+        self.code = code
+        self.details = dict(details or {})
+
+
+_KINDS: dict[grpc.StatusCode, type[AbadaError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.UNAVAILABLE: EngineUnavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: EngineUnavailable,
+}
+
+
+def error_from_rpc(error: grpc.RpcError) -> AbadaError:
+    """The SDK exception for a failed call, with the engine's ErrorInfo and BadRequest details read out."""
+    code: grpc.StatusCode = error.code()  # type: ignore[attr-defined]
+    message: str = error.details() or code.name  # type: ignore[attr-defined]
+    reason, metadata, violations = _rich_details(error.trailing_metadata() or ())  # type: ignore[attr-defined]
+    kind = LeaseLost if reason in LEASE_LOST_REASONS else _KINDS.get(code, AbadaError)
+    return kind(message, code=code, reason=reason, metadata=metadata, violations=violations)
+
+
+def _rich_details(trailers: Any) -> tuple[str, dict[str, str], list[str]]:
+    reason = ""
+    metadata: dict[str, str] = {}
+    violations: list[str] = []
+    for key, value in trailers:
+        if key != _STATUS_DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        try:
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    detail.Unpack(info)
+                    reason, metadata = info.reason, dict(info.metadata)
+                elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                    bad_request = error_details_pb2.BadRequest()
+                    detail.Unpack(bad_request)
+                    violations.extend(v.description or v.field for v in bad_request.field_violations)
+        except Exception:  # a malformed detail must not hide the status itself
+            continue
+    return reason, metadata, violations

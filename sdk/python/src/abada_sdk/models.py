@@ -1,0 +1,265 @@
+"""Plain typed views of the engine's messages: variables as dicts, times as datetimes, states as enums."""
+
+from __future__ import annotations
+
+import datetime
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from abada.engine.v1 import definition_pb2, external_task_pb2, incident_pb2, process_pb2
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+
+
+def to_struct(values: dict[str, Any] | None) -> struct_pb2.Struct:
+    message = struct_pb2.Struct()
+    if values:
+        message.update(values)
+    return message
+
+
+def from_struct(message: struct_pb2.Struct) -> dict[str, Any]:
+    """A Struct as JSON values; whole numbers come back as ints (Struct carries every number as a double)."""
+    return _whole_numbers(json_format.MessageToDict(message))
+
+
+def _whole_numbers(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _whole_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(item) for item in value]
+    return value
+
+
+def _time(stamp: timestamp_pb2.Timestamp) -> datetime.datetime | None:
+    if not (stamp.seconds or stamp.nanos):
+        return None
+    return stamp.ToDatetime(tzinfo=datetime.UTC)
+
+
+class InstanceState(enum.StrEnum):
+    ACTIVE = "ACTIVE"
+    COMPLETED = "COMPLETED"
+    CANCELED = "CANCELED"
+
+    @classmethod
+    def of(cls, value: int) -> InstanceState:
+        return cls(process_pb2.InstanceState.Name(value).removeprefix("INSTANCE_STATE_"))
+
+    def to_proto(self) -> int:
+        return int(process_pb2.InstanceState.Value(f"INSTANCE_STATE_{self.value}"))
+
+
+class Resolution(enum.StrEnum):
+    RETRY = "RETRY"
+    HAPPENED = "HAPPENED"
+    DID_NOT_HAPPEN = "DID_NOT_HAPPEN"
+    CANCEL_INSTANCE = "CANCEL_INSTANCE"
+
+    def to_proto(self) -> int:
+        return int(incident_pb2.Resolution.Value(f"RESOLUTION_{self.value}"))
+
+
+@dataclass(frozen=True)
+class Instance:
+    id: str
+    process_id: str
+    version: int
+    definition_id: str
+    state: InstanceState
+    variables: dict[str, Any]
+    current_node_id: str
+    business_key: str
+    open_incidents: int
+    created_at: datetime.datetime | None
+    ended_at: datetime.datetime | None
+
+    @property
+    def ended(self) -> bool:
+        return self.state is not InstanceState.ACTIVE
+
+    @classmethod
+    def from_proto(cls, message: process_pb2.Instance) -> Instance:
+        return cls(
+            id=message.id,
+            process_id=message.process_id,
+            version=message.version,
+            definition_id=message.definition_id,
+            state=InstanceState.of(message.state),
+            variables=from_struct(message.variables),
+            current_node_id=message.current_node_id,
+            business_key=message.business_key,
+            open_incidents=message.open_incidents,
+            created_at=_time(message.create_time),
+            ended_at=_time(message.end_time),
+        )
+
+
+@dataclass(frozen=True)
+class HistoryEvent:
+    id: int
+    type: str
+    node_id: str
+    task_id: str
+    data: dict[str, Any]
+    created_at: datetime.datetime | None
+
+    @classmethod
+    def from_proto(cls, message: process_pb2.HistoryEvent) -> HistoryEvent:
+        return cls(
+            message.id,
+            message.type,
+            message.node_id,
+            message.task_id,
+            from_struct(message.data),
+            _time(message.create_time),
+        )
+
+
+@dataclass(frozen=True)
+class Incident:
+    id: str
+    type: str
+    instance_id: str
+    process_id: str
+    node_id: str
+    task_id: str
+    message: str
+    details: dict[str, Any]
+    open: bool
+    resolution: str
+    created_at: datetime.datetime | None
+
+    @classmethod
+    def from_proto(cls, message: incident_pb2.Incident) -> Incident:
+        return cls(
+            id=message.id,
+            type=message.type,
+            instance_id=message.instance_id,
+            process_id=message.process_id,
+            node_id=message.node_id,
+            task_id=message.task_id,
+            message=message.message,
+            details=from_struct(message.details),
+            open=message.state == incident_pb2.INCIDENT_STATE_OPEN,
+            resolution=message.resolution,
+            created_at=_time(message.create_time),
+        )
+
+
+@dataclass(frozen=True)
+class UserTask:
+    id: str
+    instance_id: str
+    process_id: str
+    node_id: str
+    variables: dict[str, Any]
+    created_at: datetime.datetime | None
+
+    @classmethod
+    def from_proto(cls, message: process_pb2.UserTask) -> UserTask:
+        return cls(
+            message.id,
+            message.instance_id,
+            message.process_id,
+            message.node_id,
+            from_struct(message.variables),
+            _time(message.create_time),
+        )
+
+
+@dataclass(frozen=True)
+class JournalStep:
+    sequence: int
+    attempt: int
+    kind: str
+    state: str
+    tool_ref: str
+    request: dict[str, Any] | None
+    response: dict[str, Any] | None
+    input_tokens: int
+    output_tokens: int
+    idempotency_key: str
+    abandoned: bool
+
+    @classmethod
+    def from_proto(cls, message: external_task_pb2.JournalStep) -> JournalStep:
+        return cls(
+            sequence=message.sequence,
+            attempt=message.attempt,
+            kind=external_task_pb2.StepKind.Name(message.kind).removeprefix("STEP_KIND_"),
+            state=external_task_pb2.StepState.Name(message.state).removeprefix("STEP_STATE_"),
+            tool_ref=message.tool_ref,
+            request=from_struct(message.request) if message.HasField("request") else None,
+            response=from_struct(message.response) if message.HasField("response") else None,
+            input_tokens=message.tokens.input_tokens,
+            output_tokens=message.tokens.output_tokens,
+            idempotency_key=message.idempotency_key,
+            abandoned=message.abandoned,
+        )
+
+
+@dataclass(frozen=True)
+class Definition:
+    id: str
+    process_id: str
+    version: int
+    content_sha256: str
+    source_name: str
+    created_at: datetime.datetime | None
+    tools: tuple[str, ...] = ()
+
+    @classmethod
+    def from_proto(cls, message: definition_pb2.Definition) -> Definition:
+        return cls(
+            message.id,
+            message.process_id,
+            message.version,
+            message.content_sha256,
+            message.source_name,
+            _time(message.create_time),
+            tuple(f"{b.server}/{b.tool}" for b in message.tool_bindings),
+        )
+
+
+@dataclass(frozen=True)
+class Deployment:
+    definitions: list[Definition]
+    # Processes this deploy created a new version for; the others were identical to their latest.
+    created_process_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One external task handed to a worker handler, under a lease the worker keeps alive."""
+
+    id: str
+    topic: str
+    instance_id: str
+    process_id: str
+    node_id: str
+    business_key: str
+    # The variables the node hands over (its resolved inputs, or all instance variables).
+    variables: dict[str, Any]
+    # 1 for the first try; each retry or takeover after a lost lease adds one.
+    attempt: int
+    # How many more failures the engine retries before it raises an incident.
+    retries_left: int
+    lease_expires_at: datetime.datetime | None
+
+    @classmethod
+    def from_proto(cls, message: external_task_pb2.ExternalTask) -> Task:
+        return cls(
+            id=message.id,
+            topic=message.topic_name,
+            instance_id=message.instance_id,
+            process_id=message.process_id,
+            node_id=message.node_id,
+            business_key=message.business_key,
+            variables=from_struct(message.variables),
+            attempt=message.attempt,
+            retries_left=message.retries_left,
+            lease_expires_at=_time(message.lease_expires_at),
+        )

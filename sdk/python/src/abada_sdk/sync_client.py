@@ -1,0 +1,190 @@
+"""`EngineClient`: the same API as AsyncEngineClient for code without an event loop.
+
+One private event loop runs in a daemon thread; each method hands its coroutine to it and waits.
+So there is one implementation of every call, and the sync client works from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any, Literal, TypeVar, overload
+
+from .client import AsyncEngineClient, InstanceHandle
+from .models import (
+    Definition,
+    Deployment,
+    HistoryEvent,
+    Incident,
+    Instance,
+    InstanceState,
+    JournalStep,
+    Resolution,
+    UserTask,
+)
+
+Result = TypeVar("Result")
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="abada-sdk-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, work: Coroutine[Any, Any, Result]) -> Result:
+        return asyncio.run_coroutine_threadsafe(work, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        self.loop.close()
+
+
+class SyncInstanceHandle:
+    def __init__(self, runner: _LoopThread, handle: InstanceHandle) -> None:
+        self._runner = runner
+        self._handle = handle
+        self.started = handle.started
+
+    @property
+    def id(self) -> str:
+        return self._handle.id
+
+    def refresh(self) -> Instance:
+        return self._runner.run(self._handle.refresh())
+
+    def result(self, timeout: float | None = None, *, stop_on_incident: bool = True) -> Instance:
+        return self._runner.run(self._handle.result(timeout, stop_on_incident=stop_on_incident))
+
+
+class EngineClient:
+    """Blocking twin of AsyncEngineClient; use as `with EngineClient(...) as client:`."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self._async = AsyncEngineClient(
+            address,
+            token=token,
+            token_file=token_file,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            timeout=timeout,
+        )
+        self.connection = self._async.connection
+        self._runner = _LoopThread()
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._runner.run(self._async.close())
+        self._runner.stop()
+
+    def deploy(self, bundle: str | os.PathLike[str], *, source_name: str | None = None) -> Deployment:
+        return self._runner.run(self._async.deploy(bundle, source_name=source_name))
+
+    def definitions(self, process_id: str = "") -> list[Definition]:
+        return self._runner.run(self._async.definitions(process_id))
+
+    @overload
+    def start(
+        self,
+        process_id: str,
+        variables: dict[str, Any] | None = None,
+        *,
+        business_key: str = "",
+        version: int = 0,
+        wait: Literal[False] = False,
+        timeout: float | None = None,
+    ) -> SyncInstanceHandle: ...
+
+    @overload
+    def start(
+        self,
+        process_id: str,
+        variables: dict[str, Any] | None = None,
+        *,
+        business_key: str = "",
+        version: int = 0,
+        wait: Literal[True],
+        timeout: float | None = None,
+    ) -> Instance: ...
+
+    def start(
+        self,
+        process_id: str,
+        variables: dict[str, Any] | None = None,
+        *,
+        business_key: str = "",
+        version: int = 0,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> SyncInstanceHandle | Instance:
+        handle = self._runner.run(
+            self._async.start(process_id, variables, business_key=business_key, version=version)
+        )
+        synced = SyncInstanceHandle(self._runner, handle)
+        return synced.result(timeout) if wait else synced
+
+    def get(self, instance_id: str) -> Instance:
+        return self._runner.run(self._async.get(instance_id))
+
+    def history(self, instance_id: str) -> list[HistoryEvent]:
+        return self._runner.run(self._async.history(instance_id))
+
+    def list_instances(
+        self, process_id: str = "", state: InstanceState | None = None, limit: int = 100
+    ) -> list[Instance]:
+        return self._runner.run(self._async.list_instances(process_id, state, limit))
+
+    def cancel(self, instance_id: str, reason: str = "") -> Instance:
+        return self._runner.run(self._async.cancel(instance_id, reason))
+
+    def wait(
+        self, instance_id: str, timeout: float | None = None, *, stop_on_incident: bool = True
+    ) -> Instance:
+        return self._runner.run(self._async.wait(instance_id, timeout, stop_on_incident=stop_on_incident))
+
+    def incidents(
+        self, *, instance_id: str = "", include_resolved: bool = False, type: str = ""
+    ) -> list[Incident]:
+        return self._runner.run(
+            self._async.incidents(instance_id=instance_id, include_resolved=include_resolved, type=type)
+        )
+
+    def resolve_incident(
+        self,
+        incident_id: str,
+        resolution: Resolution,
+        *,
+        result: dict[str, Any] | None = None,
+        comment: str = "",
+    ) -> Incident:
+        return self._runner.run(
+            self._async.resolve_incident(incident_id, resolution, result=result, comment=comment)
+        )
+
+    def user_tasks(self, instance_id: str = "") -> list[UserTask]:
+        return self._runner.run(self._async.user_tasks(instance_id))
+
+    def complete_user_task(self, user_task_id: str, variables: dict[str, Any] | None = None) -> Instance:
+        return self._runner.run(self._async.complete_user_task(user_task_id, variables))
+
+    def journal(self, task_id: str) -> list[JournalStep]:
+        return self._runner.run(self._async.journal(task_id))
