@@ -11,7 +11,7 @@ from abada_engine.api.guard import Guard
 from abada_engine.api.server import start_grpc_server
 from abada_engine.auth import CallerRegistry
 from abada_sdk import InstanceFailed, InstanceState
-from conftest import poll
+from sdk_support import poll
 
 BUNDLE = """
 processes:
