@@ -22,6 +22,7 @@ MCP_PATH = "/mcp"
 HEALTH_PATH = "/healthz"
 TICKETS_PATH = "/tickets"
 CONTROL_VARIANT_PATH = "/_control/variant"
+CONTROL_CALLS_PATH = "/_control/calls"
 
 _LOOPBACK_PEERS = frozenset({"127.0.0.1", "::1", "localhost"})
 
@@ -48,6 +49,7 @@ def build_app(
     variant: Variant | str = Variant.STANDARD,
     enable_control: bool = False,
     bind_host: str = "127.0.0.1",
+    read_latency_seconds: float = 0.0,
 ) -> ASGIApp:
     """The whole CRM as one ASGI app, for uvicorn or any in-process ASGI server.
 
@@ -60,7 +62,7 @@ def build_app(
     server: MCPServer[object] = MCPServer(
         "abada-demo-crm", title="Demo CRM", instructions=SERVER_INSTRUCTIONS, version="0.1.0"
     )
-    tools = CrmTools(server, store, Variant(variant))
+    tools = CrmTools(server, store, Variant(variant), read_latency_seconds)
 
     @server.custom_route(HEALTH_PATH, methods=["GET"])
     async def health(request: Request) -> Response:
@@ -72,6 +74,15 @@ def build_app(
         return JSONResponse([ticket.model_dump(mode="json") for ticket in tickets])
 
     if enable_control:
+
+        @server.custom_route(CONTROL_CALLS_PATH, methods=["GET"])
+        async def control_calls(request: Request) -> Response:
+            peer = request.client.host if request.client else None
+            if peer not in _LOOPBACK_PEERS:
+                return JSONResponse(
+                    {"error": "the control endpoint only answers loopback callers"}, status_code=403
+                )
+            return JSONResponse(tools.calls)
 
         @server.custom_route(CONTROL_VARIANT_PATH, methods=["GET", "POST"])
         async def control_variant(request: Request) -> Response:

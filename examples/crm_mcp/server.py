@@ -60,6 +60,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="Serve POST /_control/variant (loopback callers only) to switch the variant live. Tests only.",
     )
     parser.add_argument(
+        "--read-latency-ms",
+        type=int,
+        default=int(environment.get("CRM_MCP_READ_LATENCY_MS", "0")),
+        help="Make get_customer take at least this long (env CRM_MCP_READ_LATENCY_MS). Tests only.",
+    )
+    parser.add_argument(
         "--ready-file",
         type=Path,
         help="Once listening, write {url, port} as JSON to this file (how a parent process learns the port).",
@@ -112,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             variant=arguments.variant,
             enable_control=arguments.enable_control,
             bind_host=arguments.host,
+            read_latency_seconds=arguments.read_latency_ms / 1000,
         )
     except (ValueError, OSError, sqlite3.Error) as error:
         logger.error("cannot start: %s", error)

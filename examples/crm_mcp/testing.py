@@ -50,6 +50,12 @@ class RunningCrmServer:
         result: list[dict[str, Any]] = self._request("GET", "/tickets")
         return result
 
+    def calls(self) -> list[dict[str, Any]]:
+        """Every tool call the server ran, with the wall-clock `started` and `finished` times; needs
+        the server started with enable_control=True."""
+        result: list[dict[str, Any]] = self._request("GET", "/_control/calls")
+        return result
+
     def set_variant(self, variant: Variant | str) -> None:
         """Switch the contract live; needs the server started with enable_control=True."""
         self._request("POST", "/_control/variant", {"variant": str(Variant(variant))})
@@ -78,6 +84,7 @@ def running_crm_server(
     token_file: Path | None = None,
     variant: Variant | str = Variant.STANDARD,
     enable_control: bool = False,
+    read_latency_ms: int = 0,
     port: int = 0,
     startup_timeout: float = 20.0,
 ) -> Iterator[RunningCrmServer]:
@@ -118,6 +125,8 @@ def running_crm_server(
             environment["CRM_MCP_TOKEN"] = client_token
         if enable_control:
             command.append("--enable-control")
+        if read_latency_ms:
+            command += ["--read-latency-ms", str(read_latency_ms)]
         with open(log_path, "wb") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
         try:

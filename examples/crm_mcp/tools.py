@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
+import anyio
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -103,10 +106,16 @@ def idempotency_key_of(headers: Mapping[str, str] | None, meta: Mapping[str, Any
 class CrmTools:
     """Registers the tools on an MCPServer and swaps them when the variant changes."""
 
-    def __init__(self, server: MCPServer[Any], store: TicketStore, variant: Variant) -> None:
+    def __init__(
+        self, server: MCPServer[Any], store: TicketStore, variant: Variant, latency_seconds: float = 0.0
+    ) -> None:
         self._server = server
         self._store = store
         self._variant = variant
+        # A slower lookup, so tests can see calls from one client overlap; 0 answers at once.
+        self._read_latency_seconds = latency_seconds
+        # Every tool call with the wall-clock time it began and ended, for tests (GET /_control/calls).
+        self.calls: list[dict[str, Any]] = []
         server.add_tool(
             self.get_customer,
             name="get_customer",
@@ -148,11 +157,23 @@ class CrmTools:
             ),
         )
 
+    @contextlib.asynccontextmanager
+    async def _observed(self, tool: str, arguments: dict[str, Any], delay: float = 0.0) -> AsyncIterator[None]:
+        entry: dict[str, Any] = {"tool": tool, "arguments": arguments, "started": time.time()}
+        self.calls.append(entry)
+        try:
+            if delay:
+                await anyio.sleep(delay)
+            yield
+        finally:
+            entry["finished"] = time.time()
+
     async def get_customer(self, customerId: CustomerIdArg) -> Customer:
-        customer = find_customer(customerId)
-        if customer is None:
-            raise ToolError(f"No customer with id {customerId!r}. Customer ids look like 'C-42'.")
-        return customer
+        async with self._observed("get_customer", {"customerId": customerId}, self._read_latency_seconds):
+            customer = find_customer(customerId)
+            if customer is None:
+                raise ToolError(f"No customer with id {customerId!r}. Customer ids look like 'C-42'.")
+            return customer
 
     async def create_ticket(
         self, customerId: CustomerIdArg, subject: SubjectArg, priority: PriorityArg, ctx: Context
@@ -174,6 +195,10 @@ class CrmTools:
         return TicketWithChannel.model_validate(stored.model_dump())
 
     async def _create(self, request: TicketRequest, ctx: Context) -> StoredTicket:
+        async with self._observed("create_ticket", {"customerId": request.customer_id}):
+            return await self._create_now(request, ctx)
+
+    async def _create_now(self, request: TicketRequest, ctx: Context) -> StoredTicket:
         key = idempotency_key_of(ctx.headers, ctx.request_context.meta)
         if not request.subject:
             raise ToolError("The subject must not be blank; no ticket was created.")

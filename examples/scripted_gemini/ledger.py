@@ -18,6 +18,8 @@ class CallRecord:
     status: int
     function_calls: tuple[str, ...]
     error: str | None = None
+    # The functionResponse names the request carried, in its order (the results the model reads).
+    function_responses: tuple[str, ...] = ()
 
 
 class CallLedger:
@@ -35,6 +37,7 @@ class CallLedger:
         status: int,
         function_calls: tuple[str, ...] = (),
         error: str | None = None,
+        function_responses: tuple[str, ...] = (),
     ) -> CallRecord:
         entry = CallRecord(
             sequence=len(self._records) + 1,
@@ -46,6 +49,7 @@ class CallLedger:
             status=status,
             function_calls=function_calls,
             error=error,
+            function_responses=function_responses,
         )
         self._records.append(entry)
         return entry

@@ -124,6 +124,7 @@ async def _generate(state: ScriptedGemini, request: Request) -> Response:
         script=played.script_name,
         status=200,
         function_calls=played.function_call_names,
+        function_responses=tuple(response.name for response in conversation.function_responses),
     )
     if played.delay_ms:
         await asyncio.sleep(played.delay_ms / 1000)

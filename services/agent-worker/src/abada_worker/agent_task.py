@@ -29,8 +29,8 @@ from .logs import TaskLog
 from .prompt import RenderedPrompt
 from .providers.base import ModelCallError, ModelProvider
 from .replay import Blocked, CallModel, Finish, PlannedCall, ReplayPlan, RunCalls, Usage, plan_replay
-from .step_payloads import unknown_function_result
 from .struct_codec import from_struct
+from .tool_batch import ToolBatch
 from .toolbox import Toolbox
 from .work import AGENT_PROFILE, AgentWork, agent_work_from_proto, journal_entry_from_proto
 
@@ -46,6 +46,8 @@ class AgentServices:
     broker: BrokerClient
     provider: ModelProvider
     tool_timeout_seconds: float = 60.0
+    # How many of one model turn's function calls run at once (per task).
+    tool_call_concurrency: int = 4
     fault: FaultPlan = field(default_factory=FaultPlan)
 
 
@@ -178,53 +180,17 @@ class AgentTask:
     async def _run_calls(
         self, calls: tuple[PlannedCall, ...], toolbox: Toolbox, journal: Journal, tally: Tally
     ) -> tuple[FunctionResult, ...]:
-        results: list[FunctionResult] = []
-        for planned in calls:
-            if planned.result is not None:
-                results.append(planned.result)
-                continue
-            result = await self._run_call(planned, toolbox, journal, tally)
-            results.append(
-                FunctionResult(planned.call.id, planned.call.name, result, bool(result.get("isError")))
-            )
-        return tuple(results)
-
-    async def _run_call(
-        self, planned: PlannedCall, toolbox: Toolbox, journal: Journal, tally: Tally
-    ) -> dict[str, Any]:
-        call = planned.call
-        binding = toolbox.binding_for(call.name)
-        if binding is None:
-            return unknown_function_result(call.name, frozenset(spec.name for spec in toolbox.functions))
-        if not binding.is_write:
-            self._interruption.checkpoint()
-            result = await toolbox.call(binding, call.args, None)
-            sequence = await journal.record_read(call, binding.ref, result)
-        else:
-            with self._interruption.side_effect():
-                if planned.resend is not None:
-                    sequence, key = planned.resend.sequence, planned.resend.idempotency_key
-                else:
-                    sequence, key = await journal.start_write(call, binding.ref)
-                    if binding.keyed and not key:
-                        self._log.warning(
-                            "the engine gave no idempotency key for a keyed write",
-                            extra={"tool": binding.ref},
-                        )
-                result = await toolbox.call(binding, call.args, key if binding.keyed and key else None)
-                await journal.finish_write(sequence, binding.ref, result)
-        tally.add_tool(binding.ref)
-        self._log.info(
-            "tool call",
-            extra={
-                "sequence": sequence,
-                "tool": binding.ref,
-                "write": binding.is_write,
-                "resent": planned.resend is not None,
-                "is_error": bool(result.get("isError")),
-            },
+        batch = ToolBatch(
+            toolbox,
+            journal,
+            self._interruption,
+            self._log,
+            concurrency=self._services.tool_call_concurrency,
         )
-        return result
+        outcome = await batch.run(calls)
+        for ref in outcome.tools_called:
+            tally.add_tool(ref)
+        return outcome.results
 
     async def _complete(self, work: AgentWork, prompt: RenderedPrompt, text: str, tally: Tally) -> None:
         invalid_reason = ""

@@ -1,8 +1,8 @@
 """Writing the step journal of one attempt through AppendStep, one sequence after another.
 
 Model calls and writes are journaled STARTED before they happen (the engine checks the limits
-there) and moved to COMPLETED or FAILED at the same sequence after; reads are journaled once,
-finished. The payload shapes are in `step_payloads`.
+there) and moved to COMPLETED or FAILED at the same sequence after; a read is journaled once,
+finished, unless it runs beside other calls of its turn (`tool_batch`): then it is STARTED first too. The payload shapes are in `step_payloads`.
 """
 
 from __future__ import annotations
@@ -67,6 +67,21 @@ class Journal:
             response=result,
         )
         return sequence
+
+    async def start_read(self, call: FunctionCall, tool_ref: str) -> int:
+        """Takes a read's sequence before it runs, so parallel calls keep their call order in the journal."""
+        sequence = self._take()
+        await self._append(
+            sequence,
+            StepKind.TOOL_CALL,
+            StepState.STARTED,
+            tool_ref,
+            request=step_payloads.tool_request(call),
+        )
+        return sequence
+
+    async def finish_read(self, sequence: int, tool_ref: str, result: dict[str, Any]) -> None:
+        await self._append(sequence, StepKind.TOOL_CALL, _finished_state(result), tool_ref, response=result)
 
     async def start_write(self, call: FunctionCall, tool_ref: str) -> tuple[int, str]:
         """Journals the write before it happens; returns its sequence and the engine's idempotency key ("" if none)."""

@@ -65,6 +65,7 @@ async def serve(settings: WorkerSettings) -> None:
         broker=BrokerClient(broker_channel, settings.worker_id, token),
         provider=provider,
         tool_timeout_seconds=settings.tool_timeout_seconds,
+        tool_call_concurrency=settings.tool_call_concurrency,
         fault=settings.fault,
     )
     router = TaskRouter()

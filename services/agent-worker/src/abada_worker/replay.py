@@ -5,6 +5,8 @@ reply and a finished tool call from its stored result. For each function call th
 the latest non-abandoned tool step carrying that call id decides:
 
 - COMPLETED or FAILED: its stored result goes back to the model (FAILED as a tool error);
+- STARTED, a read (a batch of parallel calls starts its reads to keep call order): run it again
+  and finish the step at its own sequence;
 - STARTED, a write whose server honours an idempotency key: re-send with the same key and
   complete the step at its own sequence;
 - OUTCOME_UNKNOWN and abandoned (a person said it did not happen), or no step at all: call it now;
@@ -29,7 +31,8 @@ from .work import AgentWork, JournalEntry, StepKind, StepState, ToolBinding
 
 @dataclass(frozen=True)
 class Resend:
-    """A write left STARTED by an earlier attempt: send again with this key, complete at this sequence."""
+    """A call left STARTED by an earlier attempt: send again (a keyed write with this key), complete at
+    this sequence."""
 
     sequence: int
     idempotency_key: str
@@ -172,7 +175,8 @@ def _plan_call(
     binding = by_ref.get(step.tool_ref) or functions[call.name]
     if step.state is StepState.STARTED:
         if not binding.is_write:
-            return PlannedCall(call)
+            # A read a parallel batch had started: run it again and finish it at its own sequence.
+            return PlannedCall(call, resend=Resend(step.sequence, ""))
         if binding.keyed and step.idempotency_key:
             return PlannedCall(call, resend=Resend(step.sequence, step.idempotency_key))
         return Blocked(

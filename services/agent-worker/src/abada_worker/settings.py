@@ -33,6 +33,8 @@ class WorkerSettings:
     gemini_base_url: str | None = None
     poll_wait_ms: int = 10_000
     tool_timeout_seconds: float = 60.0
+    # A model turn's function calls that run at once, per task.
+    tool_call_concurrency: int = 4
     model_timeout_seconds: float = 120.0
     max_backoff_seconds: float = 10.0
     log_level: str = "INFO"
@@ -127,6 +129,13 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="per MCP call (ABADA_TOOL_TIMEOUT_SECONDS)",
     )
     add(
+        "--tool-call-concurrency",
+        type=int,
+        default=default("ABADA_TOOL_CALL_CONCURRENCY", defaults.tool_call_concurrency),
+        help="function calls of one model turn run at once, per task; 1 runs them one by one "
+        "(ABADA_TOOL_CALL_CONCURRENCY)",
+    )
+    add(
         "--model-timeout-seconds",
         type=float,
         default=default("ABADA_MODEL_TIMEOUT_SECONDS", defaults.model_timeout_seconds),
@@ -184,6 +193,8 @@ def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | No
     args = parser.parse_args(argv)
     if args.concurrency < 1:
         parser.error("--concurrency must be at least 1")
+    if args.tool_call_concurrency < 1:
+        parser.error("--tool-call-concurrency must be at least 1")
     if not 1_000 <= args.lease_ms <= 3_600_000:
         parser.error("--lease-ms must be between 1000 and 3600000")
     if args.drain_seconds < 0:
@@ -214,6 +225,7 @@ def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | No
         gemini_base_url=args.gemini_base_url or None,
         poll_wait_ms=args.poll_wait_ms,
         tool_timeout_seconds=args.tool_timeout_seconds,
+        tool_call_concurrency=args.tool_call_concurrency,
         model_timeout_seconds=args.model_timeout_seconds,
         max_backoff_seconds=args.max_backoff_seconds,
         log_level=args.log_level,

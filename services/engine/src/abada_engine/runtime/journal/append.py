@@ -212,8 +212,13 @@ class Journal:
             and (taken.kind, taken.tool_ref) == (step.kind, step.tool_ref)
             and same_request
             and not taken.abandoned
-            # A later attempt may only finish a write it re-sent under the same key.
-            and (taken.step_attempt == step.attempt or (binding is not None and binding.idempotency == "key"))
+            # A later attempt may finish a read it ran again (a read has no side effect; a batch of
+            # parallel calls journals its reads STARTED to keep call order), or a write it re-sent
+            # under the same key; never an unkeyed write.
+            and (
+                taken.step_attempt == step.attempt
+                or (binding is not None and (binding.policy == "read" or binding.idempotency == "key"))
+            )
         )
         if not finishing:
             raise EngineError(

@@ -1,0 +1,215 @@
+"""A model turn asking for several calls: they run together, journaled in call order, answered in call order.
+
+Real processes: the engine, the credential broker, the demo CRM (its lookups slowed down so that
+overlap is visible, and every call's start and end recorded), the scripted Gemini endpoint and
+worker processes; a SIGKILL in the middle of the batch.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from abada_worker.struct_codec import from_struct
+from crm_mcp.testing import RunningCrmServer, running_crm_server
+from scripted_gemini.testing import fetch_calls, load_script, reset_calls, running_scripted_gemini
+from test_worker_e2e import (
+    COMPLETED,
+    POOL,
+    STARTED,
+    bundle,
+    journal,
+    settled,
+    shape,
+    tickets_of,
+    triage_task_id,
+)
+from worker_process import WorkerLauncher, worker_launcher
+from worker_servers import RealBroker, running_real_broker
+from worker_support import deploy_bundle, start_instance
+
+READ_LATENCY_MS = 800
+
+# One turn asks for two lookups and a ticket at once; the answer quotes the ticket.
+TWO_READS_AND_A_WRITE = {
+    "scripts": [
+        {
+            "name": "batch",
+            "turns": [
+                {
+                    "calls": [
+                        {"name": "crm__get_customer", "args": {"customerId": "{{input.customerId}}"}},
+                        {"name": "crm__get_customer", "args": {"customerId": "C-7"}},
+                        {
+                            "name": "crm__create_ticket",
+                            "args": {
+                                "customerId": "{{input.customerId}}",
+                                "subject": "Parcel not received",
+                                "priority": "high",
+                            },
+                        },
+                    ]
+                },
+                {
+                    "json": {
+                        "ticketId": "{{tool.crm__create_ticket.ticketId}}",
+                        "priority": "high",
+                        "_confidence": 95,
+                    }
+                },
+            ],
+        }
+    ]
+}
+
+
+@pytest.fixture(scope="module")
+def slow_crm() -> Iterator[RunningCrmServer]:
+    with running_crm_server(enable_control=True, read_latency_ms=READ_LATENCY_MS) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gemini_url() -> Iterator[str]:
+    with running_scripted_gemini() as url:
+        yield url
+
+
+@pytest.fixture(autouse=True)
+def fresh_collaborators(slow_crm: RunningCrmServer, gemini_url: str, deploy_credentials: Path) -> None:
+    deploy_credentials.write_text(json.dumps({"crm-token": slow_crm.token}))
+    load_script(gemini_url, TWO_READS_AND_A_WRITE)
+    reset_calls(gemini_url)
+
+
+@pytest.fixture(scope="module")
+async def broker(  # type: ignore[no-untyped-def]
+    slow_crm: RunningCrmServer, engine_channel, engine_tokens, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[RealBroker]:
+    _, engine_address = engine_channel
+    async with running_real_broker(
+        tmp_path_factory.mktemp("parallel-broker"),
+        engine_address=engine_address,
+        engine_token=engine_tokens.broker,
+        worker_identity=POOL,
+        worker_token=engine_tokens.worker_pool,
+        secrets={"crm-token": slow_crm.token},
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+async def workers(
+    engine, broker: RealBroker, gemini_url: str, engine_tokens
+) -> AsyncIterator[WorkerLauncher]:  # type: ignore[no-untyped-def]
+    env = {
+        "ABADA_ENGINE_ADDRESS": engine.address,
+        "ABADA_BROKER_ADDRESS": broker.address,
+        "ABADA_GEMINI_BASE_URL": gemini_url,
+        "ABADA_WORKER_TOKEN": engine_tokens.worker_pool,
+        "ABADA_WORKER_ID": f"{POOL}/parallel",
+        "ABADA_WORKER_HEALTH_ADDRESS": "127.0.0.1:0",
+        "ABADA_WORKER_POLL_WAIT_MS": "300",
+        "ABADA_LEASE_MS": "2000",
+        "ABADA_DRAIN_SECONDS": "5",
+        "ABADA_TOOL_CALL_CONCURRENCY": "4",
+    }
+    async with worker_launcher(env) as launcher:
+        yield launcher
+
+
+def calls_for(crm: RunningCrmServer, since: float) -> list[dict[str, Any]]:
+    return [call for call in crm.calls() if call["started"] >= since]
+
+
+def overlap(calls: list[dict[str, Any]]) -> bool:
+    """All of them were running at one moment: the last to begin began before the first to end ended."""
+    return max(call["started"] for call in calls) < min(call["finished"] for call in calls)
+
+
+async def test_two_reads_and_a_write_run_together_journaled_and_answered_in_call_order(
+    engine, slow_crm: RunningCrmServer, gemini_url: str, workers: WorkerLauncher
+) -> None:
+    await deploy_bundle(engine, bundle(slow_crm.url))
+    begun = max((call["started"] for call in slow_crm.calls()), default=0.0)
+    instance_id = await start_instance(engine, "support_triage", customerId="C-42", message="Parcel missing")
+    await workers.start()
+
+    done = await settled(engine, instance_id)
+
+    assert done.current_node_id == "notify_customer"
+    calls = calls_for(slow_crm, begun)
+    assert [(c["tool"], c["arguments"]["customerId"]) for c in calls if c["tool"] == "get_customer"] in (
+        [("get_customer", "C-42"), ("get_customer", "C-7")],
+        [("get_customer", "C-7"), ("get_customer", "C-42")],
+    )
+    assert len(calls) == 3 and overlap(calls), calls  # the CRM saw all three at once
+    steps = await journal(engine, await triage_task_id(engine, instance_id))
+    # Three steps, one sequence each, in the order the model asked for them.
+    assert shape(steps) == [
+        (1, "model", COMPLETED),
+        (2, "get_customer", COMPLETED),
+        (3, "get_customer", COMPLETED),
+        (4, "create_ticket", COMPLETED),
+        (5, "model", COMPLETED),
+    ]
+    assert [from_struct(s.request)["arguments"]["customerId"] for s in steps[1:4]] == ["C-42", "C-7", "C-42"]
+    assert [from_struct(s.request)["callId"] for s in steps[1:4]] == ["call_0_0", "call_0_1", "call_0_2"]
+    assert from_struct(steps[1].response)["structuredContent"]["customerId"] == "C-42"
+    assert from_struct(steps[2].response)["structuredContent"]["customerId"] == "C-7"
+    # The ticket was created long before the slow lookups ended, yet the model read the results in
+    # the order it asked for them.
+    second_turn = [c for c in fetch_calls(gemini_url)["calls"] if c["turn"] == 1]
+    assert [c["function_responses"] for c in second_turn] == [
+        ["crm__get_customer", "crm__get_customer", "crm__create_ticket"]
+    ]
+    (ticket,) = [t for t in tickets_of(slow_crm) if t["idempotencyKey"] == steps[3].idempotency_key]
+    assert from_struct(done.variables)["triage"]["ticketId"] == ticket["ticketId"]
+
+
+async def test_a_worker_killed_mid_batch_leaves_one_ticket_and_no_model_turn_played_twice(
+    engine, slow_crm: RunningCrmServer, gemini_url: str, workers: WorkerLauncher
+) -> None:
+    await deploy_bundle(engine, bundle(slow_crm.url))
+    customer = "C-108"
+    instance_id = await start_instance(
+        engine, "support_triage", customerId=customer, message="Broken grinder"
+    )
+    # Killed as soon as the ticket's answer arrives: the two slow lookups are still running.
+    doomed = await workers.start(
+        ABADA_WORKER_ID=f"{POOL}/doomed", ABADA_WORKER_FAULT="kill-after-send:crm/create_ticket"
+    )
+
+    assert await doomed.wait(timeout=30) == -signal.SIGKILL
+    task_id = await triage_task_id(engine, instance_id)
+    assert shape(await journal(engine, task_id)) == [
+        (1, "model", COMPLETED),
+        (2, "get_customer", STARTED),
+        (3, "get_customer", STARTED),
+        (4, "create_ticket", STARTED),
+    ]
+    (ticket,) = tickets_of(slow_crm, customer)
+
+    await workers.start(ABADA_WORKER_ID=f"{POOL}/successor")
+    done = await settled(engine, instance_id)
+
+    assert done.current_node_id == "notify_customer"
+    steps = await journal(engine, task_id)
+    # The reads ran again and the write was re-sent with its key, each finished at its own sequence.
+    assert shape(steps) == [
+        (1, "model", COMPLETED),
+        (2, "get_customer", COMPLETED),
+        (3, "get_customer", COMPLETED),
+        (4, "create_ticket", COMPLETED),
+        (5, "model", COMPLETED),
+    ]
+    assert steps[3].idempotency_key == ticket["idempotencyKey"]
+    assert tickets_of(slow_crm, customer) == [ticket]
+    assert from_struct(done.variables)["triage"]["ticketId"] == ticket["ticketId"]
+    calls = fetch_calls(gemini_url)
+    assert calls["repeated"] == []
+    assert sorted(c["turn"] for c in calls["calls"] if c["status"] == 200) == [0, 1]
