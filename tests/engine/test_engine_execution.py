@@ -53,7 +53,8 @@ async def test_instance_runs_agent_exclusive_service_end_with_full_history(engin
     work = task.agent_work
     assert work.profile_version == "abada.agent/v1"
     assert work.model == "gemini-3.6-flash"
-    assert work.prompt == "Triage the message from C-42: My parcel never arrived"
+    # References point at the inputs carrying the values; no value is pasted into the instructions.
+    assert work.prompt == 'Triage the message from [input "customerId"]: [input "message"]'
     assert work.result_variable == "triage"
     assert work.confidence_threshold == 80
     assert (work.limits.max_model_calls, work.limits.max_tool_calls, work.limits.max_tokens) == (4, 2, 1000)

@@ -48,9 +48,15 @@ def function_name(binding: ToolBinding) -> str:
     return f"{binding.server}__{binding.tool}"
 
 
+# Characters a model may read as `<` or `>`: written as character references too, so that
+# a fullwidth (U+FF1C) or angle-quote (U+2039) `/input` inside a value cannot pose as the end of its block.
+_ANGLE_LOOK_ALIKES = "\u02c2\u02c3\u1438\u1433\u2039\u203a\u2329\u232a\u276c\u276d\u276e\u276f\u27e8\u27e9\u2991\u2992\u29fc\u29fd\u3008\u3009\ufe64\ufe65\uff1c\uff1e"
+_LOOK_ALIKE_REFERENCES = {ord(c): f"&#x{ord(c):X};" for c in _ANGLE_LOOK_ALIKES}
+
+
 def escape(text: str) -> str:
-    """Escapes markup so that no input can open or close a block (`<`, `>`, `&` and quotes)."""
-    return html.escape(text, quote=True)
+    """Escapes markup so that no input can open or close a block (`<`, `>`, `&`, quotes, look-alikes)."""
+    return html.escape(text, quote=True).translate(_LOOK_ALIKE_REFERENCES)
 
 
 def input_block(name: str, value: Any) -> str:

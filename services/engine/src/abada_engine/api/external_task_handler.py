@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
 
@@ -9,6 +11,7 @@ from abada_engine.auth import require_worker
 from abada_engine.errors import invalid
 from abada_engine.runtime.completion import AttemptMetadata, Completions
 from abada_engine.runtime.contract import Verdict
+from abada_engine.runtime.instances import MAX_VARIABLES_BYTES
 from abada_engine.runtime.journal import Journal, StepRequest
 from abada_engine.runtime.leases import Leases, Subscription
 from abada_engine.store.states import WORKER_STEP_STATES
@@ -111,11 +114,17 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         self, request: external_task_pb2.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> external_task_pb2.CompleteResponse:
         require_worker(current_caller.get(), request.worker_id)
+        variables = from_struct(request.variables)
+        # Worker (and so model) data that conditions and the output schema will read: bounded like Start's.
+        if len(json.dumps(variables)) > MAX_VARIABLES_BYTES:
+            raise invalid(
+                "INVALID_ARGUMENT", "variables", f"are larger than {MAX_VARIABLES_BYTES} bytes as JSON"
+            )
         result = await self._completions.complete(
             parse_uuid(request.task_id, "task_id"),
             request.worker_id,
             request.lease_token,
-            from_struct(request.variables),
+            variables,
             _metadata(request.metadata),
             request.invalid_output_reason,
         )

@@ -5,6 +5,7 @@ A version never changes once written, so every replica may cache it forever.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import uuid
@@ -93,8 +94,11 @@ class DefinitionCatalog:
 
     async def deploy(self, content: str, source_name: str) -> DeployResult:
         """Validate, check the live tool contracts, then freeze every changed process: all or nothing."""
-        bundle = parse_bundle(content, source_name or "bundle.yaml")
-        observed: ObservedSchemas = await self._contract_check(bundle) if self._contract_check else {}
+        # Parsing is CPU work proportional to the bundle: off the event loop, so other calls go on.
+        bundle = await asyncio.to_thread(parse_bundle, content, source_name or "bundle.yaml")
+        observed: ObservedSchemas = (
+            await self._contract_check(bundle) if self._contract_check else {}
+        )
         results: list[Definition] = []
         created: list[str] = []
         async with self._engine.begin() as conn:

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
 import yaml
 
 from abada_engine.errors import Category, EngineError, FieldProblem
@@ -31,6 +30,7 @@ from .model import (
     ToolServerSpec,
     ToolSpec,
 )
+from .schemas import schema_problems
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}$")
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -86,8 +86,51 @@ class _Located:
     lines: dict[tuple[str | int, ...], int]
 
 
+# Far more nodes than any real bundle has; a bundle that needs more is not configuration.
+MAX_YAML_NODES = 100_000
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """Valid YAML that a bundle may not use."""
+
+
+class _BundleLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases and caps the node count.
+
+    An alias is walked again wherever it is used, so a few hundred bytes of nested aliases expand to
+    billions of nodes (the "billion laughs"); a bundle gains nothing from them, so they are refused.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._nodes = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:  # type: ignore[override]
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _Refused(
+                None,
+                None,
+                "aliases (*name) are not allowed in a bundle; write the value out",
+                event.start_mark,
+            )
+        self._nodes += 1
+        if self._nodes > MAX_YAML_NODES:
+            raise _Refused(
+                None,
+                None,
+                f"the bundle has more than {MAX_YAML_NODES} YAML nodes",
+                self.peek_event().start_mark,
+            )
+        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+
+
 def _load(text: str) -> _Located:
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    loader = _BundleLoader(text)
+    try:
+        root = loader.get_single_node()
+    finally:
+        loader.dispose()
     lines: dict[tuple[str | int, ...], int] = {}
 
     def build(node: yaml.Node, path: tuple[str | int, ...]) -> Any:
@@ -211,8 +254,12 @@ def parse_bundle(content: str, source_name: str = "bundle.yaml") -> Bundle:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = mark.line + 1 if mark else 1
+        why = getattr(error, "problem", error)
         problem = FieldProblem(
-            "(bundle)", f"not valid YAML: {getattr(error, 'problem', error)}", source_name, line
+            "(bundle)",
+            str(why) if isinstance(error, _Refused) else f"not valid YAML: {why}",
+            source_name,
+            line,
         )
         raise _invalid([problem]) from None
     checker = _Checker(source_name, located)
@@ -513,15 +560,11 @@ def _check_agent(
         if not isinstance(schema, dict):
             checker.report((*path, "output_schema"), f"must be a JSON Schema object, not {_kind(schema)}")
         else:
-            try:
-                jsonschema.Draft202012Validator.check_schema(schema)
+            problems = schema_problems(schema)
+            for problem in problems:
+                checker.report((*path, "output_schema"), problem)
+            if not problems:
                 values["output_schema"] = schema
-            except jsonschema.SchemaError as error:
-                where = "/".join(str(p) for p in error.path)
-                checker.report(
-                    (*path, "output_schema"),
-                    f"not a valid JSON Schema 2020-12{f' at {where}' if where else ''}: {error.message}",
-                )
     threshold = data.get("confidence_threshold")
     if threshold is not None:
         if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 100:

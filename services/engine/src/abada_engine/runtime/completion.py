@@ -7,6 +7,7 @@ one transaction holding the task's row lock.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -122,7 +123,8 @@ class Completions:
         definition = await self._catalog.get(held.definition_id)
         node = definition.process.node(held.node_id)
         check_written_variables(node, variables)
-        decision = judge(node, variables, metadata.confidence, invalid_output_reason)
+        # Schema validation and conditions are CPU work on worker data: off the event loop.
+        decision = await asyncio.to_thread(judge, node, variables, metadata.confidence, invalid_output_reason)
         completed = HistoryEntry(
             "TASK_COMPLETED",
             node.id,
@@ -136,7 +138,9 @@ class Completions:
         preceding = [completed]
         new_variables: dict[str, Any] | None = None
         if decision.verdict is Verdict.ACCEPTED:
-            new_variables, leaving, moved = leave_node(definition.process, node, held.variables, variables)
+            new_variables, leaving, moved = await asyncio.to_thread(
+                leave_node, definition.process, node, held.variables, variables
+            )
             preceding += leaving
         else:
             rejected = {
@@ -147,8 +151,8 @@ class Completions:
             }
             preceding.append(HistoryEntry("OUTPUT_REJECTED", node.id, rejected))
             if decision.route is not None:
-                moved = advance(
-                    definition.process, held.variables, decision.route, context={"rejected": rejected}
+                moved = await asyncio.to_thread(
+                    advance, definition.process, held.variables, decision.route, {"rejected": rejected}
                 )
             else:
                 # No route: an incident holds the instance at this node; nothing of the output is kept.

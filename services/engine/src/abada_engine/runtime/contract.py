@@ -8,14 +8,11 @@ confidence must reach `confidence_threshold`.
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
-import jsonschema
-
 from abada_engine.definitions.model import Node
+from abada_engine.definitions.schemas import output_errors
 from abada_engine.errors import invalid
 
 
@@ -35,15 +32,6 @@ class Decision:
     @property
     def incident_type(self) -> str:
         return self.verdict.name
-
-
-def _schema_key(schema: dict[str, Any]) -> str:
-    return json.dumps(schema, sort_keys=True)
-
-
-@lru_cache(maxsize=512)
-def _validator(schema_json: str) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(json.loads(schema_json))
 
 
 def check_written_variables(node: Node, variables: dict[str, Any]) -> None:
@@ -70,10 +58,7 @@ def judge(
     if not problem and node.result_variable not in variables:
         problem = f"the result variable {node.result_variable!r} was not written"
     if not problem and node.output_schema is not None:
-        errors = sorted(
-            _validator(_schema_key(node.output_schema)).iter_errors(variables[node.result_variable]),
-            key=lambda e: list(e.path),
-        )
+        errors = output_errors(node.output_schema, variables[node.result_variable])
         if errors:
             first = errors[0]
             where = "/".join(str(p) for p in first.absolute_path) or "(root)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -127,7 +128,7 @@ class Incidents:
             conn, row.task_id, retries_left=node.retries
         ):
             return
-        moved = advance(definition.process, instance.variables, node.id)
+        moved = await asyncio.to_thread(advance, definition.process, instance.variables, node.id)
         await apply_advance(conn, instance_id=row.instance_id, advance=moved, variables=None, preceding=[])
 
 

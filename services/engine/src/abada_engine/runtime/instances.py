@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -54,7 +55,8 @@ class Instances:
                 None,
                 {"definition_id": str(definition.id), "version": definition.version, "variables": variables},
             )
-            moved = advance(definition.process, variables, definition.process.start)
+            # Conditions are CPU work on caller data: evaluated off the event loop.
+            moved = await asyncio.to_thread(advance, definition.process, variables, definition.process.start)
             await apply_advance(
                 conn, instance_id=instance_id, advance=moved, variables=None, preceding=[started]
             )
@@ -123,7 +125,9 @@ class Instances:
             definition = await self._catalog.get(row.definition_id)
             node = definition.process.node(row.node_id)
             await task_store.mark_user_task_completed(conn, user_task_id)
-            new_variables, leaving, moved = leave_node(definition.process, node, row.variables, variables)
+            new_variables, leaving, moved = await asyncio.to_thread(
+                leave_node, definition.process, node, row.variables, variables
+            )
             preceding = [HistoryEntry("USER_TASK_COMPLETED", node.id), *leaving]
             await apply_advance(
                 conn,

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from abada_engine.definitions.expressions import ExpressionError, evaluate_condition, render
+from abada_engine.definitions.expressions import ExpressionError, evaluate_condition, render, render_prompt
 from abada_engine.definitions.model import Node, Process
 from abada_engine.store.states import TaskKind
 
@@ -114,10 +114,11 @@ def leave_node(
 def task_payload(node: Node, variables: dict[str, Any]) -> dict[str, Any]:
     """The resolved inputs (and for agents the rendered prompt) a task carries."""
     inputs = render(node.inputs, variables) if node.inputs is not None else dict(variables)
-    payload: dict[str, Any] = {"inputs": inputs}
     if node.type == "agent":
-        payload["prompt"] = render(node.prompt or "", variables)
-    return payload
+        # References in a prompt point at inputs; no value is pasted into the instructions.
+        prompt, inputs = render_prompt(node.prompt or "", inputs, variables)
+        return {"inputs": inputs, "prompt": prompt}
+    return {"inputs": inputs}
 
 
 def _choose_branch(node: Node, variables: dict[str, Any]) -> tuple[str, str] | None:
