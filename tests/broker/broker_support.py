@@ -138,9 +138,16 @@ class BrokerProcess:
         return await self.tool_credential(token, task.id, worker_id, task.lease_token, server)
 
     async def deploy_credential(
-        self, token: str | None, credential: str = CRM_CREDENTIAL, server: str = "crm"
+        self,
+        token: str | None,
+        credential: str = CRM_CREDENTIAL,
+        server: str = "crm",
+        url: str = "http://127.0.0.1:8931/mcp",
+        on_behalf_of: str = "ops",
     ) -> credential_pb2.GetDeployCredentialResponse:
-        request = credential_pb2.GetDeployCredentialRequest(credential=credential, server=server)
+        request = credential_pb2.GetDeployCredentialRequest(
+            credential=credential, server=server, url=url, on_behalf_of=on_behalf_of
+        )
         return await self.stub.GetDeployCredential(
             request, metadata=bearer(token) if token else (), timeout=10
         )

@@ -348,9 +348,9 @@ async def test_the_engine_reads_deploy_credentials_through_the_broker(broker, va
     from abada_engine.errors import EngineError
 
     engine_side = BrokerCredentials(broker.address, dev_tokens.directory / "engine-token")
-    assert await engine_side.secret("crm-token", "crm") == crm.token
+    assert await engine_side.secret("crm-token", "crm", crm.url, "ops") == crm.token
     as_a_worker = BrokerCredentials(broker.address, dev_tokens.directory / "worker-token")
     with pytest.raises(EngineError) as refused:
-        await as_a_worker.secret("crm-token", "crm")
+        await as_a_worker.secret("crm-token", "crm", crm.url, "ops")
     assert refused.value.reason == "CREDENTIAL_UNAVAILABLE"
     assert crm.token not in str(refused.value)

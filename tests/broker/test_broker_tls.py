@@ -165,7 +165,7 @@ async def test_the_engine_gets_a_deploy_credential_from_a_tls_broker(tls_broker,
         }
     )
     assert isinstance(source, BrokerCredentials)
-    assert await source.secret(CRM_CREDENTIAL, "crm") == crm.token
+    assert await source.secret(CRM_CREDENTIAL, "crm", crm.url, "ops") == crm.token
 
 
 def test_the_engine_refuses_a_client_certificate_without_the_broker_ca(tmp_path) -> None:
@@ -254,7 +254,7 @@ async def test_with_mtls_the_engine_presenting_its_certificate_gets_a_deploy_cre
     without_certificate = credentials_from_env(env)
     assert without_certificate is not None
     with pytest.raises(EngineError) as caught:
-        await without_certificate.secret(CRM_CREDENTIAL, "crm")
+        await without_certificate.secret(CRM_CREDENTIAL, "crm", crm.url, "ops")
     assert caught.value.category == Category.UNAVAILABLE
     with_certificate = credentials_from_env(
         {
@@ -264,7 +264,7 @@ async def test_with_mtls_the_engine_presenting_its_certificate_gets_a_deploy_cre
         }
     )
     assert with_certificate is not None
-    assert await with_certificate.secret(CRM_CREDENTIAL, "crm") == crm.token
+    assert await with_certificate.secret(CRM_CREDENTIAL, "crm", crm.url, "ops") == crm.token
 
 
 def _start_with(settings: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:

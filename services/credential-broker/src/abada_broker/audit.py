@@ -3,8 +3,11 @@
 Every event has the same keys (absent values are null), so a log pipeline can index them::
 
     {"event": "credential.issued" | "credential.refused", "purpose": "task" | "deploy",
-     "task_id", "worker_id", "caller", "peer", "server", "credential", "version", "attempt",
-     "expire_time", "outcome", "reason"}
+     "task_id", "worker_id", "caller", "on_behalf_of", "peer", "server", "url", "credential", "version",
+     "attempt", "expire_time", "outcome", "reason"}
+
+``on_behalf_of`` is the operator whose deploy the engine (``caller``) asked for; ``url`` is where the
+credential is to be sent.
 
 An event never holds a secret value, a lease token or a bearer token: :class:`AuditRecord` has no field
 for any of them.
@@ -43,7 +46,9 @@ class AuditRecord:
     task_id: str | None = None
     worker_id: str | None = None
     caller: str | None = None
+    on_behalf_of: str | None = None
     server: str | None = None
+    url: str | None = None
     credential: str | None = None
     version: int | None = None
     attempt: int | None = None

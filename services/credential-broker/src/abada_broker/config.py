@@ -43,6 +43,8 @@ class BrokerSettings:
     engine_tls_key_file: Path | None = None
     engine_timeout_seconds: float = DEFAULT_ENGINE_TIMEOUT_SECONDS
     auth_tokens_file: Path | None = None
+    # Which tool-server origins may receive each credential (origins.py); unset: loopback only.
+    credential_origins_file: Path | None = None
     insecure_dev: bool = False
     max_ttl_seconds: float = DEFAULT_MAX_TTL_SECONDS
     health_interval_seconds: float = DEFAULT_HEALTH_INTERVAL_SECONDS
@@ -140,6 +142,7 @@ class BrokerSettings:
             "engine_tls_key_file": path("ABADA_ENGINE_TLS_KEY_FILE"),
             "engine_timeout_seconds": seconds("ABADA_ENGINE_TIMEOUT_SECONDS", DEFAULT_ENGINE_TIMEOUT_SECONDS),
             "auth_tokens_file": path("ABADA_BROKER_AUTH_TOKENS_FILE"),
+            "credential_origins_file": path("ABADA_BROKER_CREDENTIAL_ORIGINS_FILE"),
             "insecure_dev": flag("ABADA_BROKER_INSECURE_DEV"),
             "max_ttl_seconds": seconds("ABADA_CREDENTIAL_MAX_TTL_SECONDS", DEFAULT_MAX_TTL_SECONDS),
             "health_interval_seconds": seconds(

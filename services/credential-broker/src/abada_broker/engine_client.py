@@ -55,6 +55,8 @@ class VerifiedLease:
     credential: str
     attempt: int
     tools: tuple[str, ...]
+    # Where the worker will send the credential: the server's URL frozen into the definition.
+    url: str = ""
 
 
 class ServiceToken:
@@ -186,6 +188,7 @@ class EngineLeaseClient:
             credential=reply.credential,
             attempt=reply.attempt,
             tools=tuple(binding.tool for binding in reply.bindings),
+            url=reply.bindings[0].url if reply.bindings else "",
         )
 
     async def close(self) -> None:

@@ -30,13 +30,21 @@ from .errors import (
     permission_denied,
     unavailable,
 )
+from .origins import CredentialOrigins
 from .secret_store import Secret, SecretNotFound, SecretStore, SecretStoreError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_MAX_LENGTHS = {"worker_id": 256, "lease_token": 512, "server": 128, "credential": 128}
+_MAX_LENGTHS = {
+    "worker_id": 256,
+    "lease_token": 512,
+    "server": 128,
+    "credential": 128,
+    "url": 2048,
+    "on_behalf_of": 256,
+}
 
 
 class LeaseVerifier(Protocol):
@@ -79,6 +87,7 @@ class CredentialIssuer:
         store: SecretStore,
         audit: AuditLog,
         max_ttl: dt.timedelta,
+        origins: CredentialOrigins | None = None,
         clock: Callable[[], dt.datetime] = _utc_now,
     ) -> None:
         if max_ttl <= dt.timedelta(0):
@@ -88,6 +97,7 @@ class CredentialIssuer:
         self._store = store
         self._audit = audit
         self._max_ttl = max_ttl
+        self._origins = origins or CredentialOrigins(None)
         self._clock = clock
 
     async def tool_credential(self, call: CallContext, request: ToolCredentialRequest) -> IssuedCredential:
@@ -111,11 +121,13 @@ class CredentialIssuer:
             )
             record.credential = lease.credential or None
             record.attempt = lease.attempt
+            record.url = lease.url or None
             if not lease.credential:
                 raise failed_precondition(
                     CREDENTIAL_NOT_CONFIGURED,
                     f"tool server {request.server!r} has no credential in the task's definition",
                 )
+            self._origins.check(lease.credential, lease.url)
             secret = await self._read(lease.credential)
             record.version = secret.version
             now = self._clock()
@@ -129,9 +141,22 @@ class CredentialIssuer:
         self._audit.issued(record, expire_time=issued.expire_time)
         return issued
 
-    async def deploy_credential(self, call: CallContext, credential: str, server: str) -> Secret:
-        """For the engine's deploy-time contract check: the secret of ``credential``, engine role only."""
-        record = AuditRecord(purpose="deploy", peer=call.peer, server=server, credential=credential)
+    async def deploy_credential(
+        self, call: CallContext, credential: str, server: str, url: str, on_behalf_of: str
+    ) -> Secret:
+        """For the engine's deploy-time contract check: the secret of ``credential``, engine role only.
+
+        Only for a ``url`` whose origin the credential is bound to; ``on_behalf_of`` (the deploying
+        operator, as the engine authenticated them) goes into the audit trail beside the engine.
+        """
+        record = AuditRecord(
+            purpose="deploy",
+            peer=call.peer,
+            server=server,
+            credential=credential,
+            url=url or None,
+            on_behalf_of=on_behalf_of or None,
+        )
 
         async def issue() -> Secret:
             caller = self._callers.authenticate(call.token)
@@ -139,6 +164,9 @@ class CredentialIssuer:
             caller.require_role(ENGINE)
             _require_text("credential", credential)
             _require_text("server", server)
+            _require_text("url", url)
+            _require_text("on_behalf_of", on_behalf_of)
+            self._origins.check(credential, url)
             secret = await self._read(credential)
             record.version = secret.version
             return secret

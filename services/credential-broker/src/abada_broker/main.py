@@ -23,6 +23,7 @@ from .config import BrokerSettings, ConfigError
 from .dev_tokens import DEFAULT_ENGINE_IDENTITY, DEFAULT_WORKER_IDENTITY, DevTokensExist, write_dev_tokens
 from .engine_client import EngineCredentialsError
 from .logs import configure_logging
+from .origins import OriginsFileError
 from .secret_store import SecretStoreConfigError
 from .server import start_broker
 
@@ -66,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--auth-tokens-file", type=Path, help="the callers' hashed tokens (ABADA_BROKER_AUTH_TOKENS_FILE)"
+    )
+    serve.add_argument(
+        "--credential-origins-file",
+        type=Path,
+        help="YAML credential-name: [https://host:port, ...]: where each credential may be sent; "
+        "unset, loopback servers only (ABADA_BROKER_CREDENTIAL_ORIGINS_FILE)",
     )
     serve.add_argument(
         "--insecure-dev",
@@ -165,6 +172,7 @@ def _serve_command(arguments: argparse.Namespace) -> int:
             "engine_address",
             "engine_token_file",
             "auth_tokens_file",
+            "credential_origins_file",
             "insecure_dev",
             "secret_backend",
             "secrets_file",
@@ -180,7 +188,14 @@ def _serve_command(arguments: argparse.Namespace) -> int:
     try:
         settings = BrokerSettings.from_env(overrides=overrides)
         asyncio.run(serve(settings))
-    except (ConfigError, CallersFileError, EngineCredentialsError, SecretStoreConfigError, OSError) as error:
+    except (
+        ConfigError,
+        CallersFileError,
+        EngineCredentialsError,
+        OriginsFileError,
+        SecretStoreConfigError,
+        OSError,
+    ) as error:
         log.error("the credential broker cannot start: %s", error, extra={"error_type": type(error).__name__})
         return EXIT_CONFIG
     except KeyboardInterrupt:

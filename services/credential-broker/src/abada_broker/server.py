@@ -31,6 +31,7 @@ from .auth import Callers, InsecureDevCallers, TokenFileCallers
 from .config import BrokerSettings, ConfigError
 from .engine_client import ClientTls, EngineLeaseClient, ServiceToken
 from .issuer import CredentialIssuer
+from .origins import CredentialOrigins
 from .secret_store import SecretStore, SecretStoreError, secret_store_from_env
 from .service import SERVICE_NAME, CredentialServicer
 
@@ -176,6 +177,7 @@ async def start_broker(settings: BrokerSettings) -> RunningBroker:
         store=store,
         audit=AuditLog(),
         max_ttl=dt.timedelta(seconds=settings.max_ttl_seconds),
+        origins=CredentialOrigins(settings.credential_origins_file),
     )
     server = grpc.aio.server()
     credential_pb2_grpc.add_CredentialServiceServicer_to_server(CredentialServicer(issuer), server)

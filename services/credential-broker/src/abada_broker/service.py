@@ -89,7 +89,7 @@ class CredentialServicer(credential_pb2_grpc.CredentialServiceServicer):
     ) -> credential_pb2.GetDeployCredentialResponse:
         try:
             secret = await self._issuer.deploy_credential(
-                _call_context(context), request.credential, request.server
+                _call_context(context), request.credential, request.server, request.url, request.on_behalf_of
             )
         except BrokerError as error:
             await _abort(context, error)

@@ -11,7 +11,7 @@ from abada_engine.errors import invalid
 from . import messages
 from .convert import parse_uuid
 from .errors import translates_errors
-from .guard import Guard
+from .guard import Guard, current_caller
 from .paging import page
 
 MAX_BUNDLE_BYTES = 4 * 1024 * 1024
@@ -34,7 +34,10 @@ class DefinitionHandler(definition_pb2_grpc.DefinitionServiceServicer):
             raise invalid(
                 "DEFINITION_INVALID", "content", f"the bundle is larger than {MAX_BUNDLE_BYTES} bytes"
             )
-        result = await self._catalog.deploy(request.content, request.source_name)
+        caller = current_caller.get()
+        result = await self._catalog.deploy(
+            request.content, request.source_name, caller.identity if caller is not None else ""
+        )
         return definition_pb2.DeployResponse(
             definitions=[messages.definition(d) for d in result.definitions],
             created_process_ids=result.created_process_ids,

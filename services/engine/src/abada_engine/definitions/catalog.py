@@ -27,7 +27,8 @@ from .parser import parse_bundle
 
 # What deploy learned from the live tool servers: (server, tool) -> SHA-256 of the tool's inputSchema.
 ObservedSchemas = dict[tuple[str, str], str]
-ContractCheck = Callable[[Bundle], Awaitable[ObservedSchemas]]
+# Called with the bundle and the identity of the operator deploying it.
+ContractCheck = Callable[[Bundle, str], Awaitable[ObservedSchemas]]
 
 
 @dataclass(frozen=True)
@@ -92,12 +93,12 @@ class DefinitionCatalog:
         self._cache: OrderedDict[uuid.UUID, Definition] = OrderedDict()
         self._cache_size = cache_size
 
-    async def deploy(self, content: str, source_name: str) -> DeployResult:
+    async def deploy(self, content: str, source_name: str, deployed_by: str = "") -> DeployResult:
         """Validate, check the live tool contracts, then freeze every changed process: all or nothing."""
         # Parsing is CPU work proportional to the bundle: off the event loop, so other calls go on.
         bundle = await asyncio.to_thread(parse_bundle, content, source_name or "bundle.yaml")
         observed: ObservedSchemas = (
-            await self._contract_check(bundle) if self._contract_check else {}
+            await self._contract_check(bundle, deployed_by) if self._contract_check else {}
         )
         results: list[Definition] = []
         created: list[str] = []

@@ -39,7 +39,9 @@ def schema_sha256(schema: Any) -> str:
 
 
 class CredentialSource(Protocol):
-    async def secret(self, credential: str, server: str) -> str: ...
+    async def secret(self, credential: str, server: str, url: str, deployed_by: str) -> str:
+        """The secret of `credential`, to be sent to `url` for the deploy of operator `deployed_by`."""
+        ...
 
 
 class FileCredentials:
@@ -48,7 +50,7 @@ class FileCredentials:
     def __init__(self, path: pathlib.Path) -> None:
         self._path = path
 
-    async def secret(self, credential: str, server: str) -> str:
+    async def secret(self, credential: str, server: str, url: str, deployed_by: str) -> str:
         try:
             data = yaml.safe_load(self._path.read_text()) or {}
         except (OSError, yaml.YAMLError) as error:
@@ -84,9 +86,10 @@ class McpContractCheck:
         self._credentials = credentials
         self._timeout = timeout_seconds
 
-    async def __call__(self, bundle: Bundle) -> ObservedSchemas:
+    async def __call__(self, bundle: Bundle, deployed_by: str) -> ObservedSchemas:
         results = await asyncio.gather(
-            *(self._check_server(server) for server in bundle.tool_servers.values()), return_exceptions=True
+            *(self._check_server(server, deployed_by) for server in bundle.tool_servers.values()),
+            return_exceptions=True,
         )
         observed: ObservedSchemas = {}
         for result in results:
@@ -95,10 +98,10 @@ class McpContractCheck:
             observed.update(result)
         return observed
 
-    async def _check_server(self, server: ToolServerSpec) -> ObservedSchemas:
+    async def _check_server(self, server: ToolServerSpec, deployed_by: str) -> ObservedSchemas:
         secret = None
         if server.credential and self._credentials is not None:
-            secret = await self._credentials.secret(server.credential, server.name)
+            secret = await self._credentials.secret(server.credential, server.name, server.url, deployed_by)
         try:
             listed = await asyncio.wait_for(self._list_tools(server.url, secret), timeout=self._timeout)
         except EngineError:
@@ -199,7 +202,7 @@ class BrokerCredentials:
             return grpc.aio.insecure_channel(self._address)
         return grpc.aio.secure_channel(self._address, self._tls.channel_credentials())
 
-    async def secret(self, credential: str, server: str) -> str:
+    async def secret(self, credential: str, server: str, url: str, deployed_by: str) -> str:
         metadata = []
         if self._token_file is not None:
             metadata.append(("authorization", f"Bearer {self._token_file.read_text().strip()}"))
@@ -216,7 +219,9 @@ class BrokerCredentials:
             stub = credential_pb2_grpc.CredentialServiceStub(channel)
             try:
                 answer = await stub.GetDeployCredential(
-                    credential_pb2.GetDeployCredentialRequest(credential=credential, server=server),
+                    credential_pb2.GetDeployCredentialRequest(
+                        credential=credential, server=server, url=url, on_behalf_of=deployed_by
+                    ),
                     metadata=metadata,
                     timeout=10,
                 )
@@ -226,10 +231,11 @@ class BrokerCredentials:
                     if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
                     else Category.FAILED_PRECONDITION
                 )
+                # The broker's reason (CREDENTIAL_ORIGIN_NOT_ALLOWED, ...) and message are the deployer's to see.
                 raise EngineError(
                     category,
                     "CREDENTIAL_UNAVAILABLE",
-                    f"the broker did not give credential {credential!r}: {error.code().name}",
+                    f"the broker did not give credential {credential!r}: {error.code().name}: {error.details()}",
                     field=f"tool_servers.{server}.credential",
                 ) from None
         return answer.secret
