@@ -40,14 +40,14 @@ async def failed_instance(engine) -> tuple[str, str, str]:
 
 
 async def test_incidents_lists_an_open_incident(engine):
-    instance_id, _, incident_id = await failed_instance(engine)
+    instance_id, task_id, incident_id = await failed_instance(engine)
     ran = await abada(engine.address, "incidents")
     assert ran.exit_code == 0, ran.stderr
     header, row = ran.stdout.splitlines()
-    assert header.split() == ["ID", "TYPE", "INSTANCE", "NODE", "AGE", "MESSAGE"]
+    assert header.split() == ["ID", "TYPE", "INSTANCE", "TASK", "NODE", "AGE", "MESSAGE"]
     cells = row.split()
-    assert cells[:4] == [incident_id, "SMTP_REFUSED", instance_id, "send"]
-    assert cells[4].endswith("s")
+    assert cells[:5] == [incident_id, "SMTP_REFUSED", instance_id, task_id, "send"]
+    assert cells[5].endswith("s")
     assert row.endswith("the mail relay refused the message")
 
 
@@ -74,9 +74,10 @@ async def test_resolve_retry_offers_the_task_again(engine):
     header, row = everything.stdout.splitlines()
     assert "STATE" in header.split() and "RESOLUTION" in header.split()
     cells = row.split()
-    assert (cells[0], cells[1], cells[3], cells[5], cells[6]) == (
+    assert (cells[0], cells[1], cells[3], cells[4], cells[6], cells[7]) == (
         incident_id,
         "SMTP_REFUSED",
+        task_id,
         "send",
         "RESOLVED",
         "RETRY",

@@ -160,10 +160,15 @@ async def test_show_prints_state_variables_and_history(engine):
     assert '"customerId": "C-42"' in ran.stdout
     assert '"id": 5531' in ran.stdout
     history = ran.stdout.split("history:\n", 1)[1].splitlines()
-    assert history[0].split() == ["TIME", "TYPE", "NODE", "DATA"]
-    types = [line.split()[2] for line in history[1:]]
-    assert types[0] == "INSTANCE_STARTED"
-    assert "TASK_CREATED" in types
+    assert history[0].split() == ["TIME", "TYPE", "NODE", "TASK", "DATA"]
+    rows = [line.split() for line in history[1:]]
+    assert rows[0][2] == "INSTANCE_STARTED"
+    [created] = [row for row in rows if row[2] == "TASK_CREATED"]
+    task_id = created[4]
+    assert created[3] == "send" and len(task_id) == 36
+    # The task id `abada journal` needs, listed by node above the history.
+    tasks = ran.stdout.split("tasks (abada journal TASK):\n", 1)[1].split("\n\n")[0].splitlines()
+    assert tasks[0].split() == ["NODE", "TASK"] and tasks[1].split() == ["send", task_id]
 
 
 async def test_show_json_holds_instance_and_history(engine):

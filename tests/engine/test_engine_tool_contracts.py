@@ -7,7 +7,9 @@ import time
 import grpc
 import pytest
 from abada.engine.v1 import common_pb2, definition_pb2
-from abada_engine.definitions.tool_contracts import schema_sha256
+from abada_engine.definitions.parser import parse_bundle
+from abada_engine.definitions.tool_contracts import McpContractCheck, schema_sha256
+from abada_engine.errors import EngineError
 from engine_helpers import deploy, error_info, fetch, start
 
 BUNDLE = """
@@ -125,11 +127,28 @@ async def test_an_unreachable_server_is_refused_quickly(engine, deploy_credentia
     assert error_info(caught.value).reason == "TOOL_SERVER_UNAVAILABLE"
 
 
-async def test_a_wrong_credential_is_refused_as_unavailable_server(engine, crm, deploy_credentials):
+async def test_a_wrong_credential_is_named_as_refused(engine, crm, deploy_credentials):
     deploy_credentials.write_text("crm-token: not-the-token\n")
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await deploy(engine, bundle(crm.url))
-    assert error_info(caught.value).reason == "TOOL_SERVER_UNAVAILABLE"
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_info(caught.value).reason == "TOOL_SERVER_UNAUTHORIZED"
+    assert f"tool server 'crm' at {crm.url} answered 401 Unauthorized" in caught.value.details()
+    assert "it refused the credential 'crm-token'" in caught.value.details()
+
+
+async def test_a_missing_credential_source_is_named_not_called_unreachable(crm):
+    # An engine started without ABADA_BROKER_ADDRESS or ABADA_DEPLOY_CREDENTIALS_FILE sends no token.
+    check = McpContractCheck(None, timeout_seconds=5)
+    with pytest.raises(EngineError) as caught:
+        await check(parse_bundle(bundle(crm.url)), "ops")
+    assert caught.value.reason == "TOOL_SERVER_UNAUTHORIZED"
+    assert caught.value.field == "tool_servers.crm.credential"
+    assert "no credential source to read 'crm-token' from" in caught.value.message
+    assert (
+        "ABADA_BROKER_ADDRESS" in caught.value.message
+        and "ABADA_DEPLOY_CREDENTIALS_FILE" in caught.value.message
+    )
 
 
 def test_schema_hash_is_the_sha256_of_canonical_json():

@@ -11,6 +11,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 from .fault import ENV as FAULT_ENV
@@ -62,6 +63,7 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         description="Abada agent worker: runs agent nodes (topic abada:agent) with MCP tools.",
     )
     add = parser.add_argument
+    add("--version", action="version", version=f"%(prog)s {metadata.version('abada-agent-worker')}")
     add(
         "--engine-address",
         default=default("ABADA_ENGINE_ADDRESS", defaults.engine_address),

@@ -16,6 +16,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 
 from .auth import CallersFileError, hash_token
@@ -37,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="abada-broker",
         description="Abada's credential broker: tool-server secrets, only for the holder of a live lease.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {metadata.version('abada-credential-broker')}"
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -111,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _arguments(argv: Sequence[str]) -> argparse.Namespace:
     arguments = list(argv)
-    if not arguments or (arguments[0] not in _COMMANDS and arguments[0] not in ("-h", "--help")):
+    if not arguments or (arguments[0] not in _COMMANDS and arguments[0] not in ("-h", "--help", "--version")):
         arguments.insert(0, "serve")
     return _parser().parse_args(arguments)
 

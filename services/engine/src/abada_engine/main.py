@@ -9,6 +9,7 @@ import logging
 import os
 import pathlib
 import signal
+from importlib import metadata
 
 from .api.guard import Guard
 from .api.http import HttpServer, build_app
@@ -117,6 +118,7 @@ async def migrate_only(settings: EngineSettings) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="abada-engine", description=__doc__)
     parser.add_argument("command", nargs="?", default="serve", choices=["serve", "migrate"])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {metadata.version('abada-engine')}")
     args = parser.parse_args()
     settings = EngineSettings.from_env()
     configure_logging("engine", settings.log_level)

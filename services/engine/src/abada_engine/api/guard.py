@@ -17,6 +17,7 @@ _SERVICE_ROLES = {
     "abada.engine.v1.ProcessService": "operator",
     "abada.engine.v1.IncidentService": "operator",
     "abada.engine.v1.LeaseService": "broker",
+    "abada.engine.v1.QueueService": "operator",
 }
 _METHOD_ROLES = {
     "abada.engine.v1.ExternalTaskService/GetJournal": "operator",

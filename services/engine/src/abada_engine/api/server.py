@@ -17,6 +17,8 @@ from abada.engine.v1 import (
     lease_pb2_grpc,
     process_pb2,
     process_pb2_grpc,
+    queue_pb2,
+    queue_pb2_grpc,
 )
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -31,6 +33,7 @@ from abada_engine.runtime.incidents import Incidents
 from abada_engine.runtime.instances import Instances
 from abada_engine.runtime.journal import Journal, JournalResolutions, Takeover
 from abada_engine.runtime.leases import Leases
+from abada_engine.runtime.queue_stats import QueueStats
 from abada_engine.runtime.reaper import Periodic
 from abada_engine.runtime.wakeups import TaskWakeups
 
@@ -40,6 +43,7 @@ from .guard import Guard
 from .incident_handler import IncidentHandler
 from .lease_handler import LeaseHandler
 from .process_handler import ProcessHandler
+from .queue_handler import QueueHandler
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,7 @@ SERVICE_NAMES = (
     external_task_pb2.DESCRIPTOR.services_by_name["ExternalTaskService"].full_name,
     incident_pb2.DESCRIPTOR.services_by_name["IncidentService"].full_name,
     lease_pb2.DESCRIPTOR.services_by_name["LeaseService"].full_name,
+    queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
 )
 
 
@@ -146,6 +151,7 @@ async def start_grpc_server(
         ),
         (incident_pb2_grpc.add_IncidentServiceServicer_to_server, IncidentHandler(core.incidents)),
         (lease_pb2_grpc.add_LeaseServiceServicer_to_server, LeaseHandler(core.leases)),
+        (queue_pb2_grpc.add_QueueServiceServicer_to_server, QueueHandler(QueueStats(core.db))),
     )
     for add, handler in handlers:
         # Health and reflection stay open: probes carry no credentials.

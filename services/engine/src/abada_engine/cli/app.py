@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import enum
+import time
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from abada.engine.v1 import definition_pb2, external_task_pb2, incident_pb2, process_pb2
+from abada.engine.v1 import definition_pb2, external_task_pb2, incident_pb2, process_pb2, queue_pb2
 from google.protobuf.message import Message
 from typer.core import TyperGroup
 
@@ -20,16 +23,25 @@ from .client import (
     LazyEngine,
     read_token_file,
 )
-from .errors import CliError, invalid_input
+from .errors import FAILURE, CliError, invalid_input
+from .global_options import hoist
 from .inputs import json_object, to_struct, variables
-from .render import message_dict, to_json
+from .output import OutputFormat, data_of, emit
+from .render import compact_json, message_dict
 
 # The engine caps a page at 500; asking for full pages keeps long listings to a few round trips.
 _MAX_PAGE_SIZE = 500
 
 
+# How often `start --wait` and `show --follow` ask the engine again.
+_POLL_SECONDS = 0.5
+
+
 class _ReportingGroup(TyperGroup):
-    """Every command's CliError becomes `error: ...` on stderr and its exit code, never a traceback."""
+    """Global options anywhere on the line; every CliError becomes `error: ...` on stderr, never a traceback."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, hoist(self, ctx, args))
 
     def invoke(self, ctx: typer.Context) -> Any:
         try:
@@ -38,6 +50,8 @@ class _ReportingGroup(TyperGroup):
             for line in error.lines():
                 typer.echo(line, err=True)
             raise typer.Exit(error.exit_code) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
 
 
 app = typer.Typer(
@@ -46,10 +60,8 @@ app = typer.Typer(
     help="Operate an Abada engine: deploy definitions, start and inspect instances, decide incidents.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
 )
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the engine's answer as JSON, for scripts.")]
 VarOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -92,6 +104,18 @@ def _choose_token(ctx: typer.Context, token: str | None, token_file: Path | None
     return read_token_file(token_file) if token_file else None
 
 
+@dataclass
+class CliState:
+    engine: LazyEngine
+    output: OutputFormat
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"abada {metadata.version('abada-engine')}")
+        raise typer.Exit()
+
+
 @app.callback()
 def connect(
     ctx: typer.Context,
@@ -121,30 +145,49 @@ def connect(
     timeout: Annotated[
         float, typer.Option(envvar="ABADA_TIMEOUT", min=0.1, help="Seconds to wait for each answer.")
     ] = DEFAULT_TIMEOUT_SECONDS,
+    output: Annotated[
+        OutputFormat,
+        typer.Option(
+            "--output",
+            "-o",
+            envvar="ABADA_OUTPUT",
+            help="How to print answers: table (for people), json or yaml.",
+        ),
+    ] = OutputFormat.table,
+    as_json: Annotated[bool, typer.Option("--json", help="Same as --output json.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
 ) -> None:
+    """Options go before or after the command: `abada instances --token-file F` works too."""
     chosen_token = _choose_token(ctx, token, token_file)
     lazy = LazyEngine(ConnectionSettings(engine, timeout, chosen_token, tls_ca, tls_cert, tls_key))
-    ctx.obj = lazy
+    ctx.obj = CliState(lazy, OutputFormat.json if as_json else output)
     ctx.call_on_close(lazy.close)
 
 
+def _state(ctx: typer.Context) -> CliState:
+    state: CliState = ctx.find_root().obj
+    return state
+
+
 def _client(ctx: typer.Context) -> EngineClient:
-    lazy: LazyEngine = ctx.find_root().obj
-    return lazy.client
+    return _state(ctx).engine.client
 
 
-def _emit(as_json: bool, payload: Message | dict[str, Any], human: str) -> None:
-    if as_json:
-        typer.echo(to_json(message_dict(payload) if isinstance(payload, Message) else payload))
-    else:
-        typer.echo(human)
+def _emit(ctx: typer.Context, payload: Message | dict[str, Any], human: str) -> None:
+    emit(_state(ctx).output, payload, human)
+
+
+def _for_people(ctx: typer.Context) -> bool:
+    return _state(ctx).output is OutputFormat.table
 
 
 @app.command()
 def deploy(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="A YAML bundle.")],
-    as_json: JsonFlag = False,
 ) -> None:
     """Deploy a bundle: each changed process becomes a new frozen version."""
     try:
@@ -155,14 +198,13 @@ def deploy(
     response = client.call(
         client.definitions.Deploy, definition_pb2.DeployRequest(source_name=file.name, content=content)
     )
-    _emit(as_json, response, views.deployment(file.name, response))
+    _emit(ctx, response, views.deployment(file.name, response))
 
 
 @app.command()
 def definitions(
     ctx: typer.Context,
     process: Annotated[str | None, typer.Option(help="Only versions of this process.")] = None,
-    as_json: JsonFlag = False,
 ) -> None:
     """List definition versions, newest first."""
     client = _client(ctx)
@@ -180,7 +222,7 @@ def definitions(
         if not page_token:
             break
     listed = definition_pb2.ListDefinitionsResponse(definitions=found)
-    _emit(as_json, listed, views.definitions_table(found) if found else "no definitions")
+    _emit(ctx, listed, views.definitions_table(found) if found else "no definitions")
 
 
 @app.command()
@@ -191,9 +233,18 @@ def start(
     vars_json: VarsJsonOption = None,
     version: Annotated[int, typer.Option(min=0, help="The definition version; 0 means the latest.")] = 0,
     business_key: Annotated[str | None, typer.Option(help="Your own reference for this instance.")] = None,
-    as_json: JsonFlag = False,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait", help="Wait until the instance ends (or an incident holds it); print how."),
+    ] = False,
+    wait_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout", min=0.1, help="With --wait: give up after this many seconds (exit code 3)."
+        ),
+    ] = None,
 ) -> None:
-    """Start an instance of a process."""
+    """Start an instance of a process (with --wait, until it ends)."""
     values = variables(var or [], vars_json)
     client = _client(ctx)
     response = client.call(
@@ -202,7 +253,61 @@ def start(
             process_id=process, version=version, variables=to_struct(values), business_key=business_key or ""
         ),
     )
-    _emit(as_json, response, "started\n" + views.started(response.instance))
+    if not wait:
+        _emit(ctx, response, "started\n" + views.started(response.instance))
+        return
+    if _for_people(ctx):
+        typer.echo(f"started {response.instance.id}; waiting for it to end…", err=True)
+    _wait_and_report(ctx, client, response.instance.id, wait_timeout)
+
+
+# Exit codes of `start --wait`: 0 completed, 1 canceled or held by an incident, 3 still running.
+_STILL_RUNNING = 3
+
+
+def _wait_and_report(
+    ctx: typer.Context, client: EngineClient, instance_id: str, timeout: float | None
+) -> None:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        instance = client.call(
+            client.processes.GetInstance, process_pb2.GetInstanceRequest(instance_id=instance_id)
+        ).instance
+        ended = instance.state != process_pb2.INSTANCE_STATE_ACTIVE
+        if ended or instance.open_incidents or (deadline is not None and time.monotonic() >= deadline):
+            break
+        time.sleep(_POLL_SECONDS)
+    incidents: list[incident_pb2.Incident] = []
+    if instance.open_incidents:
+        incidents = list(
+            client.call(
+                client.incidents.ListIncidents, incident_pb2.ListIncidentsRequest(instance_id=instance_id)
+            ).incidents
+        )
+    payload = {"instance": message_dict(instance), "incidents": [message_dict(i) for i in incidents]}
+    _emit(ctx, payload, views.outcome(instance, incidents))
+    if instance.state == process_pb2.INSTANCE_STATE_COMPLETED:
+        return
+    if instance.state == process_pb2.INSTANCE_STATE_ACTIVE and not incidents:
+        if _for_people(ctx):
+            typer.echo(f"gave up waiting after {timeout:g}s; the instance goes on", err=True)
+        raise typer.Exit(_STILL_RUNNING)
+    raise typer.Exit(FAILURE)
+
+
+@app.command()
+def cancel(
+    ctx: typer.Context,
+    instance: Annotated[str, typer.Argument(help="The instance id.")],
+    reason: Annotated[str | None, typer.Option(help="Why; kept in the instance's history.")] = None,
+) -> None:
+    """Cancel a running instance: its open tasks are withdrawn and it ends CANCELED."""
+    client = _client(ctx)
+    response = client.call(
+        client.processes.CancelInstance,
+        process_pb2.CancelInstanceRequest(instance_id=instance, reason=reason or ""),
+    )
+    _emit(ctx, response, "canceled\n" + views.started(response.instance))
 
 
 @app.command()
@@ -211,7 +316,6 @@ def instances(
     process: Annotated[str | None, typer.Option(help="Only instances of this process.")] = None,
     state: Annotated[InstanceStateChoice | None, typer.Option(help="Only instances in this state.")] = None,
     limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 100,
-    as_json: JsonFlag = False,
 ) -> None:
     """List instances, following the engine's pages up to --limit."""
     client = _client(ctx)
@@ -232,8 +336,8 @@ def instances(
         if not page_token:
             break
     listed = process_pb2.ListInstancesResponse(instances=found[:limit], next_page_token=page_token)
-    _emit(as_json, listed, views.instances_table(found[:limit]) if found else "no instances")
-    if page_token and not as_json:
+    _emit(ctx, listed, views.instances_table(found[:limit]) if found else "no instances")
+    if page_token and _for_people(ctx):
         typer.echo(f"(showing the first {limit}; raise --limit to see more)", err=True)
 
 
@@ -241,14 +345,66 @@ def instances(
 def show(
     ctx: typer.Context,
     instance: Annotated[str, typer.Argument(help="The instance id.")],
-    as_json: JsonFlag = False,
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", "-f", help="Then print each new history event until the instance ends."),
+    ] = False,
 ) -> None:
-    """Show one instance: state, current node, variables and history."""
+    """Show one instance: state, current node, variables, its tasks and history."""
     client = _client(ctx)
     found = client.call(client.processes.GetInstance, process_pb2.GetInstanceRequest(instance_id=instance))
     history = client.call(client.processes.GetHistory, process_pb2.GetHistoryRequest(instance_id=instance))
-    payload = {"instance": message_dict(found.instance), "events": message_dict(history).get("events", [])}
-    _emit(as_json, payload, views.instance_card(found.instance, history.events))
+    if not follow:
+        payload = {
+            "instance": message_dict(found.instance),
+            "events": message_dict(history).get("events", []),
+        }
+        _emit(ctx, payload, views.instance_card(found.instance, history.events))
+        return
+    _follow(ctx, client, found.instance, list(history.events))
+
+
+def _follow(
+    ctx: typer.Context,
+    client: EngineClient,
+    instance: process_pb2.Instance,
+    events: list[process_pb2.HistoryEvent],
+) -> None:
+    """Streams history as it is written (JSON or YAML: one event per line or document) until the end."""
+    people = _for_people(ctx)
+    output = _state(ctx).output
+    if people:
+        typer.echo(
+            f"instance {instance.id} ({instance.process_id} v{instance.version}); Ctrl-C stops following"
+        )
+    seen: set[int] = set()
+    while True:
+        for event in events:
+            if event.id in seen:
+                continue
+            seen.add(event.id)
+            if people:
+                typer.echo(views.history_line(event))
+            elif output is OutputFormat.json:
+                typer.echo(compact_json(data_of(event)))
+            else:
+                emit(output, event, "")
+                typer.echo("---")
+        if instance.state != process_pb2.INSTANCE_STATE_ACTIVE:
+            break
+        time.sleep(_POLL_SECONDS)
+        instance = client.call(
+            client.processes.GetInstance, process_pb2.GetInstanceRequest(instance_id=instance.id)
+        ).instance
+        events = list(
+            client.call(
+                client.processes.GetHistory, process_pb2.GetHistoryRequest(instance_id=instance.id)
+            ).events
+        )
+    if people:
+        typer.echo(
+            f"instance {instance.id} {views.instance_state(instance.state)} at {instance.current_node_id or '-'}"
+        )
 
 
 @app.command()
@@ -259,7 +415,6 @@ def incidents(
     incident_type: Annotated[
         str | None, typer.Option("--type", help="Only this type, e.g. TOOL_OUTCOME_UNKNOWN.")
     ] = None,
-    as_json: JsonFlag = False,
 ) -> None:
     """List open incidents (with --all, resolved ones too)."""
     client = _client(ctx)
@@ -279,7 +434,7 @@ def incidents(
         found.extend(response.incidents)
     found.sort(key=lambda i: (i.create_time.seconds, i.create_time.nanos))
     listed = incident_pb2.ListIncidentsResponse(incidents=found)
-    _emit(as_json, listed, views.incidents_table(found, with_state=show_all) if found else "no incidents")
+    _emit(ctx, listed, views.incidents_table(found, with_state=show_all) if found else "no incidents")
 
 
 @app.command()
@@ -298,7 +453,6 @@ def resolve(
     ] = False,
     cancel: Annotated[bool, typer.Option("--cancel", help="Cancel the instance.")] = False,
     comment: Annotated[str | None, typer.Option(help="Why; kept in the instance's history.")] = None,
-    as_json: JsonFlag = False,
 ) -> None:
     """Decide an incident: --retry, --happened --result JSON, --did-not-happen or --cancel."""
     chosen = [
@@ -324,14 +478,13 @@ def resolve(
         raise invalid_input("--result only goes with --happened")
     client = _client(ctx)
     response = client.call(client.incidents.ResolveIncident, request)
-    _emit(as_json, response, "resolved\n" + views.resolved(response.incident))
+    _emit(ctx, response, "resolved\n" + views.resolved(response.incident))
 
 
 @app.command("user-tasks")
 def user_tasks(
     ctx: typer.Context,
     instance: Annotated[str | None, typer.Option(help="Only user tasks of this instance.")] = None,
-    as_json: JsonFlag = False,
 ) -> None:
     """List the user tasks waiting for a person."""
     client = _client(ctx)
@@ -339,7 +492,7 @@ def user_tasks(
         client.processes.ListUserTasks, process_pb2.ListUserTasksRequest(instance_id=instance or "")
     )
     _emit(
-        as_json,
+        ctx,
         response,
         views.user_tasks_table(response.user_tasks) if response.user_tasks else "no user tasks",
     )
@@ -351,7 +504,6 @@ def complete_user_task(
     task: Annotated[str, typer.Argument(help="The user task id.")],
     var: VarOption = None,
     vars_json: VarsJsonOption = None,
-    as_json: JsonFlag = False,
 ) -> None:
     """Complete a waiting user task, optionally writing variables."""
     values = variables(var or [], vars_json)
@@ -360,20 +512,47 @@ def complete_user_task(
         client.processes.CompleteUserTask,
         process_pb2.CompleteUserTaskRequest(user_task_id=task, variables=to_struct(values)),
     )
-    _emit(as_json, response, views.user_task_completed(task, response.instance))
+    _emit(ctx, response, views.user_task_completed(task, response.instance))
 
 
 @app.command()
 def journal(
     ctx: typer.Context,
     task: Annotated[str, typer.Argument(help="The external task id.")],
-    as_json: JsonFlag = False,
 ) -> None:
     """Show a task's step journal across all attempts (--json for the full payloads)."""
     client = _client(ctx)
     response = client.call(client.tasks.GetJournal, external_task_pb2.GetJournalRequest(task_id=task))
     steps = sorted(response.steps, key=lambda s: s.sequence)
-    _emit(as_json, response, views.journal_table(steps) if steps else f"no journal steps for task {task}")
+    _emit(ctx, response, views.journal_table(steps) if steps else f"no journal steps for task {task}")
+
+
+@app.command()
+def tasks(
+    ctx: typer.Context,
+    topic: Annotated[str | None, typer.Option(help="Only tasks of this topic.")] = None,
+    instance: Annotated[str | None, typer.Option(help="Only tasks of this instance.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="Show at most this many.")] = 100,
+) -> None:
+    """List open external tasks: state, attempt, the worker holding it, age."""
+    client = _client(ctx)
+    response = client.call(
+        client.queue.ListTasks,
+        queue_pb2.ListTasksRequest(topic_name=topic or "", instance_id=instance or "", page_size=limit),
+    )
+    _emit(ctx, response, views.queued_tasks_table(response.tasks) if response.tasks else "no open tasks")
+
+
+@app.command()
+def topics(ctx: typer.Context) -> None:
+    """Queue figures per topic (what autoscalers read): ready, leased, delayed, demand, oldest wait."""
+    client = _client(ctx)
+    response = client.call(client.queue.ListTopics, queue_pb2.ListTopicsRequest())
+    _emit(
+        ctx,
+        response,
+        views.topics_table(response.topics) if response.topics else "no open tasks on any topic",
+    )
 
 
 def main() -> None:

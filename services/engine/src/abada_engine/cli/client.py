@@ -13,6 +13,7 @@ from abada.engine.v1 import (
     external_task_pb2_grpc,
     incident_pb2_grpc,
     process_pb2_grpc,
+    queue_pb2_grpc,
 )
 
 from .errors import from_rpc_error, invalid_input
@@ -77,13 +78,16 @@ class EngineClient:
         self.processes = process_pb2_grpc.ProcessServiceStub(self._channel)
         self.tasks = external_task_pb2_grpc.ExternalTaskServiceStub(self._channel)
         self.incidents = incident_pb2_grpc.IncidentServiceStub(self._channel)
+        self.queue = queue_pb2_grpc.QueueServiceStub(self._channel)
 
     def call(self, method: Callable[..., Response], request: Any) -> Response:
         metadata = (("authorization", f"Bearer {self._settings.token}"),) if self._settings.token else None
         try:
             return method(request, timeout=self._settings.timeout, metadata=metadata)
         except grpc.RpcError as error:
-            raise from_rpc_error(error, self._settings.address, self._settings.timeout) from None
+            raise from_rpc_error(
+                error, self._settings.address, self._settings.timeout, has_token=bool(self._settings.token)
+            ) from None
 
     def close(self) -> None:
         self._channel.close()

@@ -32,11 +32,22 @@ def invalid_input(message: str) -> CliError:
     return CliError(message, INVALID_INPUT)
 
 
-def from_rpc_error(error: grpc.RpcError, address: str, timeout: float) -> CliError:
+NO_TOKEN_HINT = "give --token-file FILE (or set ABADA_TOKEN_FILE), or --token / ABADA_TOKEN"
+
+
+def from_rpc_error(error: grpc.RpcError, address: str, timeout: float, has_token: bool = True) -> CliError:
     code: grpc.StatusCode = error.code()  # type: ignore[attr-defined]
     text: str = error.details() or ""  # type: ignore[attr-defined]
     info, violations = _rich_details(error)
     exit_code = INVALID_INPUT if code in _INVALID_INPUT_CODES else FAILURE
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        # Said in the CLI's terms: which flag or variable to set, not which gRPC metadata to send.
+        if not has_token:
+            return CliError(f"the engine at {address} wants a token (UNAUTHENTICATED): {NO_TOKEN_HINT}")
+        return CliError(
+            f"the engine at {address} does not know this token (UNAUTHENTICATED); "
+            "check --token-file / ABADA_TOKEN_FILE"
+        )
     if info is None:
         # Without ErrorInfo the status came from the transport, not from the engine's own checks.
         if code == grpc.StatusCode.UNAVAILABLE:

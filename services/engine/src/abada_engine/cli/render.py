@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import shutil
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -14,14 +17,71 @@ EMPTY = "-"
 ELLIPSIS = "…"
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """Plain columns two spaces apart, so output stays greppable and never wraps a cell."""
+_GAP = 2
+# Ids are what a person copies into the next command: they are never cut.
+_UNCUT = frozenset({"ID", "INSTANCE", "TASK", "DEFINITION", "INCIDENT"})
+_NARROWEST = 6
+
+
+def terminal_width() -> int | None:
+    """COLUMNS when set, else the terminal's width; None when writing to a pipe or a file (no limit)."""
+    configured = os.environ.get("COLUMNS", "")
+    if configured.isdigit() and int(configured) > 0:
+        return int(configured)
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    *,
+    drop: Sequence[str] = (),
+    width: int | None = None,
+) -> str:
+    """Plain columns two spaces apart, fitted to the terminal's width.
+
+    Too wide, the widest cells are cut first (ids never); if that is not enough, the columns named in
+    `drop` go, in that order. Written to a pipe nothing is cut, so output stays greppable.
+    """
+    limit = width if width is not None else terminal_width()
+    kept = list(headers)
     lines = [list(headers), *(list(row) for row in rows)]
-    widths = [max(len(line[column]) for line in lines) for column in range(len(headers))]
+    widths, fits = _fit(kept, lines, limit)
+    for name in drop:
+        if fits or name not in kept:
+            continue
+        column = kept.index(name)
+        kept.pop(column)
+        lines = [line[:column] + line[column + 1 :] for line in lines]
+        widths, fits = _fit(kept, lines, limit)
     rendered = [
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)) for line in lines
+        "  ".join(shorten(cell, width).ljust(width) for cell, width in zip(line, widths, strict=True))
+        for line in lines
     ]
     return "\n".join(line.rstrip() for line in rendered)
+
+
+def _fit(headers: list[str], lines: list[list[str]], limit: int | None) -> tuple[list[int], bool]:
+    """Column widths within `limit`, narrowing the widest cuttable column step by step; False if they
+    cannot fit (the widths are then as narrow as allowed)."""
+    widths = [max(len(line[column]) for line in lines) for column in range(len(headers))]
+    if limit is None:
+        return widths, True
+    floors = [
+        widths[i] if name in _UNCUT else min(widths[i], max(len(name), _NARROWEST))
+        for i, name in enumerate(headers)
+    ]
+    excess = sum(widths) + _GAP * (len(widths) - 1) - limit
+    while excess > 0:
+        candidates = [i for i in range(len(widths)) if widths[i] > floors[i]]
+        if not candidates:
+            return widths, False
+        widest = max(candidates, key=lambda i: widths[i])
+        widths[widest] -= 1
+        excess -= 1
+    return widths, True
 
 
 def fields(pairs: Sequence[tuple[str, str]], indent: str = "") -> str:

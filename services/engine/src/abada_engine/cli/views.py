@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from abada.engine.v1 import common_pb2, definition_pb2, external_task_pb2, incident_pb2, process_pb2
+from abada.engine.v1 import (
+    common_pb2,
+    definition_pb2,
+    external_task_pb2,
+    incident_pb2,
+    process_pb2,
+    queue_pb2,
+)
 from google.protobuf import struct_pb2
 
 from .render import (
@@ -135,15 +142,46 @@ def instances_table(instances: Sequence[process_pb2.Instance]) -> str:
         )
         for i in instances
     ]
-    return table(("ID", "PROCESS", "VERSION", "STATE", "NODE", "INCIDENTS", "BUSINESS KEY", "STARTED"), rows)
+    return table(
+        ("ID", "PROCESS", "VERSION", "STATE", "NODE", "INCIDENTS", "BUSINESS KEY", "STARTED"),
+        rows,
+        drop=("STARTED", "BUSINESS KEY", "VERSION", "INCIDENTS"),
+    )
 
 
 def history_table(events: Sequence[process_pb2.HistoryEvent]) -> str:
     rows = [
-        (moment(e.create_time, precise=True), e.type, e.node_id or EMPTY, summary(struct_value(e.data)))
+        (
+            moment(e.create_time, precise=True),
+            e.type,
+            e.node_id or EMPTY,
+            e.task_id or EMPTY,
+            summary(struct_value(e.data)),
+        )
         for e in events
     ]
-    return table(("TIME", "TYPE", "NODE", "DATA"), rows)
+    return table(("TIME", "TYPE", "NODE", "TASK", "DATA"), rows, drop=("TASK", "TIME"))
+
+
+def history_line(event: process_pb2.HistoryEvent) -> str:
+    """One event on one line, for following an instance as it runs."""
+    parts = [moment(event.create_time, precise=True), event.type, event.node_id or EMPTY]
+    if event.task_id:
+        parts.append(f"task {event.task_id}")
+    data = summary(struct_value(event.data), 80)
+    if data != EMPTY:
+        parts.append(data)
+    return "  ".join(parts)
+
+
+def tasks_of(events: Sequence[process_pb2.HistoryEvent]) -> str:
+    """The instance's tasks by node, each with the command that shows its journal."""
+    seen: dict[str, str] = {}
+    for event in events:
+        if event.task_id and event.task_id not in seen:
+            seen[event.task_id] = event.node_id
+    rows = [(node or EMPTY, task_id) for task_id, node in seen.items()]
+    return table(("NODE", "TASK"), rows)
 
 
 def instance_card(instance: process_pb2.Instance, events: Sequence[process_pb2.HistoryEvent]) -> str:
@@ -160,11 +198,15 @@ def instance_card(instance: process_pb2.Instance, events: Sequence[process_pb2.H
         ]
     )
     history = history_table(events) if events else "(no history)"
-    return f"{card}\n\nvariables:\n{pretty_json(struct_value(instance.variables))}\n\nhistory:\n{history}"
+    parts = [card, f"variables:\n{pretty_json(struct_value(instance.variables))}"]
+    if any(e.task_id for e in events):
+        parts.append(f"tasks (abada journal TASK):\n{tasks_of(events)}")
+    parts.append(f"history:\n{history}")
+    return "\n\n".join(parts)
 
 
 def incidents_table(incidents: Sequence[incident_pb2.Incident], with_state: bool) -> str:
-    headers = ["ID", "TYPE", "INSTANCE", "NODE", "AGE"]
+    headers = ["ID", "TYPE", "INSTANCE", "TASK", "NODE", "AGE"]
     if with_state:
         headers += ["STATE", "RESOLUTION"]
     headers.append("MESSAGE")
@@ -174,6 +216,7 @@ def incidents_table(incidents: Sequence[incident_pb2.Incident], with_state: bool
             incident.id,
             incident.type,
             incident.instance_id,
+            incident.task_id or EMPTY,
             incident.node_id or EMPTY,
             age(incident.create_time),
         ]
@@ -184,7 +227,7 @@ def incidents_table(incidents: Sequence[incident_pb2.Incident], with_state: bool
             ]
         row.append(" ".join(incident.message.split()) or EMPTY)
         rows.append(row)
-    parts = [table(headers, rows)]
+    parts = [table(headers, rows, drop=("AGE", "NODE", "RESOLUTION", "STATE"))]
     parts += [outcome_unknown_card(i) for i in incidents if i.type == "TOOL_OUTCOME_UNKNOWN"]
     return "\n\n".join(parts)
 
@@ -269,4 +312,62 @@ def journal_table(steps: Sequence[external_task_pb2.JournalStep]) -> str:
         "REQUEST",
         "RESPONSE",
     )
-    return table(headers, rows)
+    # Narrow, the requests go first (--output json has them whole); ABANDONED only when no step is.
+    droppable = ["REQUEST", "IDEMPOTENCY KEY"] + ([] if any(s.abandoned for s in steps) else ["ABANDONED"])
+    return table(headers, rows, drop=droppable)
+
+
+def outcome(instance: process_pb2.Instance, incidents: Sequence[incident_pb2.Incident]) -> str:
+    """How a waited-for instance ended (or where it stands), for `start --wait`."""
+    parts = [
+        fields(
+            [
+                ("instance", instance.id),
+                ("process", f"{instance.process_id} v{instance.version}"),
+                ("state", instance_state(instance.state)),
+                ("token at", instance.current_node_id or EMPTY),
+                *([("business key", instance.business_key)] if instance.business_key else []),
+            ]
+        ),
+        f"variables:\n{pretty_json(struct_value(instance.variables))}",
+    ]
+    if incidents:
+        parts.append(incidents_table(incidents, with_state=False))
+    return "\n\n".join(parts)
+
+
+def queued_tasks_table(tasks: Sequence[queue_pb2.QueuedTask]) -> str:
+    rows = [
+        (
+            t.id,
+            t.topic_name,
+            t.state,
+            str(t.attempt),
+            str(t.retries_left),
+            t.lease_owner or EMPTY,
+            age(t.create_time),
+            t.node_id,
+            t.instance_id,
+        )
+        for t in tasks
+    ]
+    return table(
+        ("ID", "TOPIC", "STATE", "ATTEMPT", "RETRIES LEFT", "HOLDER", "AGE", "NODE", "INSTANCE"),
+        rows,
+        drop=("INSTANCE", "NODE", "RETRIES LEFT"),
+    )
+
+
+def topics_table(topics: Sequence[queue_pb2.TopicStats]) -> str:
+    rows = [
+        (
+            t.name,
+            str(t.ready),
+            str(t.leased),
+            str(t.delayed),
+            str(t.demand),
+            f"{t.oldest_ready_age_seconds:.1f}s" if t.ready else EMPTY,
+        )
+        for t in topics
+    ]
+    return table(("TOPIC", "READY", "LEASED", "DELAYED", "DEMAND", "OLDEST READY"), rows)

@@ -102,11 +102,16 @@ class McpContractCheck:
         secret = None
         if server.credential and self._credentials is not None:
             secret = await self._credentials.secret(server.credential, server.name, server.url, deployed_by)
+        refusals: list[int] = []
         try:
-            listed = await asyncio.wait_for(self._list_tools(server.url, secret), timeout=self._timeout)
+            listed = await asyncio.wait_for(
+                self._list_tools(server.url, secret, refusals), timeout=self._timeout
+            )
         except EngineError:
             raise
         except (TimeoutError, Exception) as error:  # any transport failure means the same to the deployer
+            if refusals:
+                raise _refused(server, refusals[0], secret is not None) from None
             cause = (
                 "no answer within the deploy timeout" if isinstance(error, TimeoutError) else _describe(error)
             )
@@ -137,9 +142,16 @@ class McpContractCheck:
             observed[(server.name, tool.name)] = digest
         return observed
 
-    async def _list_tools(self, url: str, secret: str | None) -> dict[str, Any]:
+    async def _list_tools(self, url: str, secret: str | None, refusals: list[int]) -> dict[str, Any]:
+        """The server's tools and input schemas; a 401/403 answer is noted in `refusals` on the way."""
         auth = _Bearer(secret) if secret else None
-        async with httpx2.AsyncClient(auth=auth, timeout=self._timeout) as http:
+
+        async def note_refusal(response: httpx2.Response) -> None:
+            if response.status_code in (401, 403):
+                refusals.append(response.status_code)
+
+        hooks = {"response": [note_refusal]}
+        async with httpx2.AsyncClient(auth=auth, timeout=self._timeout, event_hooks=hooks) as http:
             async with streamable_http_client(url, http_client=http) as (read_stream, write_stream):
                 async with ClientSession(read_stream, write_stream) as session:
                     await session.initialize()
@@ -153,6 +165,27 @@ class McpContractCheck:
                         cursor = page.next_cursor
                         if not cursor:
                             return tools
+
+
+def _refused(server: ToolServerSpec, status: int, sent_credential: bool) -> EngineError:
+    """The server wants credentials: say which is missing or refused, not that the server is unreachable."""
+    answered = f"tool server {server.name!r} at {server.url} answered {status} {'Unauthorized' if status == 401 else 'Forbidden'}"
+    if not server.credential:
+        why = "the bundle names no credential for it (tool_servers[].credential)"
+    elif not sent_credential:
+        why = (
+            f"the engine has no credential source to read {server.credential!r} from: "
+            "set ABADA_BROKER_ADDRESS (with ABADA_BROKER_TOKEN_FILE) or ABADA_DEPLOY_CREDENTIALS_FILE"
+        )
+    else:
+        why = f"it refused the credential {server.credential!r}"
+    return EngineError(
+        Category.FAILED_PRECONDITION,
+        "TOOL_SERVER_UNAUTHORIZED",
+        f"{answered}: {why}",
+        field=f"tool_servers.{server.name}.credential",
+        metadata={"server": server.name, "status": str(status)},
+    )
 
 
 def _mismatch(server: ToolServerSpec, tool: str, message: str) -> EngineError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -10,6 +11,9 @@ from abada_engine.db.database import autocommit
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
+from abada_engine.store.states import TaskState
+
+MAX_LISTED_TASKS = 1000
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,24 @@ class TopicStats:
         }
 
 
+@dataclass(frozen=True)
+class QueuedTask:
+    """An unfinished external task, with where it stands in the queue in one word."""
+
+    row: task_store.QueuedTaskRow
+
+    @property
+    def standing(self) -> str:
+        """READY, DELAYED (in a retry backoff), LEASED, EXPIRED (lease ran out, fetchable) or INCIDENT."""
+        row = self.row
+        due = row.due_at is None or row.due_at <= row.now
+        if row.state == TaskState.LEASED:
+            return "EXPIRED" if due else "LEASED"
+        if row.state == TaskState.READY:
+            return "READY" if due else "DELAYED"
+        return str(row.state)
+
+
 class QueueStats:
     def __init__(self, engine: AsyncEngine) -> None:
         self._reads = autocommit(engine)
@@ -55,6 +77,15 @@ class QueueStats:
         async with self._reads.connect() as conn:
             rows = await task_store.topic_counts(conn)
         return [_stats(r) for r in rows]
+
+    async def open_tasks(
+        self, topic: str | None = None, instance_id: uuid.UUID | None = None, limit: int = 100
+    ) -> list[QueuedTask]:
+        async with self._reads.connect() as conn:
+            rows = await task_store.open_external_tasks(
+                conn, topic, instance_id, min(limit, MAX_LISTED_TASKS)
+            )
+        return [QueuedTask(row) for row in rows]
 
     async def open_incidents(self) -> dict[str, int]:
         async with self._reads.connect() as conn:

@@ -392,3 +392,57 @@ async def topic_counts(conn: AsyncConnection, topic: str | None = None) -> list[
         TopicCounts(r.topic, r.ready, r.leased, r.delayed, float(r.oldest))
         for r in (await conn.execute(query)).all()
     ]
+
+
+@dataclass(slots=True)
+class QueuedTaskRow:
+    """An unfinished external task as an operator lists it, with the database's clock to judge it by."""
+
+    id: uuid.UUID
+    topic: str
+    instance_id: uuid.UUID
+    process_id: str
+    node_id: str
+    state: str
+    attempt: int
+    retries_left: int
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    due_at: datetime | None
+    created_at: datetime
+    now: datetime
+
+
+async def open_external_tasks(
+    conn: AsyncConnection, topic: str | None, instance_id: uuid.UUID | None, limit: int
+) -> list[QueuedTaskRow]:
+    """External tasks still ready, leased or held by an incident, oldest first."""
+    query = (
+        select(
+            tasks.c.id,
+            tasks.c.topic,
+            tasks.c.instance_id,
+            instances.c.process_id,
+            tasks.c.node_id,
+            tasks.c.state,
+            tasks.c.attempt,
+            tasks.c.retries_left,
+            tasks.c.lease_owner,
+            tasks.c.lease_expires_at,
+            tasks.c.due_at,
+            tasks.c.created_at,
+            func.now().label("now"),
+        )
+        .join(instances, instances.c.id == tasks.c.instance_id)
+        .where(
+            tasks.c.kind == TaskKind.EXTERNAL,
+            one_of(tasks.c.state, (TaskState.READY, TaskState.LEASED, TaskState.INCIDENT)),
+        )
+        .order_by(tasks.c.created_at, tasks.c.id)
+        .limit(limit)
+    )
+    if topic is not None:
+        query = query.where(tasks.c.topic == topic)
+    if instance_id is not None:
+        query = query.where(tasks.c.instance_id == instance_id)
+    return [typed(QueuedTaskRow, row._mapping) for row in (await conn.execute(query)).all()]

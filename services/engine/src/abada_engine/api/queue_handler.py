@@ -1,0 +1,72 @@
+"""QueueService: the operator's view of the task queue (open tasks, per-topic figures)."""
+
+from __future__ import annotations
+
+import grpc
+from abada.engine.v1 import queue_pb2, queue_pb2_grpc
+
+from abada_engine.errors import invalid
+from abada_engine.runtime.queue_stats import MAX_LISTED_TASKS, QueuedTask, QueueStats
+
+from .convert import optional_uuid, timestamp
+from .errors import translates_errors
+from .guard import Guard
+
+_DEFAULT_PAGE = 100
+
+
+def _queued(task: QueuedTask) -> queue_pb2.QueuedTask:
+    row = task.row
+    return queue_pb2.QueuedTask(
+        id=str(row.id),
+        topic_name=row.topic,
+        instance_id=str(row.instance_id),
+        process_id=row.process_id,
+        node_id=row.node_id,
+        state=task.standing,
+        attempt=row.attempt,
+        retries_left=row.retries_left,
+        lease_owner=row.lease_owner or "",
+        lease_expires_at=timestamp(row.lease_expires_at),
+        due_time=timestamp(row.due_at),
+        create_time=timestamp(row.created_at),
+    )
+
+
+@translates_errors
+class QueueHandler(queue_pb2_grpc.QueueServiceServicer):
+    SERVICE = "abada.engine.v1.QueueService"
+    guard: Guard | None = None
+
+    def __init__(self, stats: QueueStats) -> None:
+        self._stats = stats
+
+    async def ListTasks(
+        self, request: queue_pb2.ListTasksRequest, context: grpc.aio.ServicerContext
+    ) -> queue_pb2.ListTasksResponse:
+        if not 0 <= request.page_size <= MAX_LISTED_TASKS:
+            raise invalid("INVALID_ARGUMENT", "page_size", f"must be between 0 and {MAX_LISTED_TASKS}")
+        found = await self._stats.open_tasks(
+            request.topic_name or None,
+            optional_uuid(request.instance_id, "instance_id"),
+            request.page_size or _DEFAULT_PAGE,
+        )
+        return queue_pb2.ListTasksResponse(tasks=[_queued(t) for t in found])
+
+    async def ListTopics(
+        self, request: queue_pb2.ListTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> queue_pb2.ListTopicsResponse:
+        topics = sorted(await self._stats.topics(), key=lambda t: t.topic)
+        return queue_pb2.ListTopicsResponse(
+            topics=[
+                queue_pb2.TopicStats(
+                    name=t.topic,
+                    ready=t.ready,
+                    leased=t.leased,
+                    delayed=t.delayed,
+                    demand=t.demand,
+                    oldest_ready_age_seconds=round(t.oldest_ready_age_seconds, 3),
+                )
+                for t in topics
+            ]
+        )
