@@ -187,7 +187,8 @@ async def empty_tables(db: AsyncEngine) -> None:
             async with db.begin() as conn:
                 await conn.execute(
                     text(
-                        "TRUNCATE tasks, instances, definitions, journal_steps, incidents, history "
+                        "TRUNCATE tasks, instances, definitions, journal_steps, incidents, history, model_quota_usage, "
+                        "model_quota_calls, model_quota_waiters "
                         "RESTART IDENTITY CASCADE"
                     )
                 )

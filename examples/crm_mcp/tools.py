@@ -158,7 +158,9 @@ class CrmTools:
         )
 
     @contextlib.asynccontextmanager
-    async def _observed(self, tool: str, arguments: dict[str, Any], delay: float = 0.0) -> AsyncIterator[None]:
+    async def _observed(
+        self, tool: str, arguments: dict[str, Any], delay: float = 0.0
+    ) -> AsyncIterator[None]:
         entry: dict[str, Any] = {"tool": tool, "arguments": arguments, "started": time.time()}
         self.calls.append(entry)
         try:

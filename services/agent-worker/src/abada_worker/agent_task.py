@@ -10,6 +10,8 @@ Every way the attempt can end early is an exception from `errors`; the executor 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -21,7 +23,7 @@ from .answer import InvalidAnswer, parse_answer
 from .broker_client import BrokerClient
 from .conversation import FunctionCall, FunctionResult, ModelReply, ModelRequest, ModelTurn, ToolResults, Turn
 from .engine_client import EngineClient, LeaseRef
-from .errors import AttemptFailed
+from .errors import AttemptFailed, QuotaWait
 from .fault import FaultPlan
 from .interruption import TaskInterruption
 from .journal import Journal
@@ -36,6 +38,8 @@ from .work import AGENT_PROFILE, AgentWork, agent_work_from_proto, journal_entry
 
 log = logging.getLogger(__name__)
 
+# A provider answering this has run out of its own quota for now: wait and ask again.
+PROVIDER_QUOTA_STATUS = 429
 # What the engine keeps of an answer it could not parse, for the person who reviews it.
 _MAX_INVALID_OUTPUT_CHARS = 8_000
 
@@ -90,6 +94,7 @@ class AgentTask:
         self._lease = lease_of(task)
         self._interruption = interruption
         self._started = time.monotonic()
+        self._quota_wait_ms = 0
         self._log = TaskLog(log, {"task_id": task.id, "attempt": task.attempt})
 
     async def run(self) -> None:
@@ -149,18 +154,32 @@ class AgentTask:
     ) -> ModelTurn:
         self._interruption.checkpoint()
         turn_index = sum(1 for turn in history if isinstance(turn, ModelTurn))
-        sequence = await journal.start_model_call(turn_index, work.model)
         request = ModelRequest(work.model, prompt.system, prompt.user, tuple(history), toolbox.functions)
-        try:
-            reply = await self._services.provider.generate(request)
-        except ModelCallError as error:
-            await journal.fail_model_call(sequence, str(error))
-            raise AttemptFailed(
-                "MODEL_CALL_FAILED",
-                str(error),
-                no_retry=not error.retryable,
-                details={"status": error.status},
-            ) from None
+        estimate = estimated_tokens(request)
+        while True:
+            try:
+                sequence = await journal.start_model_call(turn_index, work.model, estimate)
+                break
+            except QuotaWait as wait:
+                await self._wait_for_quota(wait)
+        while True:
+            try:
+                reply = await self._services.provider.generate(request)
+                break
+            except ModelCallError as error:
+                if error.status == PROVIDER_QUOTA_STATUS:
+                    # The provider's own quota: the same wait, the same STARTED step, no failed attempt.
+                    await self._wait_for_quota(
+                        QuotaWait(error.retry_after_seconds or 1.0, str(error), self._services.provider.name)
+                    )
+                    continue
+                await journal.fail_model_call(sequence, str(error))
+                raise AttemptFailed(
+                    "MODEL_CALL_FAILED",
+                    str(error),
+                    no_retry=not error.retryable,
+                    details={"status": error.status},
+                ) from None
         reply = assign_call_ids(reply, sequence)
         await journal.finish_model_call(sequence, reply)
         tally.model_calls += 1
@@ -176,6 +195,23 @@ class AgentTask:
             },
         )
         return reply.as_turn()
+
+    async def _wait_for_quota(self, wait: QuotaWait) -> None:
+        """Waits as told, with the lease kept alive by the executor; a drain may end the wait at once."""
+        self._log.info(
+            "waiting for model quota",
+            extra={
+                "source": wait.source,
+                "wait_seconds": round(wait.retry_after_seconds, 3),
+                "reason": str(wait),
+            },
+        )
+        began = time.monotonic()
+        try:
+            await asyncio.sleep(wait.retry_after_seconds)
+        finally:
+            self._quota_wait_ms += int((time.monotonic() - began) * 1000)
+        self._interruption.checkpoint()
 
     async def _run_calls(
         self, calls: tuple[PlannedCall, ...], toolbox: Toolbox, journal: Journal, tally: Tally
@@ -212,6 +248,7 @@ class AgentTask:
             prompt_hash=prompt.hash,
             model_calls=tally.model_calls,
             tool_calls=tally.tool_calls,
+            quota_wait_ms=self._quota_wait_ms,
         )
         if confidence is not None:
             metadata.confidence = confidence
@@ -249,3 +286,15 @@ def assign_call_ids(reply: ModelReply, sequence: int) -> ModelReply:
     return ModelReply(
         reply.text, tuple(calls), reply.finish_reason, reply.input_tokens, reply.output_tokens, reply.extra
     )
+
+
+def estimated_tokens(request: ModelRequest) -> int:
+    """The request's size in tokens, roughly (four characters a token): the engine counts it against
+    the model's tokens-per-minute quota until the reply brings the real count."""
+    size = len(request.system) + len(request.user)
+    size += sum(len(repr(turn)) for turn in request.history)
+    size += sum(
+        len(spec.name) + len(spec.description) + len(json.dumps(spec.parameters))
+        for spec in request.functions
+    )
+    return max(1, size // 4)

@@ -19,8 +19,8 @@ import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
 
 from .caller_token import CallerToken
-from .errors import AttemptFailed, EngineUnavailable, LeaseLost, LimitExceeded
-from .rpc_errors import LIMIT_EXCEEDED, RpcFailure, failure_of
+from .errors import AttemptFailed, EngineUnavailable, LeaseLost, LimitExceeded, QuotaWait
+from .rpc_errors import LIMIT_EXCEEDED, MODEL_QUOTA_EXHAUSTED, RpcFailure, failure_of
 from .struct_codec import to_struct
 
 log = logging.getLogger(__name__)
@@ -146,4 +146,7 @@ def _refusal(failure: RpcFailure) -> Exception:
         return LeaseLost(failure.reason or failure.code.name, failure.message)
     if failure.reason == LIMIT_EXCEEDED:
         return LimitExceeded(failure.metadata.get("limit", ""), failure.message)
+    if failure.reason == MODEL_QUOTA_EXHAUSTED:
+        wait = failure.retry_after_seconds if failure.retry_after_seconds is not None else 1.0
+        return QuotaWait(wait, failure.message, "engine")
     return EngineRefused(failure)

@@ -40,5 +40,17 @@ class LimitExceeded(AttemptFailed):
         self.limit = limit
 
 
+class QuotaWait(Exception):
+    """A model's quota is used up for now: wait this long, keep the lease, and ask again.
+
+    Raised for the engine's MODEL_QUOTA_EXHAUSTED and for a provider's own 429; never ends the attempt.
+    """
+
+    def __init__(self, retry_after_seconds: float, message: str, source: str) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
+        self.source = source
+
+
 class EngineUnavailable(Exception):
     """The engine did not answer within the retry budget."""

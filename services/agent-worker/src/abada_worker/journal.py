@@ -30,15 +30,20 @@ class Journal:
     def next_sequence(self) -> int:
         return self._next
 
-    async def start_model_call(self, turn: int, model: str) -> int:
-        sequence = self._take()
+    async def start_model_call(self, turn: int, model: str, estimated_tokens: int = 0) -> int:
+        """Journals the model call STARTED; the engine admits it against the model's quota there, given
+        the request's estimated size. Refused for quota (QuotaWait), the sequence stays free for the
+        same call to ask again."""
+        sequence = self._next
         await self._append(
             sequence,
             StepKind.MODEL_CALL,
             StepState.STARTED,
             _MODEL_REF,
             request=step_payloads.model_request(turn, model),
+            tokens=(estimated_tokens, 0) if estimated_tokens else None,
         )
+        self._next += 1
         return sequence
 
     async def finish_model_call(self, sequence: int, reply: ModelReply) -> None:

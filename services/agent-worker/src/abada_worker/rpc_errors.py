@@ -13,6 +13,7 @@ TRANSIENT_CODES = frozenset(
 )
 LEASE_LOST_REASONS = frozenset({"NOT_LEASE_HOLDER", "LEASE_EXPIRED", "TASK_NOT_LEASED", "ATTEMPT_MISMATCH"})
 LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
+MODEL_QUOTA_EXHAUSTED = "MODEL_QUOTA_EXHAUSTED"
 
 
 @dataclass(frozen=True)
@@ -21,11 +22,14 @@ class RpcFailure:
     message: str
     reason: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
+    # google.rpc.RetryInfo: when the engine says asking again makes sense.
+    retry_after_seconds: float | None = None
 
     @property
     def transient(self) -> bool:
-        # RESOURCE_EXHAUSTED is back-pressure unless the engine says a budget ran out.
-        return self.code in TRANSIENT_CODES and self.reason != LIMIT_EXCEEDED
+        # RESOURCE_EXHAUSTED is back-pressure, unless the engine says a budget ran out or a model's
+        # quota is used up (the task waits for that as long as it takes, not a retry budget).
+        return self.code in TRANSIENT_CODES and self.reason not in (LIMIT_EXCEEDED, MODEL_QUOTA_EXHAUSTED)
 
     @property
     def lease_lost(self) -> bool:
@@ -39,9 +43,16 @@ def failure_of(error: grpc.aio.AioRpcError) -> RpcFailure:
         if key != _DETAILS_KEY or not isinstance(value, bytes):
             continue
         status = status_pb2.Status.FromString(value)
+        info: error_details_pb2.ErrorInfo | None = None
+        retry_after: float | None = None
         for detail in status.details:
             if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
                 info = error_details_pb2.ErrorInfo()
                 detail.Unpack(info)
-                return RpcFailure(code, message, info.reason, dict(info.metadata))
+            elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                retry = error_details_pb2.RetryInfo()
+                detail.Unpack(retry)
+                retry_after = retry.retry_delay.ToMilliseconds() / 1000
+        if info is not None:
+            return RpcFailure(code, message, info.reason, dict(info.metadata), retry_after)
     return RpcFailure(code, message)

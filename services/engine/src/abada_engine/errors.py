@@ -46,6 +46,8 @@ class EngineError(Exception):
     field: str = ""
     problems: list[FieldProblem] = dataclass_field(default_factory=list)
     metadata: dict[str, str] = dataclass_field(default_factory=dict)
+    # When asking again makes sense (a quota frees up): sent as google.rpc.RetryInfo.
+    retry_after_seconds: float | None = None
 
     def __post_init__(self) -> None:
         super().__init__(self.message)

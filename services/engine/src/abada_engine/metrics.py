@@ -18,6 +18,18 @@ RPC_SECONDS = Histogram(
 LEASE_EXPIRIES = Counter(
     "abada_lease_expiries_total", "Tasks taken over after their lease expired.", ["topic"], registry=REGISTRY
 )
+MODEL_CALLS_ADMITTED = Counter(
+    "abada_model_calls_admitted_total",
+    "Model calls this replica admitted against their profile's quotas.",
+    ["model"],
+    registry=REGISTRY,
+)
+MODEL_CALLS_REFUSED = Counter(
+    "abada_model_calls_refused_total",
+    "Model calls this replica refused: a full quota window (the worker waits and asks again) or max_cost_usd.",
+    ["model", "reason"],
+    registry=REGISTRY,
+)
 TASKS_READY = Gauge("abada_tasks_ready", "Tasks fetchable now, per topic.", ["topic"], registry=REGISTRY)
 TASKS_LEASED = Gauge(
     "abada_tasks_leased", "Tasks under a live lease, per topic.", ["topic"], registry=REGISTRY
@@ -38,6 +50,12 @@ INCIDENTS_OPEN = Gauge("abada_incidents_open", "Open incidents, per type.", ["ty
 JOURNAL_STEPS = Gauge(
     "abada_journal_steps", "Journal steps, per kind and state.", ["kind", "state"], registry=REGISTRY
 )
+MODEL_CALLS_WAITING = Gauge(
+    "abada_model_calls_waiting",
+    "Model calls waiting for quota now (their worker waits and asks again), per model.",
+    ["model"],
+    registry=REGISTRY,
+)
 
 
 async def render(stats: QueueStats) -> bytes:
@@ -57,4 +75,7 @@ async def render(stats: QueueStats) -> bytes:
     JOURNAL_STEPS.clear()
     for (kind, state), count in (await stats.journal_steps()).items():
         JOURNAL_STEPS.labels(kind, state).set(count)
+    MODEL_CALLS_WAITING.clear()
+    for model, count in (await stats.model_calls_waiting()).items():
+        MODEL_CALLS_WAITING.labels(model).set(count)
     return generate_latest(REGISTRY)

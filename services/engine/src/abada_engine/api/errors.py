@@ -41,7 +41,11 @@ def status_details(error: EngineError) -> tuple[grpc.StatusCode, bytes]:
         info.metadata["field"] = error.field
     for key, value in error.metadata.items():
         info.metadata[key] = value
-    details = [info]
+    details: list[Any] = [info]
+    if error.retry_after_seconds is not None:
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromMilliseconds(max(0, round(error.retry_after_seconds * 1000)))
+        details.append(retry)
     if error.problems:
         bad_request = error_details_pb2.BadRequest()
         for problem in error.problems:

@@ -42,6 +42,7 @@ def _metadata(message: external_task_pb2.AttemptMetadata) -> AttemptMetadata:
         confidence=message.confidence if message.HasField("confidence") else None,
         model_calls=message.model_calls,
         tool_calls=message.tool_calls,
+        quota_wait_ms=message.quota_wait_ms,
     )
 
 

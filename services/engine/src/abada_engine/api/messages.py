@@ -147,6 +147,7 @@ def step(value: StepView) -> external_task_pb2.JournalStep:
         abandoned=value.abandoned,
         create_time=timestamp(value.created_at),
         update_time=timestamp(value.updated_at),
+        cost_usd=value.cost_usd,
     )
     if value.request is not None:
         message.request.CopyFrom(to_struct(value.request))

@@ -117,3 +117,36 @@ journal_steps = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )
+
+model_quota_usage = Table(
+    "model_quota_usage",
+    metadata,
+    Column("model", Text, primary_key=True),
+    Column("second", BigInteger, primary_key=True),
+    Column("requests", Integer, nullable=False),
+    Column("tokens", BigInteger, nullable=False),
+)
+
+model_quota_calls = Table(
+    "model_quota_calls",
+    metadata,
+    Column("task_id", Uuid, primary_key=True),
+    Column("sequence", Integer, primary_key=True),
+    Column("attempt", Integer, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("second", BigInteger, nullable=False),
+    Column("estimated_tokens", BigInteger, nullable=False),
+    Column("admitted_at", DateTime(timezone=True), nullable=False),
+)
+
+model_quota_waiters = Table(
+    "model_quota_waiters",
+    metadata,
+    Column("task_id", Uuid, primary_key=True),
+    Column("sequence", Integer, primary_key=True),
+    Column("model", Text, nullable=False),
+    Column("ticket", BigInteger, nullable=False),
+    Column("tokens", BigInteger, nullable=False),
+    Column("arrived_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+)

@@ -8,6 +8,7 @@ one transaction holding the task's row lock.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -43,6 +44,10 @@ class AttemptMetadata:
     confidence: float | None = None
     model_calls: int = 0
     tool_calls: int = 0
+    # How long the worker waited for model quota (the engine's and the provider's), in this attempt.
+    quota_wait_ms: int = 0
+    # Set by the engine, never taken from the worker: the profile's prices times the task's tokens.
+    cost_usd: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "tools_used": list(self.tools_used)}
@@ -123,6 +128,10 @@ class Completions:
         definition = await self._catalog.get(held.definition_id)
         node = definition.process.node(held.node_id)
         check_written_variables(node, variables)
+        profile = definition.process.model_profile(node.id)
+        if profile is not None:
+            cost = profile.price.cost_usd(metadata.input_tokens, metadata.output_tokens)
+            metadata = dataclasses.replace(metadata, cost_usd=round(cost, 9))
         # Schema validation and conditions are CPU work on worker data: off the event loop.
         decision = await asyncio.to_thread(judge, node, variables, metadata.confidence, invalid_output_reason)
         completed = HistoryEntry(

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from abada_engine.db.database import autocommit
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import journal_steps as step_store
+from abada_engine.store import model_quotas as quota_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.states import TaskState
 
@@ -23,15 +24,19 @@ class TopicStats:
     leased: int  # under a live lease
     delayed: int  # waiting out a retry backoff
     oldest_ready_age_seconds: float
+    # Leased tasks whose model call is waiting for its quota: part of `leased`, but not of `demand`.
+    quota_waiting: int = 0
 
     @property
     def demand(self) -> int:
-        """The tasks the pool must serve now: the ones waiting for a worker and the ones being worked on.
+        """The tasks the pool must serve now: the ones waiting for a worker and the ones being worked on,
+        less those only waiting for model quota.
 
         Autoscalers scale on this, not on `ready` alone: a burst being worked on with nothing left
-        waiting must keep its pods, or they are stopped in the middle of long agent tasks.
+        waiting must keep its pods, or they are stopped in the middle of long agent tasks. Tasks
+        waiting for quota are counted apart: more pods cannot make a quota-bound model answer sooner.
         """
-        return self.ready + self.leased
+        return self.ready + self.leased - min(self.quota_waiting, self.leased)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -40,6 +45,7 @@ class TopicStats:
             "leased": self.leased,
             "delayed": self.delayed,
             "demand": self.demand,
+            "quotaWaiting": self.quota_waiting,
             "oldestReadyAgeSeconds": round(self.oldest_ready_age_seconds, 3),
         }
 
@@ -69,14 +75,20 @@ class QueueStats:
     async def topic(self, topic: str) -> TopicStats:
         async with self._reads.connect() as conn:
             rows = await task_store.topic_counts(conn, topic)
+            waiting = await quota_store.waiting_tasks_by_topic(conn) if rows else {}
         if not rows:
             return TopicStats(topic, 0, 0, 0, 0.0)
-        return _stats(rows[0])
+        return _stats(rows[0], waiting)
 
     async def topics(self) -> list[TopicStats]:
         async with self._reads.connect() as conn:
             rows = await task_store.topic_counts(conn)
-        return [_stats(r) for r in rows]
+            waiting = await quota_store.waiting_tasks_by_topic(conn)
+        return [_stats(r, waiting) for r in rows]
+
+    async def model_calls_waiting(self) -> dict[str, int]:
+        async with self._reads.connect() as conn:
+            return await quota_store.waiting_by_model(conn)
 
     async def open_tasks(
         self, topic: str | None = None, instance_id: uuid.UUID | None = None, limit: int = 100
@@ -96,5 +108,12 @@ class QueueStats:
             return await step_store.counts_by_kind_and_state(conn)
 
 
-def _stats(counts: task_store.TopicCounts) -> TopicStats:
-    return TopicStats(counts.topic, counts.ready, counts.leased, counts.delayed, counts.oldest)
+def _stats(counts: task_store.TopicCounts, quota_waiting: dict[str, int]) -> TopicStats:
+    return TopicStats(
+        counts.topic,
+        counts.ready,
+        counts.leased,
+        counts.delayed,
+        counts.oldest,
+        quota_waiting.get(counts.topic, 0),
+    )

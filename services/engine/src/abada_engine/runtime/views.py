@@ -88,6 +88,8 @@ class StepView:
     abandoned: bool
     created_at: datetime
     updated_at: datetime
+    # A model call's tokens at its profile's prices; set when the journal is read for a person.
+    cost_usd: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ can replay finished steps instead of paying for them again, and a write is never
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
-from abada_engine.definitions.model import Node, ToolBinding
+from abada_engine.definitions.model import ModelProfile, Node, ToolBinding
 from abada_engine.errors import Category, EngineError, not_found
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
@@ -25,6 +26,7 @@ from abada_engine.store.states import FINISHED_STEP_STATES, StepKind, StepState
 from ..crypto import IdempotencyKeys, KeyRing
 from ..handed_out import HandedOut
 from ..leases import hash_token, held_from_row
+from ..model_quota import Budgets, ModelQuotas, cost_usd, has_quota
 from ..sealing import StepSealer
 from ..views import StepView
 from .rules import StepRequest, binding_for, check_limits, check_shape
@@ -51,6 +53,8 @@ class Journal:
         self._catalog = catalog
         self.sealer = StepSealer(keys, idempotency)
         self.handed_out = handed_out if handed_out is not None else HandedOut()
+        self._quotas = ModelQuotas(engine)
+        self._budgets = Budgets(engine)
 
     async def append(self, step: StepRequest) -> AppendResult:
         """Check and journal one step.
@@ -61,12 +65,57 @@ class Journal:
         Anything else (a re-send, a conflict, a refusal to explain) takes the careful path.
         """
         check_shape(step)
+        if step.kind != StepKind.MODEL_CALL:
+            return await self._append(step)
+        profile, budgeted = await self._model_call_rules(step.task_id)
+        if step.state != StepState.STARTED:
+            result = await self._append(step)
+            if has_quota(profile):
+                assert profile is not None
+                await self._quotas.settle(
+                    profile, step.task_id, step.sequence, step.input_tokens + step.output_tokens
+                )
+            return result
+        if budgeted is not None:
+            await self._budgets.check(*budgeted, step.task_id)
+        # At STARTED the worker sends the request's estimated size as its input tokens: the quota
+        # counts it until COMPLETED brings the real figures; the journal keeps only what was spent.
+        estimated = step.input_tokens + step.output_tokens
+        step = dataclasses.replace(step, input_tokens=0, output_tokens=0)
+        if not has_quota(profile):
+            return await self._append(step)
+        assert profile is not None
+        await self._quotas.admit(profile, step.task_id, step.sequence, step.attempt, estimated)
+        try:
+            return await self._append(step)
+        except BaseException:
+            await self._quotas.release(profile, step.task_id, step.sequence)
+            raise
+
+    async def _append(self, step: StepRequest) -> AppendResult:
         placed = self.handed_out.placement(step.task_id)
         if placed is not None:
             direct = await self._append_directly(step, *placed)
             if direct is not None:
                 return direct
         return await self._append_checked(step)
+
+    async def _model_call_rules(self, task_id: uuid.UUID) -> tuple[ModelProfile | None, Any]:
+        """The model profile of the task's node, and (process, node id) when a spend budget applies."""
+        placed = self.handed_out.placement(task_id)
+        if placed is None:
+            async with self._reads.connect() as conn:
+                found = await task_store.placement(conn, task_id)
+            if found is None:
+                raise not_found("task", str(task_id), "task_id")
+            placed = (found.definition_id, found.node_id)
+            self.handed_out.place(task_id, *placed)
+        definition = await self._catalog.get(placed[0])
+        process, node_id = definition.process, placed[1]
+        if node_id not in process.nodes:
+            return None, None
+        budgeted = (process, node_id) if Budgets.applies(process, node_id) else None
+        return process.model_profile(node_id), budgeted
 
     async def journal(self, task_id: uuid.UUID) -> list[StepView]:
         async with self._reads.connect() as conn:
@@ -75,7 +124,18 @@ class Journal:
                 raise not_found("task", str(task_id), "task_id")
             rows = (await step_store.steps_of(conn, [task_id])).get(task_id, [])
         definition = await self._catalog.get(placed.definition_id)
-        return self.sealer.views(rows, definition.bindings_for(placed.node_id))
+        views = self.sealer.views(rows, definition.bindings_for(placed.node_id))
+        profile = definition.process.model_profile(placed.node_id)
+        if profile is None:
+            return views
+        return [
+            dataclasses.replace(
+                view, cost_usd=round(cost_usd(profile, view.input_tokens, view.output_tokens), 9)
+            )
+            if view.kind == StepKind.MODEL_CALL
+            else view
+            for view in views
+        ]
 
     async def _append_directly(
         self, step: StepRequest, definition_id: uuid.UUID, node_id: str

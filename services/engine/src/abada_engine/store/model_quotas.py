@@ -1,0 +1,158 @@
+"""Model quotas shared by every engine replica: admitting a model call, settling its tokens, the waiting
+line, and the spend a budget is checked against.
+
+Admission is the database function `abada_admit_model_call` (migration 0002, which says why it is a
+function): one round trip under a per-model lock, correct across replicas and restarts.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from abada_engine.db.schema import journal_steps, model_quota_waiters, tasks
+
+from .hand_written import HandWritten
+from .states import StepKind
+
+_ADMIT = HandWritten(
+    """
+    SELECT admitted, retry_after_ms, reason, waiting_ahead FROM abada_admit_model_call(
+        CAST(:model AS text), CAST(:task_id AS uuid), CAST(:sequence AS integer), CAST(:attempt AS integer),
+        CAST(:requests_per_minute AS integer), CAST(:tokens_per_minute AS bigint),
+        CAST(:max_concurrent AS integer), CAST(:tokens AS bigint), CAST(:span_seconds AS integer))
+    """
+)
+
+# The call's real tokens replace the estimate it was admitted with, in the second it was admitted.
+_SETTLE = HandWritten(
+    """
+    WITH done AS (
+        DELETE FROM model_quota_calls WHERE task_id = CAST(:task_id AS uuid) AND sequence = CAST(:sequence AS integer)
+        RETURNING model, second, estimated_tokens
+    )
+    UPDATE model_quota_usage u SET tokens = GREATEST(0, u.tokens + CAST(:tokens AS bigint) - done.estimated_tokens)
+    FROM done WHERE u.model = done.model AND u.second = done.second
+    """
+)
+
+# An admitted call the journal then refused never reached the provider: give its place back.
+_RELEASE = HandWritten(
+    """
+    WITH done AS (
+        DELETE FROM model_quota_calls WHERE task_id = CAST(:task_id AS uuid) AND sequence = CAST(:sequence AS integer)
+        RETURNING model, second, estimated_tokens
+    )
+    UPDATE model_quota_usage u SET requests = GREATEST(0, u.requests - 1),
+        tokens = GREATEST(0, u.tokens - done.estimated_tokens)
+    FROM done WHERE u.model = done.model AND u.second = done.second
+    """
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    admitted: bool
+    retry_after_ms: int
+    # Which window is full: requests_per_minute, tokens_per_minute or max_concurrent_calls.
+    reason: str
+    # Live waiters that arrived before this call and go first.
+    waiting_ahead: int
+
+
+async def admit(
+    conn: AsyncConnection,
+    *,
+    model: str,
+    task_id: uuid.UUID,
+    sequence: int,
+    attempt: int,
+    requests_per_minute: int | None,
+    tokens_per_minute: int | None,
+    max_concurrent: int | None,
+    tokens: int,
+    span_seconds: int,
+) -> Admission:
+    row = await _ADMIT.fetchrow(
+        conn,
+        {
+            "model": model,
+            "task_id": task_id,
+            "sequence": sequence,
+            "attempt": attempt,
+            "requests_per_minute": requests_per_minute,
+            "tokens_per_minute": tokens_per_minute,
+            "max_concurrent": max_concurrent,
+            "tokens": tokens,
+            "span_seconds": span_seconds,
+        },
+    )
+    assert row is not None  # the function always answers one row
+    return Admission(bool(row.admitted), int(row.retry_after_ms), str(row.reason), int(row.waiting_ahead))
+
+
+async def settle(conn: AsyncConnection, task_id: uuid.UUID, sequence: int, tokens: int) -> None:
+    await _SETTLE.fetch(conn, {"task_id": task_id, "sequence": sequence, "tokens": tokens})
+
+
+async def release(conn: AsyncConnection, task_id: uuid.UUID, sequence: int) -> None:
+    await _RELEASE.fetch(conn, {"task_id": task_id, "sequence": sequence})
+
+
+async def waiting_by_model(conn: AsyncConnection) -> dict[str, int]:
+    """Model calls waiting for quota now (their worker asked again within its grace), per model."""
+    rows = (
+        await conn.execute(
+            select(model_quota_waiters.c.model, func.count().label("n"))
+            .where(model_quota_waiters.c.expires_at > func.now())
+            .group_by(model_quota_waiters.c.model)
+        )
+    ).all()
+    return {r.model: r.n for r in rows}
+
+
+async def waiting_tasks_by_topic(conn: AsyncConnection) -> dict[str, int]:
+    """Leased tasks whose model call is waiting for quota now, per topic."""
+    rows = (
+        await conn.execute(
+            select(tasks.c.topic, func.count(func.distinct(tasks.c.id)).label("n"))
+            .select_from(model_quota_waiters.join(tasks, tasks.c.id == model_quota_waiters.c.task_id))
+            .where(model_quota_waiters.c.expires_at > func.now())
+            .group_by(tasks.c.topic)
+        )
+    ).all()
+    return {r.topic: r.n for r in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTokens:
+    """Model-call tokens journaled by the tasks of one node of an instance."""
+
+    node_id: str
+    this_task: bool
+    input_tokens: int
+    output_tokens: int
+
+
+async def model_tokens_of_instance(conn: AsyncConnection, task_id: uuid.UUID) -> list[NodeTokens]:
+    """Per node of the task's instance (and apart for the task itself): the model calls' journaled tokens,
+    abandoned calls included (they were paid for)."""
+    instance_of_task = select(tasks.c.instance_id).where(tasks.c.id == task_id).scalar_subquery()
+    this_task = (tasks.c.id == task_id).label("this_task")
+    rows = (
+        await conn.execute(
+            select(
+                tasks.c.node_id,
+                this_task,
+                func.coalesce(func.sum(journal_steps.c.input_tokens), 0).label("input_tokens"),
+                func.coalesce(func.sum(journal_steps.c.output_tokens), 0).label("output_tokens"),
+            )
+            .select_from(journal_steps.join(tasks, tasks.c.id == journal_steps.c.task_id))
+            .where(tasks.c.instance_id == instance_of_task, journal_steps.c.kind == StepKind.MODEL_CALL)
+            .group_by(tasks.c.node_id, this_task)
+        )
+    ).all()
+    return [NodeTokens(r.node_id, bool(r.this_task), int(r.input_tokens), int(r.output_tokens)) for r in rows]
