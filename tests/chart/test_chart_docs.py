@@ -12,6 +12,9 @@ from abada_engine.metrics import (
     INCIDENTS_OPEN,
     JOURNAL_STEPS,
     LEASE_EXPIRIES,
+    MODEL_CALLS_ADMITTED,
+    MODEL_CALLS_REFUSED,
+    MODEL_CALLS_WAITING,
     OLDEST_READY,
     REGISTRY,
     RPC_SECONDS,
@@ -31,6 +34,7 @@ DATABASE_GAUGES = (
     OLDEST_READY,
     INCIDENTS_OPEN,
     JOURNAL_STEPS,
+    MODEL_CALLS_WAITING,
 )
 
 
@@ -154,7 +158,8 @@ def metrics_table(guide: str) -> dict[str, tuple[str, set[str]]]:
 
 def test_the_metrics_table_is_what_the_engine_exports() -> None:
     # prometheus_client has no public accessor for a metric's label names.
-    label_names = {c._name: set(c._labelnames) for c in (RPC_SECONDS, LEASE_EXPIRIES, *DATABASE_GAUGES)}
+    replica_figures = (RPC_SECONDS, LEASE_EXPIRIES, MODEL_CALLS_ADMITTED, MODEL_CALLS_REFUSED)
+    label_names = {c._name: set(c._labelnames) for c in (*replica_figures, *DATABASE_GAUGES)}
     exported: dict[str, tuple[str, set[str]]] = {}
     for family in REGISTRY.collect():
         assert family.name in label_names, f"metrics.py exports {family.name}, unknown to this test"

@@ -119,7 +119,75 @@ def test_journal_view_shortens_keys_and_flags_abandoned_steps():
         ),
     ]
     _, abandoned, unknown = views.journal_table(steps).splitlines()
-    assert abandoned.split()[:8] == ["2", "1", "MODEL_CALL", "STARTED", "-", "-", "-", "yes"]
+    assert abandoned.split()[:9] == ["2", "1", "MODEL_CALL", "STARTED", "-", "-", "-", "-", "yes"]
     cells = unknown.split()
-    assert cells[:7] == ["4", "2", "TOOL_CALL", "OUTCOME_UNKNOWN", "crm/create_ticket", "-", "9f86d081884…"]
+    assert cells[:8] == [
+        "4",
+        "2",
+        "TOOL_CALL",
+        "OUTCOME_UNKNOWN",
+        "crm/create_ticket",
+        "-",
+        "-",
+        "9f86d081884…",
+    ]
     assert 'arguments={"customerId":"C-42"}, callId…' in unknown
+
+
+PRICED_THINKER = THINKER.replace(
+    "processes:",
+    """models:
+  - name: gemini-3.6-flash
+    provider: gemini
+    price: { input_per_million_usd: 0.30, output_per_million_usd: 2.50 }
+processes:""",
+    1,
+).replace("result_variable: summary", "result_variable: summary\n        limits: { max_tokens: 1000000 }")
+
+
+async def test_journal_and_show_give_each_model_calls_cost_and_the_total(engine):
+    await deploy(engine, PRICED_THINKER)
+    instance = await start(engine, "thinker", message="My parcel never arrived")
+    task = await fetch_one(engine, "abada:agent")
+    for sequence, tokens in ((1, (120_000, 35_000)), (2, (200_000, 10_000))):
+        for state in (external_task_pb2.STEP_STATE_STARTED, external_task_pb2.STEP_STATE_COMPLETED):
+            request = external_task_pb2.AppendStepRequest(
+                task_id=task.id,
+                worker_id="cli-test-worker",
+                lease_token=task.lease_token,
+                attempt=task.attempt,
+                sequence=sequence,
+                kind=external_task_pb2.STEP_KIND_MODEL_CALL,
+                state=state,
+            )
+            if state == external_task_pb2.STEP_STATE_COMPLETED:
+                request.response.CopyFrom(struct({"text": "lost"}))
+                request.tokens.CopyFrom(
+                    external_task_pb2.TokenUsage(input_tokens=tokens[0], output_tokens=tokens[1])
+                )
+            else:
+                request.request.CopyFrom(struct({"turn": sequence - 1}))
+            await engine.tasks.AppendStep(request)
+
+    ran = await abada(engine.address, "journal", task.id)
+    assert ran.exit_code == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert "COST" in lines[0].split()
+    # 120k in at $0.30/M + 35k out at $2.50/M; then 200k in + 10k out.
+    assert "$0.123500" in lines[1] and "$0.085000" in lines[2]
+    assert lines[-1] == "model cost: $0.208500 over 2 priced model call(s)"
+
+    await engine.tasks.Complete(
+        external_task_pb2.CompleteRequest(
+            task_id=task.id,
+            worker_id="cli-test-worker",
+            lease_token=task.lease_token,
+            variables=struct({"summary": "lost"}),
+            metadata=external_task_pb2.AttemptMetadata(
+                input_tokens=320_000, output_tokens=45_000, model_calls=2
+            ),
+        )
+    )
+    shown = await abada(engine.address, "show", instance.id)
+    assert shown.exit_code == 0, shown.stderr
+    assert "model cost" in shown.stdout and "$0.208500" in shown.stdout

@@ -195,6 +195,7 @@ def instance_card(instance: process_pb2.Instance, events: Sequence[process_pb2.H
             ("started", moment(instance.create_time)),
             ("ended", moment(instance.end_time)),
             ("open incidents", str(instance.open_incidents)),
+            ("model cost", dollars(completed_cost(events)) if completed_cost(events) else EMPTY),
         ]
     )
     history = history_table(events) if events else "(no history)"
@@ -293,6 +294,7 @@ def journal_table(steps: Sequence[external_task_pb2.JournalStep]) -> str:
             f"{s.tokens.input_tokens}/{s.tokens.output_tokens}"
             if s.tokens.input_tokens or s.tokens.output_tokens
             else EMPTY,
+            dollars(s.cost_usd) if s.cost_usd else EMPTY,
             shorten(s.idempotency_key, _KEY_PREFIX) if s.idempotency_key else EMPTY,
             "yes" if s.abandoned else EMPTY,
             summary(struct_value(s.request), 40) if s.HasField("request") else EMPTY,
@@ -307,6 +309,7 @@ def journal_table(steps: Sequence[external_task_pb2.JournalStep]) -> str:
         "STATE",
         "TOOL",
         "TOKENS IN/OUT",
+        "COST",
         "IDEMPOTENCY KEY",
         "ABANDONED",
         "REQUEST",
@@ -314,7 +317,9 @@ def journal_table(steps: Sequence[external_task_pb2.JournalStep]) -> str:
     )
     # Narrow, the requests go first (--output json has them whole); ABANDONED only when no step is.
     droppable = ["REQUEST", "IDEMPOTENCY KEY"] + ([] if any(s.abandoned for s in steps) else ["ABANDONED"])
-    return table(headers, rows, drop=droppable)
+    total = sum(s.cost_usd for s in steps)
+    spent = f"\nmodel cost: {dollars(total)} over {sum(1 for s in steps if s.cost_usd)} priced model call(s)"
+    return table(headers, rows, drop=droppable) + (spent if total else "")
 
 
 def outcome(instance: process_pb2.Instance, incidents: Sequence[incident_pb2.Incident]) -> str:
@@ -371,3 +376,18 @@ def topics_table(topics: Sequence[queue_pb2.TopicStats]) -> str:
         for t in topics
     ]
     return table(("TOPIC", "READY", "LEASED", "DELAYED", "DEMAND", "OLDEST READY"), rows)
+
+
+def dollars(amount: float) -> str:
+    """Model costs are often fractions of a cent: enough digits to see them."""
+    return f"${amount:.6f}"
+
+
+def completed_cost(events: Sequence[process_pb2.HistoryEvent]) -> float:
+    """What the instance's completed agent attempts cost, from the engine's attempt metadata."""
+    total = 0.0
+    for event in events:
+        if event.type == "TASK_COMPLETED":
+            metadata = struct_value(event.data).get("metadata") or {}
+            total += float(metadata.get("cost_usd") or 0)
+    return total
