@@ -68,6 +68,7 @@ class GeminiProvider:
                 f"Gemini answered {error.code} {error.status or ''}: {error.message or ''}".strip(),
                 retryable=retryable,
                 status=error.code,
+                retry_after_seconds=retry_delay_of(error),
             ) from None
         except Exception as error:
             # Whatever the transport raised, there is no reply; another attempt may well get one.
@@ -151,3 +152,24 @@ def reply_of(response: types.GenerateContentResponse) -> ModelReply:
         output_tokens=output_tokens,
         extra=extra,
     )
+
+
+def retry_delay_of(error: errors.APIError) -> float | None:
+    """The wait a quota error asks for: Gemini puts a google.rpc.RetryInfo (`retryDelay: "30s"`) in the
+    error's details; an HTTP Retry-After header says the same for other gateways."""
+    body = error.details if isinstance(error.details, dict) else {}
+    for detail in (body.get("error") or {}).get("details") or []:
+        delay = detail.get("retryDelay") if isinstance(detail, dict) else None
+        if isinstance(delay, str) and delay.endswith("s"):
+            try:
+                return float(delay[:-1])
+            except ValueError:
+                pass
+    headers = getattr(error.response, "headers", None)
+    header = headers.get("retry-after") if headers is not None else None
+    if header:
+        try:
+            return float(header)
+        except ValueError:
+            return None
+    return None

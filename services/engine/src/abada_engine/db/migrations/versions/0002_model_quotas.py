@@ -45,6 +45,10 @@ DECLARE
     freed_at bigint;
     wait_ms bigint;
 BEGIN
+    -- The lock is held until the commit; waiting there for the WAL flush would make every admission
+    -- of a model wait for the previous one's disk write. A crash of PostgreSQL itself may forget the
+    -- last few milliseconds of admissions: the windows then undercount by those calls, once.
+    PERFORM set_config('synchronous_commit', 'off', true);
     PERFORM pg_advisory_xact_lock(hashtextextended('abada.model_quota:' || p_model, 0));
     IF EXISTS (SELECT 1 FROM model_quota_calls c WHERE c.task_id = p_task AND c.sequence = p_sequence) THEN
         -- The same STARTED again (a retried request): admitted once, counted once.
@@ -55,10 +59,13 @@ BEGIN
     now_s := now_ms / 1000;
     SELECT COALESCE(sum(u.requests), 0), COALESCE(sum(u.tokens), 0) INTO used_requests, used_tokens
     FROM model_quota_usage u WHERE u.model = p_model AND u.second > now_s - p_span_seconds;
-    SELECT count(*) INTO in_flight
-    FROM model_quota_calls c JOIN tasks t ON t.id = c.task_id
-    WHERE c.model = p_model AND t.state = 'LEASED' AND t.attempt = c.attempt
-      AND t.lease_expires_at > clock_timestamp();
+    in_flight := 0;
+    IF p_max_concurrent IS NOT NULL THEN
+        SELECT count(*) INTO in_flight
+        FROM model_quota_calls c JOIN tasks t ON t.id = c.task_id
+        WHERE c.model = p_model AND t.state = 'LEASED' AND t.attempt = c.attempt
+          AND t.lease_expires_at > clock_timestamp();
+    END IF;
     SELECT w.ticket INTO my_ticket FROM model_quota_waiters w
     WHERE w.task_id = p_task AND w.sequence = p_sequence;
     SELECT count(*), COALESCE(sum(w.tokens), 0) INTO ahead, ahead_tokens FROM model_quota_waiters w

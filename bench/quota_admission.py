@@ -1,0 +1,200 @@
+"""Model calls admitted per second under a quota, by two engine replicas over one database.
+
+Concurrent tasks, spread over two engine processes, each journal model calls: STARTED (the engine
+admits the call against the model profile's windows, shared in PostgreSQL) then COMPLETED (its
+tokens settle the estimate). The quota is real but set above what the run can reach, so every call
+is admitted and the figure is admission's own speed, not the quota's. In the same run, the same
+journaling for a model without a profile (no admission) and the bare gRPC rate of one replica.
+
+    python bench/quota_admission.py --tasks 32 --calls 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import secrets
+import time
+import uuid
+from contextlib import ExitStack
+
+import asyncpg
+from abada.engine.v1 import (
+    definition_pb2,
+    definition_pb2_grpc,
+    external_task_pb2,
+    external_task_pb2_grpc,
+    process_pb2,
+    process_pb2_grpc,
+)
+from common import EngineProcess, bare_grpc_rate, engine_process, percentile, scratch_database
+from google.protobuf import struct_pb2
+
+BUNDLE = """
+models:
+  - name: quota-model
+    provider: gemini
+    requests_per_minute: 100000000
+    tokens_per_minute: 100000000000
+    max_concurrent_calls: 1000000
+    price: { input_per_million_usd: 0.30, output_per_million_usd: 2.50 }
+processes:
+  - id: {process}
+    start: agent
+    nodes:
+      - id: agent
+        type: agent
+        model: {model}
+        prompt: think
+        result_variable: answer
+        limits: {{ max_model_calls: 100000, max_tool_calls: 0, max_tokens: 1000000000 }}
+        next: done
+      - {{ id: done, type: end }}
+"""
+
+
+def _struct(value: dict) -> struct_pb2.Struct:
+    message = struct_pb2.Struct()
+    message.update(value)
+    return message
+
+
+async def run(replicas: list[EngineProcess], process_id: str, tasks: int, calls: int) -> dict[str, object]:
+    channels = [replica.channel() for replica in replicas]
+    try:
+        first = channels[0]
+        processes = process_pb2_grpc.ProcessServiceStub(first)
+        for _ in range(tasks):
+            await processes.StartInstance(process_pb2.StartInstanceRequest(process_id=process_id))
+        locked = (
+            await external_task_pb2_grpc.ExternalTaskServiceStub(first).FetchAndLock(
+                external_task_pb2.FetchAndLockRequest(
+                    worker_id="bench",
+                    max_tasks=tasks,
+                    topics=[external_task_pb2.TopicSubscription(name="abada:agent", lease_ms=600_000)],
+                )
+            )
+        ).tasks
+        assert len(locked) == tasks, f"locked {len(locked)} of {tasks}"
+        stubs = [external_task_pb2_grpc.ExternalTaskServiceStub(channel) for channel in channels]
+        admissions: list[float] = []
+        request_body = _struct({"turn": 0, "model": "quota-model"})
+        response_body = _struct({"text": "y" * 300, "finishReason": "STOP"})
+
+        async def journal(index: int, task: external_task_pb2.ExternalTask) -> None:
+            for sequence in range(1, calls + 1):
+                # Each call goes through one replica and the next through the other: the quota is
+                # theirs together.
+                stub = stubs[(index + sequence) % len(stubs)]
+                common = {
+                    "task_id": task.id,
+                    "worker_id": "bench",
+                    "lease_token": task.lease_token,
+                    "attempt": task.attempt,
+                    "sequence": sequence,
+                    "kind": external_task_pb2.STEP_KIND_MODEL_CALL,
+                }
+                began = time.perf_counter()
+                await stub.AppendStep(
+                    external_task_pb2.AppendStepRequest(
+                        **common,
+                        state=external_task_pb2.STEP_STATE_STARTED,
+                        request=request_body,
+                        tokens=external_task_pb2.TokenUsage(input_tokens=400),
+                    )
+                )
+                admissions.append(time.perf_counter() - began)
+                await stub.AppendStep(
+                    external_task_pb2.AppendStepRequest(
+                        **common,
+                        state=external_task_pb2.STEP_STATE_COMPLETED,
+                        response=response_body,
+                        tokens=external_task_pb2.TokenUsage(input_tokens=380, output_tokens=90),
+                    )
+                )
+
+        began = time.perf_counter()
+        await asyncio.gather(*(journal(index, task) for index, task in enumerate(locked)))
+        elapsed = time.perf_counter() - began
+    finally:
+        for channel in channels:
+            await channel.close()
+    return {"calls": len(admissions), "elapsed": elapsed, "admissions": admissions}
+
+
+async def deploy(replica: EngineProcess) -> None:
+    async with replica.channel() as channel:
+        stub = definition_pb2_grpc.DefinitionServiceStub(channel)
+        for process, model in (("quota", "quota-model"), ("unlimited", "no-profile-model")):
+            content = BUNDLE.replace("{process}", process).replace("{model}", model)
+            content = content.replace("{{", "{").replace("}}", "}")
+            await stub.Deploy(definition_pb2.DeployRequest(source_name="bench.yaml", content=content))
+
+
+async def admission_ceiling(database_url: str, connections: int = 16, seconds: float = 3.0) -> float:
+    """Admissions per second of one model straight through the database function, from many
+    connections at once (what every replica together can reach at most), then settled."""
+    pools = [await asyncpg.connect(database_url) for _ in range(connections)]
+    admitted = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def loop(conn: asyncpg.Connection) -> None:
+        nonlocal admitted
+        while time.perf_counter() < stop_at:
+            task = uuid.uuid4()
+            row = await conn.fetchrow(
+                "SELECT admitted FROM abada_admit_model_call('ceiling-model', $1, 1, 1, 100000000, "
+                "100000000000, 1000000, 400, 62)",
+                task,
+            )
+            admitted += bool(row["admitted"])
+
+    began = time.perf_counter()
+    try:
+        await asyncio.gather(*(loop(conn) for conn in pools))
+    finally:
+        for conn in pools:
+            await conn.close()
+    return admitted / (time.perf_counter() - began)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tasks", type=int, default=32)
+    parser.add_argument("--calls", type=int, default=60, help="model calls per task")
+    args = parser.parse_args()
+    # Replicas must share their keys, as in a deployment.
+    shared = {
+        "ABADA_JOURNAL_KEYS": "bench:" + base64.b64encode(os.urandom(32)).decode(),
+        "ABADA_IDEMPOTENCY_SECRET": secrets.token_urlsafe(32),
+    }
+    with scratch_database() as url, ExitStack() as stack:
+        replicas = [stack.enter_context(engine_process(url, shared)) for _ in range(2)]
+        asyncio.run(deploy(replicas[0]))
+        quota = asyncio.run(run(replicas, "quota", args.tasks, args.calls))
+        unlimited = asyncio.run(run(replicas, "unlimited", args.tasks, args.calls))
+        floor = asyncio.run(bare_grpc_rate(replicas[0].address))
+        ceiling = asyncio.run(admission_ceiling(url))
+    rate = quota["calls"] / quota["elapsed"]
+    peer = unlimited["calls"] / unlimited["elapsed"]
+    print(
+        f"model calls admitted, 2 replicas: {rate:,.0f}/s ({quota['calls']} calls, each STARTED admitted + "
+        f"COMPLETED settled; {args.tasks} concurrent tasks; {quota['elapsed']:.2f} s)"
+    )
+    print(
+        f"admission (STARTED) p50 / p99:    {percentile(quota['admissions'], 0.5) * 1000:.2f} / "
+        f"{percentile(quota['admissions'], 0.99) * 1000:.2f} ms"
+    )
+    print(f"same calls, model without quota: {peer:,.0f}/s (same replicas, same run)")
+    print(f"with quota / without:            {rate / peer:.3f}")
+    print(f"bare gRPC unary calls:           {floor:,.0f}/s at 8 callers (one replica, same run)")
+    print(f"admission alone, in PostgreSQL:  {ceiling:,.0f}/s at 16 connections (one model, same run)")
+    print("target: >= 1,000 model calls admitted/s across 2 replicas")
+
+
+if __name__ == "__main__":
+    main()
