@@ -42,8 +42,11 @@ test: venv proto
 demo: venv proto
 	$(PY) examples/demo.py
 
+# Benchmarks, with their bench-only dependencies (the pgqueuer peer, py-spy); not part of `make test`.
+BENCH_RUNS ?= 3
 bench: venv proto
-	$(PY) bench/task_cycle.py
+	$(PY) -m pip install --quiet -r bench/requirements.txt
+	cd bench && ../$(PY) summary.py --runs $(BENCH_RUNS)
 
 IMAGE_PREFIX ?= abada
 IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' charts/abada/Chart.yaml)

@@ -1,0 +1,101 @@
+"""`make bench`: every benchmark against its target, with the peer measured in the same run, as one table.
+
+Each benchmark runs --runs times (default 3) and the table shows the median; a few minutes in all.
+
+    python bench/summary.py --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import append_step
+import many_in_flight
+import task_cycle
+from common import median
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--instances", type=int, default=5000, help="task cycles: N")
+    parser.add_argument("--in-flight", type=int, default=10_000, help="many in flight: the high level")
+    args = parser.parse_args()
+    cycles, appends, flights = [], [], []
+    for run in range(1, args.runs + 1):
+        print(f"== run {run} of {args.runs}")
+        cycles.append(task_cycle.measure(args.instances, 8, 16))
+        task_cycle.report(cycles[-1], args.instances, 8, 16)
+        appends.append(append_step.measure(8, 200))
+        append_step.report(appends[-1], 8)
+        levels = [100, args.in_flight]
+        flights.append(many_in_flight.measure(levels, 300))
+        many_in_flight.report(flights[-1], levels)
+        sys.stdout.flush()
+
+    def m(rows: list[dict[str, float]], key: str) -> float:
+        return median([row[key] for row in rows])
+
+    low, high = 100, args.in_flight
+    fetch_p50 = median([f[f"fetch_p50@{high}"] / f[f"fetch_p50@{low}"] for f in flights])
+    fetch_p99 = median([f[f"fetch_p99@{high}"] / f[f"fetch_p99@{low}"] for f in flights])
+    rows = [
+        (
+            "task cycles / pgqueuer 1.6 (N=5000, K=8; peer 8 consumers, batch 4)",
+            f"{m(cycles, 'rate'):,.0f}/s vs {m(cycles, 'peer'):,.0f}/s = {m(cycles, 'ratio'):.2f}x",
+            ">= 1.0x",
+            m(cycles, "ratio") >= 1.0,
+        ),
+        (
+            "AppendStep / bare gRPC (8 tasks)",
+            f"{m(appends, 'rate'):,.0f}/s vs {m(appends, 'bare_grpc'):,.0f}/s = {m(appends, 'ratio'):.2f}x",
+            ">= 0.5x",
+            m(appends, "ratio") >= 0.5,
+        ),
+        (
+            f"FetchAndLock p50 at {high:,} / at {low} in flight",
+            f"{m(flights, f'fetch_p50@{high}') * 1000:.2f} / {m(flights, f'fetch_p50@{low}') * 1000:.2f} ms"
+            f" = {fetch_p50:.2f}x",
+            "<= 1.5x",
+            fetch_p50 <= 1.5,
+        ),
+        (
+            f"FetchAndLock p99 at {high:,} / at {low} in flight",
+            f"{m(flights, f'fetch_p99@{high}') * 1000:.2f} / {m(flights, f'fetch_p99@{low}') * 1000:.2f} ms"
+            f" = {fetch_p99:.2f}x",
+            "<= 1.5x",
+            fetch_p99 <= 1.5,
+        ),
+        (
+            f"Complete p50 / p99 at {high:,} in flight",
+            f"{m(flights, f'complete_p50@{high}') * 1000:.2f} / {m(flights, f'complete_p99@{high}') * 1000:.2f} ms",
+            "",
+            None,
+        ),
+        (
+            "StartInstance at 8 callers",
+            f"{m(flights, 'start_rate'):,.0f}/s",
+            ">= 1,500/s",
+            m(flights, "start_rate") >= 1500,
+        ),
+        (
+            "context: raw single-row commits, 8 connections",
+            f"{m(cycles, 'raw'):,.0f}/s",
+            "",
+            None,
+        ),
+    ]
+    width = max(len(r[0]) for r in rows)
+    value_width = max(len(r[1]) for r in rows)
+    print(f"\n== summary, medians of {args.runs} runs (peers measured in the same runs)")
+    print(f"{'benchmark':<{width}}  {'figure':<{value_width}}  {'target':<10}  met")
+    for name, value, target, met in rows:
+        verdict = "" if met is None else ("yes" if met else "NO")
+        print(f"{name:<{width}}  {value:<{value_width}}  {target:<10}  {verdict}")
+
+
+if __name__ == "__main__":
+    main()
