@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import yaml
 from abada_engine.auth import CallerRegistry, token_sha256
@@ -37,7 +38,7 @@ def test_a_broken_edit_of_the_callers_file_keeps_the_last_good_list(tmp_path):
             }
         )
     )
-    registry = CallerRegistry(path)
+    registry = CallerRegistry(path, recheck_seconds=0)  # look at the file on every call
     assert registry.by_token("good-token").identity == "ops"
     path.write_text("callers: [ {identity: ops, roles: [operator], token_sha256: ")  # half-written
     os.utime(path, ns=(1, 1))
@@ -53,3 +54,27 @@ def test_a_broken_edit_of_the_callers_file_keeps_the_last_good_list(tmp_path):
     )
     assert registry.by_token("new-token").identity == "ops2"
     assert registry.by_token("good-token") is None
+
+
+def test_the_callers_file_is_looked_at_no_more_than_once_a_second(tmp_path):
+    path = tmp_path / "callers.yaml"
+
+    def callers(identity: str, token: str) -> str:
+        return yaml.safe_dump(
+            {"callers": [{"identity": identity, "roles": ["operator"], "token_sha256": token_sha256(token)}]}
+        )
+
+    path.write_text(callers("ops", "first-token"))
+    registry = CallerRegistry(path, recheck_seconds=3600)
+    assert registry.by_token("first-token").identity == "ops"
+    path.write_text(callers("ops2", "second-token"))
+    os.utime(path, ns=(1, 1))
+    assert registry.by_token("first-token").identity == "ops"  # not looked at again yet
+    soon = CallerRegistry(path, recheck_seconds=0.05)
+    path.write_text(callers("ops3", "third-token"))
+    os.utime(path, ns=(2, 2))
+    deadline = time.monotonic() + 5
+    while soon.by_token("third-token") is None:
+        assert time.monotonic() < deadline, "the change was never picked up"
+        time.sleep(0.01)
+    assert soon.by_token("third-token").identity == "ops3"
