@@ -14,6 +14,17 @@ from test_engine_journal import leased_task, scenario_steps
 WRITE = {"callId": "call_2", "arguments": {"customerId": "C-42", "subject": "Parcel not received"}}
 
 
+async def fetch_taken_over(engine):
+    """Fetch the expired task. The engine's reaper locks expired agent tasks (SKIP LOCKED) while it
+    looks at their journals, and a fetch in that moment skips the task: poll, as a worker does."""
+    for _ in range(100):
+        tasks = await fetch(engine, "w2", "abada:agent")
+        if tasks:
+            return tasks
+        await asyncio.sleep(0.05)
+    raise AssertionError("the expired task was never offered again")
+
+
 async def crash_during_the_write(engine, crm, idempotency):
     """Steps 1-3 finished, step 4 (create_ticket) STARTED, then the worker is gone and its lease runs out."""
     task = await leased_task(engine, crm, idempotency=idempotency, lease_ms=1000)
@@ -27,7 +38,7 @@ async def test_keyed_write_is_offered_again_with_its_key_and_the_new_attempt_fin
     engine, crm_credentials
 ):
     task, started = await crash_during_the_write(engine, crm_credentials, "key")
-    [again] = await fetch(engine, "w2", "abada:agent")
+    [again] = await fetch_taken_over(engine)
     assert (again.id, again.attempt) == (task.id, 2)
     steps = list(again.steps)
     assert [(s.sequence, et.StepState.Name(s.state)) for s in steps] == [
@@ -60,7 +71,7 @@ async def test_an_orphaned_model_call_is_marked_abandoned_when_the_next_attempt_
     task = await leased_task(engine, crm_credentials, lease_ms=1000)
     await append(engine, task, 1, "MODEL_CALL", "STARTED", request={"turn": 0})
     await asyncio.sleep(1.1)
-    [again] = await fetch(engine, "w2", "abada:agent")
+    [again] = await fetch_taken_over(engine)
     assert [(s.sequence, s.abandoned) for s in again.steps] == [(1, False)]
     # The old attempt's STARTED model call cannot be finished by the new one...
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -112,7 +123,7 @@ async def test_resolved_as_happened_the_result_is_journaled_and_the_task_goes_on
     )
     request.result.update(result)
     await engine.incidents.ResolveIncident(request)
-    [again] = await fetch(engine, "w2", "abada:agent")
+    [again] = await fetch_taken_over(engine)
     assert again.attempt == 2
     assert et.StepState.Name(again.steps[3].state) == "STEP_STATE_COMPLETED"
     assert plain(again.steps[3].response) == result
@@ -127,7 +138,7 @@ async def test_resolved_as_did_not_happen_the_step_is_set_aside_for_a_new_call(e
             incident_id=incident.id, resolution=incident_pb2.RESOLUTION_DID_NOT_HAPPEN
         )
     )
-    [again] = await fetch(engine, "w2", "abada:agent")
+    [again] = await fetch_taken_over(engine)
     set_aside = again.steps[3]
     assert (et.StepState.Name(set_aside.state), set_aside.abandoned) == ("STEP_STATE_OUTCOME_UNKNOWN", True)
     # The new attempt calls the tool again at a new sequence.
@@ -165,5 +176,5 @@ async def test_the_incident_is_raised_when_the_lease_runs_out_even_if_no_worker_
 async def test_the_reaper_leaves_keyed_writes_and_live_leases_alone(engine, crm_credentials, engine_core):
     task, _ = await crash_during_the_write(engine, crm_credentials, "key")
     assert await engine_core.takeover.hold_expired_unkeyed_writes() == 0
-    [again] = await fetch(engine, "w2", "abada:agent")
+    [again] = await fetch_taken_over(engine)
     assert again.id == task.id and again.attempt == 2
