@@ -170,3 +170,50 @@ async def test_lease_token_is_stored_only_as_a_hash(engine, db):
         stored = (await conn.execute(text("SELECT lease_token_hash FROM tasks"))).scalar_one()
     assert task.lease_token.encode() not in bytes(stored)
     assert len(bytes(stored)) == 32
+
+
+async def test_complete_with_fetch_next_answers_with_the_workers_next_tasks(engine, db):
+    """Eager dispatch: the answer to a Complete carries the next tasks, locked like a fetch locks them."""
+    await deploy(engine, ONE_STEP)
+    await _start_many(db, 3)
+    [first] = await fetch(engine, "w", "jobs", max_tasks=1)
+    answer = await engine.tasks.Complete(
+        external_task_pb2.CompleteRequest(
+            task_id=first.id,
+            worker_id="w",
+            lease_token=first.lease_token,
+            fetch_next=external_task_pb2.FetchNext(
+                topics=[external_task_pb2.TopicSubscription(name="jobs", lease_ms=60_000)], max_tasks=5
+            ),
+        )
+    )
+    assert answer.outcome == external_task_pb2.COMPLETE_OUTCOME_ADVANCED
+    handed = list(answer.next_tasks)
+    assert len(handed) == 2 and first.id not in {t.id for t in handed}
+    assert await fetch(engine, "other", "jobs") == []  # both are under the worker's lease now
+    for task in handed:  # and the worker holds them like any fetched task
+        await complete(engine, task, "w", {})
+    async with db.connect() as conn:
+        states = (await conn.execute(text("SELECT state, count(*) FROM tasks GROUP BY state"))).all()
+    assert dict(states) == {"COMPLETED": 3}
+
+
+async def test_a_bad_fetch_next_is_refused_before_the_task_is_completed(engine):
+    await deploy(engine, ONE_STEP)
+    started = await start(engine, "job")
+    [task] = await fetch(engine, "w", "jobs")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await engine.tasks.Complete(
+            external_task_pb2.CompleteRequest(
+                task_id=task.id,
+                worker_id="w",
+                lease_token=task.lease_token,
+                fetch_next=external_task_pb2.FetchNext(
+                    topics=[external_task_pb2.TopicSubscription(name="jobs", lease_ms=10)], max_tasks=1
+                ),
+            )
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(caught.value).metadata["field"] == "fetch_next.topics[0].lease_ms"
+    assert (await instance(engine, started.id)).state == process_pb2.INSTANCE_STATE_ACTIVE
+    await complete(engine, task, "w", {})  # the lease still holds: nothing changed

@@ -13,7 +13,7 @@ from abada_engine.runtime.completion import AttemptMetadata, Completions
 from abada_engine.runtime.contract import Verdict
 from abada_engine.runtime.instances import MAX_VARIABLES_BYTES
 from abada_engine.runtime.journal import Journal, StepRequest
-from abada_engine.runtime.leases import Leases, Subscription
+from abada_engine.runtime.leases import Leases, Subscription, check_fetch
 from abada_engine.store.states import WORKER_STEP_STATES
 
 from . import messages
@@ -114,7 +114,15 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
     async def Complete(
         self, request: external_task_pb2.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> external_task_pb2.CompleteResponse:
-        require_worker(current_caller.get(), request.worker_id)
+        caller = current_caller.get()
+        require_worker(caller, request.worker_id)
+        fetch_next = request.fetch_next if request.HasField("fetch_next") else None
+        subscriptions: list[Subscription] = []
+        if fetch_next is not None and fetch_next.max_tasks:
+            # Checked before the completion, so a bad fetch_next changes nothing.
+            subscriptions = [Subscription(t.name, t.lease_ms) for t in fetch_next.topics]
+            require_worker(caller, request.worker_id, [s.topic for s in subscriptions])
+            check_fetch(request.worker_id, subscriptions, fetch_next.max_tasks, 0, field_prefix="fetch_next.")
         variables = from_struct(request.variables)
         # Worker (and so model) data that conditions and the output schema will read: bounded like Start's.
         if len(json.dumps(variables)) > MAX_VARIABLES_BYTES:
@@ -132,11 +140,20 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         outcome = _OUTCOMES.get(
             (result.verdict, result.routed), external_task_pb2.COMPLETE_OUTCOME_INCIDENT_RAISED
         )
+        next_tasks = []
+        if subscriptions:
+            next_tasks = await self._leases.fetch_and_lock(
+                request.worker_id,
+                subscriptions,
+                fetch_next.max_tasks,
+                0,  # type: ignore[union-attr]
+            )
         return external_task_pb2.CompleteResponse(
             outcome=outcome,
             next_node_id=result.next_node_id,
             incident_id=str(result.incident_id) if result.incident_id else "",
             reason=result.reason,
+            next_tasks=[messages.locked_task(t) for t in next_tasks],
         )
 
     async def Fail(

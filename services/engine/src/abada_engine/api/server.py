@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from abada_engine.db.database import async_url
+from abada_engine.db.database import plain_url
 from abada_engine.definitions.catalog import ContractCheck, DefinitionCatalog
 from abada_engine.runtime.completion import Completions
 from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
@@ -36,6 +36,7 @@ from abada_engine.runtime.leases import Leases
 from abada_engine.runtime.queue_stats import QueueStats
 from abada_engine.runtime.reaper import Periodic
 from abada_engine.runtime.wakeups import TaskWakeups
+from abada_engine.store.hand_written import HotPath
 
 from .definition_handler import DefinitionHandler
 from .external_task_handler import ExternalTaskHandler
@@ -73,6 +74,8 @@ class EngineCore:
     reaper: Periodic
     # What this replica remembers of the tasks it handed out (see `runtime/handed_out.py`).
     handed_out: HandedOut
+    # asyncpg's own pool, for the hand-written hot statements (see `store/hand_written.py`).
+    hot: HotPath
 
     @staticmethod
     async def open(
@@ -85,7 +88,8 @@ class EngineCore:
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
         handed_out = HandedOut()
-        journal = Journal(db, catalog, keys, idempotency, handed_out)
+        hot = HotPath(db, await HotPath.open_pool(plain_url(database_url), db.pool.size()))  # type: ignore[attr-defined]
+        journal = Journal(db, catalog, keys, idempotency, handed_out, hot)
         takeover = Takeover(db, catalog, journal.sealer, handed_out)
         resolutions = JournalResolutions(journal.sealer)
         incidents = Incidents(db, catalog)
@@ -93,7 +97,7 @@ class EngineCore:
         incidents.register("TOOL_OUTCOME_UNKNOWN", "DID_NOT_HAPPEN", resolutions.did_not_happen)
         for rejected in ("INVALID_OUTPUT", "LOW_CONFIDENCE"):
             incidents.register(rejected, "RETRY", resolutions.retry_the_answer)
-        wakeups = TaskWakeups(async_url(database_url).replace("postgresql+asyncpg://", "postgresql://", 1))
+        wakeups = TaskWakeups(plain_url(database_url))
         await wakeups.start()
         reaper = Periodic(
             "outcome-unknown reaper", takeover.hold_expired_unkeyed_writes, reaper_interval_seconds
@@ -102,20 +106,22 @@ class EngineCore:
         return EngineCore(
             db=db,
             catalog=catalog,
-            instances=Instances(db, catalog),
-            leases=Leases(db, catalog, wakeups, handed_out, after_lock=takeover),
-            completions=Completions(db, catalog, handed_out),
+            instances=Instances(db, catalog, hot),
+            leases=Leases(db, catalog, wakeups, handed_out, after_lock=takeover, hot=hot),
+            completions=Completions(db, catalog, handed_out, hot),
             incidents=incidents,
             journal=journal,
             takeover=takeover,
             wakeups=wakeups,
             reaper=reaper,
             handed_out=handed_out,
+            hot=hot,
         )
 
     async def close(self) -> None:
         await self.reaper.stop()
         await self.wakeups.stop()
+        await self.hot.close()
 
 
 @dataclass

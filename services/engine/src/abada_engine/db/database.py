@@ -24,6 +24,11 @@ def async_url(url: str) -> str:
     raise ValueError("ABADA_DATABASE_URL must be a postgresql:// URL")
 
 
+def plain_url(url: str) -> str:
+    """The same URL for asyncpg itself (`postgresql://`)."""
+    return async_url(url).replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
 def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
     return create_async_engine(
         async_url(url),

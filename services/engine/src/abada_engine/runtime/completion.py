@@ -14,13 +14,13 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
+from abada_engine.store.hand_written import Executor, HotPath
 from abada_engine.store.states import TaskState
 
 from .contract import Verdict, check_written_variables, judge
@@ -71,10 +71,14 @@ class FailResult:
 
 class Completions:
     def __init__(
-        self, engine: AsyncEngine, catalog: DefinitionCatalog, handed_out: HandedOut | None = None
+        self,
+        engine: AsyncEngine,
+        catalog: DefinitionCatalog,
+        handed_out: HandedOut | None = None,
+        hot: HotPath | None = None,
     ) -> None:
         self._engine = engine
-        self._reads = autocommit(engine)
+        self._hot = hot if hot is not None else HotPath(engine)
         self._catalog = catalog
         self._handed_out = handed_out if handed_out is not None else HandedOut()
 
@@ -94,7 +98,7 @@ class Completions:
         changed it (or a Complete on another replica's lease) takes the careful path: read, then write.
         """
         snapshot = self._handed_out.take_lease(task_id)
-        async with self._reads.connect() as conn:
+        async with self._hot.connect() as conn:
             if snapshot is not None:
                 try:
                     done = await self._judge_and_move(
@@ -116,7 +120,7 @@ class Completions:
 
     async def _judge_and_move(
         self,
-        conn: AsyncConnection,
+        conn: Executor,
         held: LeaseHeld,
         worker_id: str,
         lease_token: str,

@@ -15,11 +15,13 @@ from abada_engine.store import history as history_store
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
+from abada_engine.store.hand_written import HotPath
 from abada_engine.store.instances import ListedInstance
+from abada_engine.store.moves import NewInstance
 from abada_engine.store.states import InstanceState, TaskKind, TaskState
 
 from .navigator import HistoryEntry, advance, leave_node
-from .tokens import apply_advance, history_record, write_history
+from .tokens import apply_advance, history_record, start_moved, write_history
 from .views import HistoryView, InstanceView, UserTaskView
 
 INSTANCE_STATES = tuple(InstanceState)
@@ -27,9 +29,10 @@ MAX_VARIABLES_BYTES = 1_000_000
 
 
 class Instances:
-    def __init__(self, engine: AsyncEngine, catalog: DefinitionCatalog) -> None:
+    def __init__(self, engine: AsyncEngine, catalog: DefinitionCatalog, hot: HotPath | None = None) -> None:
         self._engine = engine
         self._reads = autocommit(engine)
+        self._hot = hot if hot is not None else HotPath(engine)
         self._catalog = catalog
 
     async def start(
@@ -39,26 +42,26 @@ class Instances:
             raise invalid("INVALID_ARGUMENT", "process_id", "is required")
         definition = await self._catalog.find(process_id, version)
         instance_id = uuid.uuid4()
-        async with self._engine.begin() as conn:
-            created_at = await instance_store.insert_active(
+        started = HistoryEntry(
+            "INSTANCE_STARTED",
+            None,
+            {"definition_id": str(definition.id), "version": definition.version, "variables": variables},
+        )
+        # Conditions are CPU work on caller data: evaluated off the event loop.
+        moved = await asyncio.to_thread(advance, definition.process, variables, definition.process.start)
+        async with self._hot.connect() as conn:
+            _, created_at = await start_moved(
                 conn,
-                instance_id,
-                definition.id,
-                definition.process_id,
-                definition.version,
-                variables,
-                definition.process.start,
-                business_key,
-            )
-            started = HistoryEntry(
-                "INSTANCE_STARTED",
-                None,
-                {"definition_id": str(definition.id), "version": definition.version, "variables": variables},
-            )
-            # Conditions are CPU work on caller data: evaluated off the event loop.
-            moved = await asyncio.to_thread(advance, definition.process, variables, definition.process.start)
-            await apply_advance(
-                conn, instance_id=instance_id, advance=moved, variables=None, preceding=[started]
+                NewInstance(
+                    instance_id,
+                    definition.id,
+                    definition.process_id,
+                    definition.version,
+                    variables,
+                    business_key,
+                ),
+                moved,
+                [started],
             )
         return InstanceView(
             id=instance_id,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
@@ -27,6 +27,7 @@ from abada_engine.definitions.model import ToolBinding
 from abada_engine.errors import Category, EngineError, invalid, not_found
 from abada_engine.metrics import LEASE_EXPIRIES
 from abada_engine.store import tasks as task_store
+from abada_engine.store.hand_written import Executor, HotPath
 from abada_engine.store.states import InstanceState, TaskState
 from abada_engine.store.tasks import LeaseRow, LockedRow
 
@@ -39,7 +40,7 @@ MAX_LEASE_MS = 3_600_000
 MAX_WAIT_MS = 60_000
 MAX_TASKS = 500
 
-__all__ = ["LeaseHeld", "Leases", "Subscription", "hash_token", "held_from_row", "hold_lease"]
+__all__ = ["LeaseHeld", "Leases", "Subscription", "check_fetch", "hash_token", "held_from_row", "hold_lease"]
 
 
 class AfterLock(Protocol):
@@ -67,7 +68,9 @@ class Leases:
         wakeups: TaskWakeups | None,
         handed_out: HandedOut | None = None,
         after_lock: AfterLock | None = None,
+        hot: HotPath | None = None,
     ) -> None:
+        self._hot = hot if hot is not None else HotPath(engine)
         self._after_lock = after_lock
         self._handed_out = handed_out if handed_out is not None else HandedOut()
         self._engine = engine
@@ -78,7 +81,7 @@ class Leases:
     async def fetch_and_lock(
         self, worker_id: str, subscriptions: Sequence[Subscription], max_tasks: int, wait_ms: int
     ) -> list[LockedTask]:
-        _check_fetch(worker_id, subscriptions, max_tasks, wait_ms)
+        check_fetch(worker_id, subscriptions, max_tasks, wait_ms)
         deadline = time.monotonic() + wait_ms / 1000
         topics = [s.topic for s in subscriptions]
         while True:
@@ -102,7 +105,7 @@ class Leases:
     ) -> list[LockedTask]:
         tokens = [secrets.token_urlsafe(32) for _ in range(max_tasks)]
         # One statement, so autocommit is atomic and saves the BEGIN/COMMIT round trips.
-        async with self._reads.connect() as conn:
+        async with self._hot.connect() as conn:
             rows = await task_store.lease_due(
                 conn,
                 worker_id,
@@ -174,7 +177,7 @@ class Leases:
             return await task_store.extend_lease(conn, task_id, lease_ms)
 
     async def verify(self, task_id: uuid.UUID, worker_id: str, lease_token: str) -> LeaseHeld:
-        async with self._reads.connect() as conn:
+        async with self._hot.connect() as conn:
             return await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
 
     async def verify_for_server(
@@ -205,7 +208,7 @@ class Leases:
 
 
 async def hold_lease(
-    conn: AsyncConnection, task_id: uuid.UUID, worker_id: str, lease_token: str, lock: bool = True
+    conn: Executor, task_id: uuid.UUID, worker_id: str, lease_token: str, lock: bool = True
 ) -> LeaseHeld:
     """Prove the caller holds the task's live lease; with `lock`, lock task and instance rows.
 
@@ -267,25 +270,37 @@ def held_from_row(row: LeaseRow | None, task_id: uuid.UUID, worker_id: str, leas
     )
 
 
-def _check_fetch(worker_id: str, subscriptions: Sequence[Subscription], max_tasks: int, wait_ms: int) -> None:
+def check_fetch(
+    worker_id: str,
+    subscriptions: Sequence[Subscription],
+    max_tasks: int,
+    wait_ms: int,
+    field_prefix: str = "",
+) -> None:
+    """Refuse a fetch the engine would not run; `field_prefix` names where the fetch sits in the request."""
     if not worker_id.strip():
         raise invalid("INVALID_ARGUMENT", "worker_id", "is required")
     if not subscriptions:
-        raise invalid("INVALID_ARGUMENT", "topics", "name at least one topic")
+        raise invalid("INVALID_ARGUMENT", f"{field_prefix}topics", "name at least one topic")
     seen: set[str] = set()
     for index, sub in enumerate(subscriptions):
+        where = f"{field_prefix}topics[{index}]"
         if sub.topic in seen:
-            raise invalid("INVALID_ARGUMENT", f"topics[{index}].name", f"topic {sub.topic!r} is listed twice")
+            raise invalid("INVALID_ARGUMENT", f"{where}.name", f"topic {sub.topic!r} is listed twice")
         seen.add(sub.topic)
         if not sub.topic:
-            raise invalid("INVALID_ARGUMENT", f"topics[{index}].name", "is required")
+            raise invalid("INVALID_ARGUMENT", f"{where}.name", "is required")
         if not MIN_LEASE_MS <= sub.lease_ms <= MAX_LEASE_MS:
             raise invalid(
                 "INVALID_LEASE",
-                f"topics[{index}].lease_ms",
+                f"{where}.lease_ms",
                 f"must be between {MIN_LEASE_MS} and {MAX_LEASE_MS}, not {sub.lease_ms}",
             )
     if not 1 <= max_tasks <= MAX_TASKS:
-        raise invalid("INVALID_ARGUMENT", "max_tasks", f"must be between 1 and {MAX_TASKS}, not {max_tasks}")
+        raise invalid(
+            "INVALID_ARGUMENT",
+            f"{field_prefix}max_tasks",
+            f"must be between 1 and {MAX_TASKS}, not {max_tasks}",
+        )
     if not 0 <= wait_ms <= MAX_WAIT_MS:
         raise invalid("INVALID_ARGUMENT", "wait_ms", f"must be between 0 and {MAX_WAIT_MS}, not {wait_ms}")

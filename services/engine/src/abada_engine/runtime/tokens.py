@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.store import history as history_store
+from abada_engine.store.hand_written import Executor
 from abada_engine.store.history import HistoryRecord
-from abada_engine.store.moves import LeaseGuard, NewIncident, NewTask, TokenMove, move_token
+from abada_engine.store.moves import (
+    LeaseGuard,
+    NewIncident,
+    NewInstance,
+    NewTask,
+    TokenMove,
+    move_token,
+    start_instance,
+)
 from abada_engine.store.states import TaskKind, TaskState
 
 from .navigator import Advance, HistoryEntry
 
-__all__ = ["AppliedAdvance", "LeaseGuard", "apply_advance", "history_record", "write_history"]
+__all__ = ["AppliedAdvance", "LeaseGuard", "apply_advance", "history_record", "start_moved", "write_history"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +48,7 @@ async def write_history(conn: AsyncConnection, records: list[HistoryRecord]) -> 
 
 
 async def apply_advance(
-    conn: AsyncConnection,
+    conn: Executor,
     *,
     instance_id: uuid.UUID,
     advance: Advance,
@@ -57,14 +67,35 @@ async def apply_advance(
     incident holds it for a retry); with `guard`, only while that lease is live,
     and otherwise nothing at all is written (`applied` is False).
     """
+    move = _token_move(instance_id, advance, variables, preceding, preceding_task_id)
+    move = replace(move, finished_task_id=finished_task_id, finished_state=finished_state, guard=guard)
+    applied = await move_token(conn, move)
+    return _applied(move, advance, applied)
+
+
+async def start_moved(
+    conn: Executor, instance: NewInstance, advance: Advance, preceding: list[HistoryEntry]
+) -> tuple[AppliedAdvance, datetime]:
+    """Write a new instance where its first `advance` left it, in one statement; and when it was created."""
+    move = _token_move(instance.id, advance, None, preceding, None)
+    created_at = await start_instance(conn, instance, move)
+    return _applied(move, advance, True), created_at
+
+
+def _token_move(
+    instance_id: uuid.UUID,
+    advance: Advance,
+    variables: dict[str, Any] | None,
+    preceding: list[HistoryEntry],
+    preceding_task_id: uuid.UUID | None,
+) -> TokenMove:
     records = [history_record(instance_id, e, preceding_task_id) for e in preceding]
     records += [history_record(instance_id, e) for e in advance.history]
     new_task = None
     if advance.task is not None:
         task = advance.task
-        kind = task.kind
-        new_task = NewTask(uuid.uuid4(), task.node.id, kind, task.topic, task.payload, task.retries)
-        created = "USER_TASK_CREATED" if kind is TaskKind.USER else "TASK_CREATED"
+        new_task = NewTask(uuid.uuid4(), task.node.id, task.kind, task.topic, task.payload, task.retries)
+        created = "USER_TASK_CREATED" if task.kind is TaskKind.USER else "TASK_CREATED"
         records.append(
             history_record(
                 instance_id, HistoryEntry(created, task.node.id, {"topic": task.topic}), new_task.id
@@ -87,24 +118,21 @@ async def apply_advance(
             {"incident_id": str(new_incident.id), "type": incident.type, "message": incident.message},
         )
         records.append(history_record(instance_id, raised, incident.task_id))
-    applied = await move_token(
-        conn,
-        TokenMove(
-            instance_id=instance_id,
-            current_node_id=advance.current_node_id,
-            completed=advance.completed,
-            variables=variables,
-            history=records,
-            new_task=new_task,
-            new_incident=new_incident,
-            finished_task_id=finished_task_id,
-            finished_state=finished_state,
-            guard=guard,
-        ),
+    return TokenMove(
+        instance_id=instance_id,
+        current_node_id=advance.current_node_id,
+        completed=advance.completed,
+        variables=variables,
+        history=records,
+        new_task=new_task,
+        new_incident=new_incident,
     )
+
+
+def _applied(move: TokenMove, advance: Advance, applied: bool) -> AppliedAdvance:
     return AppliedAdvance(
-        new_task.id if new_task else None,
-        new_incident.id if new_incident else None,
+        move.new_task.id if move.new_task else None,
+        move.new_incident.id if move.new_incident else None,
         advance.current_node_id,
         advance.completed,
         applied,

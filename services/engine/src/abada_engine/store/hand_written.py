@@ -10,16 +10,25 @@ parameter style, translated once to asyncpg's `$n`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncConnection
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from abada_engine.db.database import autocommit, dumps
 
 _PARAMETER = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
 R = TypeVar("R")
+
+# Where a hand-written statement runs: a SQLAlchemy connection (inside its transaction, if any), or
+# asyncpg's own pool or connection.
+Executor = AsyncConnection | asyncpg.Pool | asyncpg.Connection
 
 
 class Row(dict[str, Any]):
@@ -49,14 +58,65 @@ class HandWritten:
     def args(self, params: Mapping[str, Any]) -> list[Any]:
         return [params[name] for name in self.names]
 
-    async def fetch(self, conn: AsyncConnection, params: Mapping[str, Any]) -> list[Row]:
-        driver = (await conn.get_raw_connection()).driver_connection
+    async def fetch(self, conn: Executor, params: Mapping[str, Any]) -> list[Row]:
+        driver = await _driver(conn)
         return [Row(record) for record in await driver.fetch(self.sql, *self.args(params))]
 
-    async def fetchrow(self, conn: AsyncConnection, params: Mapping[str, Any]) -> Row | None:
-        driver = (await conn.get_raw_connection()).driver_connection
+    async def fetchrow(self, conn: Executor, params: Mapping[str, Any]) -> Row | None:
+        driver = await _driver(conn)
         record = await driver.fetchrow(self.sql, *self.args(params))
         return Row(record) if record is not None else None
+
+
+async def _driver(conn: Executor) -> asyncpg.Pool | asyncpg.Connection:
+    if isinstance(conn, AsyncConnection):
+        return (await conn.get_raw_connection()).driver_connection
+    return conn
+
+
+class HotPath:
+    """Where the runtime runs hand-written statements outside a transaction of its own.
+
+    With asyncpg's own pool, a statement costs one acquire from that pool instead of SQLAlchemy's
+    checkout, reset and checkin around the same asyncpg call; without one (a runtime assembled
+    over a bare SQLAlchemy engine, as some tests do), SQLAlchemy's autocommit pool serves.
+    """
+
+    def __init__(self, engine: AsyncEngine, pool: asyncpg.Pool | None = None) -> None:
+        self._reads = autocommit(engine)
+        self.pool = pool
+
+    @contextlib.asynccontextmanager
+    async def connect(self) -> AsyncIterator[Executor]:
+        if self.pool is not None:
+            yield self.pool
+            return
+        async with self._reads.connect() as conn:
+            yield conn
+
+    @staticmethod
+    async def open_pool(url: str, size: int) -> asyncpg.Pool:
+        """asyncpg's pool, decoding json/jsonb as the SQLAlchemy engine does (statements pass JSON text)."""
+        return await asyncpg.create_pool(
+            url,
+            min_size=1,
+            max_size=size,
+            init=_json_codecs,
+            server_settings={"application_name": "abada-engine"},
+        )
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+
+
+async def _json_codecs(conn: asyncpg.Connection) -> None:
+    for name in ("json", "jsonb"):
+        await conn.set_type_codec(name, encoder=_as_json_text, decoder=json.loads, schema="pg_catalog")
+
+
+def _as_json_text(value: Any) -> str:
+    return value if isinstance(value, str) else dumps(value)
 
 
 def typed(cls: type[R], record: Mapping[str, Any]) -> R:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, insert, select, true, update
+from sqlalchemy import ColumnElement, func, select, true, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.db.schema import incidents, instances
@@ -33,36 +33,6 @@ class InstanceRow:
 @dataclass(slots=True)
 class ListedInstance(InstanceRow):
     open_incidents: int
-
-
-async def insert_active(
-    conn: AsyncConnection,
-    instance_id: uuid.UUID,
-    definition_id: uuid.UUID,
-    process_id: str,
-    version: int,
-    variables: dict[str, Any],
-    start_node_id: str,
-    business_key: str,
-) -> datetime:
-    """A new ACTIVE instance at its start node; returns its creation time."""
-    return (
-        await conn.execute(
-            insert(instances)
-            .values(
-                id=instance_id,
-                definition_id=definition_id,
-                process_id=process_id,
-                version=version,
-                state=InstanceState.ACTIVE,
-                variables=variables,
-                current_node_id=start_node_id,
-                business_key=business_key,
-                created_at=func.now(),
-            )
-            .returning(instances.c.created_at)
-        )
-    ).scalar_one()
 
 
 async def listed(

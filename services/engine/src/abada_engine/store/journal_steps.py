@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.db.schema import journal_steps
 
-from .hand_written import HandWritten, typed
+from .hand_written import Executor, HandWritten, typed
 from .states import StepKind, StepState, TaskState
 
 
@@ -191,41 +191,41 @@ FINISH_CHECKED = HandWritten(
 )
 
 
-async def _one(statement: HandWritten, conn: AsyncConnection, params: Mapping[str, Any]) -> StepRow | None:
+async def _one(statement: HandWritten, conn: Executor, params: Mapping[str, Any]) -> StepRow | None:
     row = await statement.fetchrow(conn, params)
     return typed(StepRow, row) if row is not None else None
 
 
-async def append_context(conn: AsyncConnection, task_id: uuid.UUID, sequence: int) -> AppendContext | None:
+async def append_context(conn: Executor, task_id: uuid.UUID, sequence: int) -> AppendContext | None:
     row = await APPEND_CONTEXT.fetchrow(conn, {"id": task_id, "seq": sequence})
     return typed(AppendContext, row) if row is not None else None
 
 
-async def insert_guarded(conn: AsyncConnection, params: Mapping[str, Any]) -> StepRow | None:
+async def insert_guarded(conn: Executor, params: Mapping[str, Any]) -> StepRow | None:
     """Insert a step if the lease is live and the sequence free; None otherwise."""
     return await _one(INSERT_GUARDED, conn, params)
 
 
-async def finish_guarded(conn: AsyncConnection, params: Mapping[str, Any]) -> StepRow | None:
+async def finish_guarded(conn: Executor, params: Mapping[str, Any]) -> StepRow | None:
     """Finish a STARTED step if the lease is live; None otherwise."""
     return await _one(FINISH_GUARDED, conn, params)
 
 
-async def insert_checked(conn: AsyncConnection, params: Mapping[str, Any]) -> StepRow | None:
+async def insert_checked(conn: Executor, params: Mapping[str, Any]) -> StepRow | None:
     """Insert the next step if the lease, the sequence and the limits allow it; None otherwise."""
     return await _one(INSERT_CHECKED, conn, params)
 
 
-async def finish_checked(conn: AsyncConnection, params: Mapping[str, Any]) -> StepRow | None:
+async def finish_checked(conn: Executor, params: Mapping[str, Any]) -> StepRow | None:
     """Finish a STARTED step that is exactly the one described, under the live lease; None otherwise."""
     return await _one(FINISH_CHECKED, conn, params)
 
 
-async def step_at(conn: AsyncConnection, task_id: uuid.UUID, sequence: int) -> StepRow | None:
+async def step_at(conn: Executor, task_id: uuid.UUID, sequence: int) -> StepRow | None:
     return await _one(STEP_AT, conn, {"id": task_id, "seq": sequence})
 
 
-async def steps_of(conn: AsyncConnection, task_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[StepRow]]:
+async def steps_of(conn: Executor, task_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[StepRow]]:
     """The (still sealed) steps of each task, in sequence order."""
     found: dict[uuid.UUID, list[StepRow]] = {}
     if not task_ids:

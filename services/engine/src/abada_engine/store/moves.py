@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
-
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.db.database import dumps
 
-from .hand_written import HandWritten
+from .hand_written import Executor, HandWritten
 from .history import HistoryRecord
 from .states import IncidentState, InstanceState, TaskKind, TaskState
 from .tasks import TASK_CHANNEL
@@ -137,38 +136,124 @@ def _history_json(records: list[HistoryRecord]) -> str:
     )
 
 
-async def move_token(conn: AsyncConnection, move: TokenMove) -> bool:
+async def move_token(conn: Executor, move: TokenMove) -> bool:
     """Write the move; False if its guard refused it (then nothing was written)."""
+    result = await MOVE_TOKEN.fetchrow(conn, _move_params(move))
+    return bool(result is not None and result.applied)
+
+
+def _move_params(move: TokenMove) -> dict[str, Any]:
     task, incident, guard = move.new_task, move.new_incident, move.guard
-    result = await MOVE_TOKEN.fetchrow(
+    return {
+        "guard_worker": guard.worker_id if guard else None,
+        "guard_hash": guard.token_hash if guard else None,
+        "guard_xmin": guard.instance_xmin if guard else None,
+        "instance_id": str(move.instance_id),
+        "task_id": str(task.id) if task else None,
+        "task_node": task.node_id if task else None,
+        "task_kind": task.kind.value if task else None,
+        "task_topic": task.topic if task else None,
+        "task_state": (TaskState.READY if task.kind is TaskKind.EXTERNAL else TaskState.WAITING).value
+        if task
+        else None,
+        "task_payload": dumps(task.payload) if task else None,
+        "task_retries": task.retries if task else 0,
+        "incident_id": str(incident.id) if incident else None,
+        "incident_node": incident.node_id if incident else None,
+        "incident_task": str(incident.task_id) if incident and incident.task_id else None,
+        "finished_task_id": str(move.finished_task_id) if move.finished_task_id else None,
+        "finished_state": move.finished_state.value,
+        "incident_type": incident.type if incident else None,
+        "incident_message": incident.message if incident else None,
+        "incident_details": dumps(incident.details) if incident else None,
+        "current_node": move.current_node_id,
+        "variables": dumps(move.variables) if move.variables is not None else None,
+        "completed": move.completed,
+        "history": _history_json(move.history),
+        "channel": TASK_CHANNEL,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class NewInstance:
+    id: uuid.UUID
+    definition_id: uuid.UUID
+    process_id: str
+    version: int
+    variables: dict[str, Any]
+    business_key: str
+
+
+# Hand-written: every StartInstance runs it. The new instance is written where its first move left
+# it, with that move's task or incident and history, in one statement: no transaction to open and
+# commit around an insert and an update (StartInstance ~2x the rate of the two-statement form).
+START_INSTANCE = HandWritten(
+    f"""
+    WITH instance AS (
+        INSERT INTO instances (id, definition_id, process_id, version, state, variables, current_node_id,
+                               business_key, created_at, ended_at)
+        VALUES (CAST(:instance_id AS uuid), CAST(:definition_id AS uuid), CAST(:process_id AS text),
+                CAST(:version AS integer),
+                CASE WHEN CAST(:completed AS boolean) THEN '{InstanceState.COMPLETED}' ELSE '{InstanceState.ACTIVE}' END,
+                CAST(:instance_variables AS jsonb), CAST(:current_node AS text), CAST(:business_key AS text), now(),
+                CASE WHEN CAST(:completed AS boolean) THEN now() END)
+        RETURNING created_at
+    ),
+    new_task AS (
+        INSERT INTO tasks (id, instance_id, node_id, kind, topic, state, payload, attempt, retries_left, due_at,
+                           created_at)
+        SELECT CAST(:task_id AS uuid), CAST(:instance_id AS uuid), CAST(:task_node AS text), CAST(:task_kind AS text),
+               CAST(:task_topic AS text), CAST(:task_state AS text), CAST(:task_payload AS jsonb), 0,
+               CAST(:task_retries AS integer), now(), now()
+        WHERE CAST(:task_id AS uuid) IS NOT NULL
+        RETURNING id
+    ),
+    new_incident AS (
+        INSERT INTO incidents (id, instance_id, task_id, node_id, type, message, details, state, created_at)
+        SELECT CAST(:incident_id AS uuid), CAST(:instance_id AS uuid), CAST(:incident_task AS uuid),
+               CAST(:incident_node AS text), CAST(:incident_type AS text), CAST(:incident_message AS text),
+               CAST(:incident_details AS jsonb), '{IncidentState.OPEN}', now()
+        WHERE CAST(:incident_id AS uuid) IS NOT NULL
+        RETURNING id
+    ),
+    written AS (
+        INSERT INTO history (instance_id, type, node_id, task_id, data)
+        SELECT CAST(:instance_id AS uuid), h.item ->> 'type', h.item ->> 'node_id',
+               CAST(h.item ->> 'task_id' AS uuid), h.item -> 'data'
+        FROM jsonb_array_elements(CAST(:history AS jsonb)) WITH ORDINALITY AS h(item, n)
+        ORDER BY h.n
+        RETURNING id
+    )
+    SELECT created_at,
+           CASE WHEN CAST(:task_topic AS text) IS NOT NULL
+                THEN pg_notify(CAST(:channel AS text), CAST(:task_topic AS text)) END AS notified
+    FROM instance
+    """
+)
+
+
+async def start_instance(conn: Executor, instance: NewInstance, first_move: TokenMove) -> datetime:
+    """Write a new instance already moved by `first_move` (which carries no guard and finishes no task)."""
+    params = _move_params(first_move)
+    for unused in (
+        "guard_worker",
+        "guard_hash",
+        "guard_xmin",
+        "finished_task_id",
+        "finished_state",
+        "variables",
+    ):
+        del params[unused]
+    row = await START_INSTANCE.fetchrow(
         conn,
         {
-            "guard_worker": guard.worker_id if guard else None,
-            "guard_hash": guard.token_hash if guard else None,
-            "guard_xmin": guard.instance_xmin if guard else None,
-            "instance_id": str(move.instance_id),
-            "task_id": str(task.id) if task else None,
-            "task_node": task.node_id if task else None,
-            "task_kind": task.kind.value if task else None,
-            "task_topic": task.topic if task else None,
-            "task_state": (TaskState.READY if task.kind is TaskKind.EXTERNAL else TaskState.WAITING).value
-            if task
-            else None,
-            "task_payload": dumps(task.payload) if task else None,
-            "task_retries": task.retries if task else 0,
-            "incident_id": str(incident.id) if incident else None,
-            "incident_node": incident.node_id if incident else None,
-            "incident_task": str(incident.task_id) if incident and incident.task_id else None,
-            "finished_task_id": str(move.finished_task_id) if move.finished_task_id else None,
-            "finished_state": move.finished_state.value,
-            "incident_type": incident.type if incident else None,
-            "incident_message": incident.message if incident else None,
-            "incident_details": dumps(incident.details) if incident else None,
-            "current_node": move.current_node_id,
-            "variables": dumps(move.variables) if move.variables is not None else None,
-            "completed": move.completed,
-            "history": _history_json(move.history),
-            "channel": TASK_CHANNEL,
+            **params,
+            "definition_id": str(instance.definition_id),
+            "process_id": instance.process_id,
+            "version": instance.version,
+            "instance_variables": dumps(instance.variables),
+            "business_key": instance.business_key,
         },
     )
-    return bool(result is not None and result.applied)
+    assert row is not None
+    return row.created_at

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.db.schema import instances, journal_steps, tasks
 
-from .hand_written import HandWritten, typed
+from .hand_written import Executor, HandWritten, typed
 from .states import (
     FETCHABLE,
     OPEN_TASK_STATES,
@@ -118,7 +118,7 @@ LEASE_DUE = HandWritten(
 
 
 async def lease_due(
-    conn: AsyncConnection,
+    conn: Executor,
     worker_id: str,
     topics: Sequence[str],
     lease_ms: Sequence[int],
@@ -160,7 +160,7 @@ READ_LEASE = HandWritten(_READ_LEASE_SQL)
 READ_LEASE_LOCKED = HandWritten(_READ_LEASE_SQL + " FOR UPDATE OF t, i")
 
 
-async def read_lease(conn: AsyncConnection, task_id: uuid.UUID, lock: bool = False) -> LeaseRow | None:
+async def read_lease(conn: Executor, task_id: uuid.UUID, lock: bool = False) -> LeaseRow | None:
     """The task's lease and instance; with `lock`, both rows locked for the caller's transaction."""
     row = await (READ_LEASE_LOCKED if lock else READ_LEASE).fetchrow(conn, {"id": task_id})
     return typed(LeaseRow, row) if row is not None else None

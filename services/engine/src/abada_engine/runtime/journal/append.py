@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
@@ -20,6 +20,7 @@ from abada_engine.definitions.model import ModelProfile, Node, ToolBinding
 from abada_engine.errors import Category, EngineError, not_found
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
+from abada_engine.store.hand_written import Executor, HotPath
 from abada_engine.store.journal_steps import AppendContext
 from abada_engine.store.states import FINISHED_STEP_STATES, StepKind, StepState
 
@@ -48,8 +49,10 @@ class Journal:
         keys: KeyRing,
         idempotency: IdempotencyKeys,
         handed_out: HandedOut | None = None,
+        hot: HotPath | None = None,
     ) -> None:
         self._reads = autocommit(engine)
+        self._hot = hot if hot is not None else HotPath(engine)
         self._catalog = catalog
         self.sealer = StepSealer(keys, idempotency)
         self.handed_out = handed_out if handed_out is not None else HandedOut()
@@ -154,7 +157,7 @@ class Journal:
                 return None
         key_id = self.sealer.primary_key_id
         starts_first = step.kind == StepKind.MODEL_CALL or (binding is not None and binding.policy == "write")
-        async with self._reads.connect() as conn:
+        async with self._hot.connect() as conn:
             if step.state in FINISHED_STEP_STATES and starts_first:
                 if step.request is not None:
                     return None  # the request must be compared with the STARTED one: the careful path
@@ -189,7 +192,7 @@ class Journal:
         (identical step) or refused (SEQUENCE_CONFLICT).
         """
         for _ in range(3):
-            async with self._reads.connect() as conn:
+            async with self._hot.connect() as conn:
                 context = await step_store.append_context(conn, step.task_id, step.sequence)
                 held = held_from_row(context, step.task_id, step.worker_id, step.lease_token)
                 assert context is not None  # held_from_row refused a missing task
@@ -216,7 +219,7 @@ class Journal:
 
     async def _insert(
         self,
-        conn: AsyncConnection,
+        conn: Executor,
         step: StepRequest,
         context: AppendContext,
         node: Node,
@@ -241,7 +244,7 @@ class Journal:
 
     async def _revisit(
         self,
-        conn: AsyncConnection,
+        conn: Executor,
         step: StepRequest,
         taken: AppendContext,
         bindings: dict[str, ToolBinding],
