@@ -111,6 +111,10 @@ def engine_process(database_url: str, extra_env: dict[str, str] | None = None) -
         "ABADA_LOG_LEVEL": "WARNING",
         **(extra_env or {}),
     }
+    # Another checkout's engine, to compare two versions on one machine in one run.
+    other_source = os.environ.get("ABADA_BENCH_ENGINE_SRC")
+    if other_source:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [other_source, env.get("PYTHONPATH")]))
     process = subprocess.Popen([sys.executable, "-m", "abada_engine.main", "serve"], env=env)
     try:
         _wait_for_port(port, process)

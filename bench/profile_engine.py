@@ -50,7 +50,9 @@ def _workload(kind: str, engine, stop: threading.Event) -> None:  # type: ignore
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("workload", choices=["task_cycle", "append_step"])
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--top", type=int, default=25)
@@ -65,7 +67,20 @@ def main() -> None:
         process = psutil.Process(engine.process.pid)
         process.cpu_percent()
         subprocess.run(
-            [spy, "record", "-p", str(engine.process.pid), "-f", "raw", "-o", str(raw), "-d", str(args.seconds), "-r", "200"],
+            [
+                spy,
+                "record",
+                "-p",
+                str(engine.process.pid),
+                "-f",
+                "raw",
+                "-o",
+                str(raw),
+                "-d",
+                str(args.seconds),
+                "-r",
+                "200",
+            ],
             check=True,
             capture_output=True,
         )

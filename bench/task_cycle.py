@@ -59,21 +59,42 @@ async def create_instances(engine: EngineProcess, count: int) -> float:
         return count / (time.perf_counter() - begun)
 
 
-async def run_workers(engine: EngineProcess, total: int, workers: int, batch: int) -> dict[str, object]:
+async def run_workers(
+    engine: EngineProcess, total: int, workers: int, batch: int, eager: bool = False
+) -> dict[str, object]:
+    """K workers, each running its fetched batch concurrently; with `eager`, every Complete asks for
+    the worker's next task (fetch_next, max_tasks 1), and FetchAndLock is only called when none came."""
     fetch_latency: list[float] = []
     complete_latency: list[float] = []
     done = 0
     channels = [engine.channel() for _ in range(workers)]
+    subscription = external_task_pb2.TopicSubscription(name="bench", lease_ms=60_000)
 
     async def worker(index: int) -> None:
         nonlocal done
+        worker_id = f"bench-{index}"
         stub = external_task_pb2_grpc.ExternalTaskServiceStub(channels[index])
         request = external_task_pb2.FetchAndLockRequest(
-            worker_id=f"bench-{index}",
-            max_tasks=batch,
-            wait_ms=0,
-            topics=[external_task_pb2.TopicSubscription(name="bench", lease_ms=60_000)],
+            worker_id=worker_id, max_tasks=batch, wait_ms=0, topics=[subscription]
         )
+        next_one = external_task_pb2.FetchNext(topics=[subscription], max_tasks=1) if eager else None
+
+        async def finish(task: external_task_pb2.ExternalTask | None) -> None:
+            nonlocal done
+            while task is not None:
+                t1 = time.perf_counter()
+                answer = await stub.Complete(
+                    external_task_pb2.CompleteRequest(
+                        task_id=task.id,
+                        worker_id=worker_id,
+                        lease_token=task.lease_token,
+                        fetch_next=next_one,
+                    )
+                )
+                complete_latency.append(time.perf_counter() - t1)
+                done += 1
+                task = answer.next_tasks[0] if answer.next_tasks else None
+
         while done < total:
             t0 = time.perf_counter()
             tasks = (await stub.FetchAndLock(request)).tasks
@@ -83,19 +104,8 @@ async def run_workers(engine: EngineProcess, total: int, workers: int, batch: in
                     return
                 await asyncio.sleep(0.001)
                 continue
-
-            async def finish(task: external_task_pb2.ExternalTask) -> None:
-                t1 = time.perf_counter()
-                await stub.Complete(
-                    external_task_pb2.CompleteRequest(
-                        task_id=task.id, worker_id=f"bench-{index}", lease_token=task.lease_token
-                    )
-                )
-                complete_latency.append(time.perf_counter() - t1)
-
             # A worker runs its fetched batch concurrently, as a real worker with free slots does.
             await asyncio.gather(*(finish(t) for t in tasks))
-            done += len(tasks)
 
     begun = time.perf_counter()
     await asyncio.gather(*(worker(i) for i in range(workers)))
@@ -106,12 +116,12 @@ async def run_workers(engine: EngineProcess, total: int, workers: int, batch: in
 
 
 def measure(
-    instances: int, workers: int, batch: int, peer_consumers: int = 8, peer_batch: int = 4
+    instances: int, workers: int, batch: int, eager: bool = True, peer_consumers: int = 8, peer_batch: int = 4
 ) -> dict[str, float]:
     """One run: the engine's task cycles, then the peer on the same PostgreSQL."""
     with scratch_database() as url, engine_process(url) as engine:
         start_rate = asyncio.run(create_instances(engine, instances))
-        result = asyncio.run(run_workers(engine, instances, workers, batch))
+        result = asyncio.run(run_workers(engine, instances, workers, batch, eager))
         raw = asyncio.run(raw_commit_rate(url, connections=8))
         floor = asyncio.run(bare_grpc_rate(engine.address))
     with scratch_database() as url:
@@ -128,6 +138,7 @@ def measure(
         "bare_grpc": floor,
         "peer": peer,
         "ratio": result["rate"] / peer,
+        "eager": float(eager),
     }
 
 
@@ -136,7 +147,7 @@ def report(figures: dict[str, float], instances: int, workers: int, batch: int) 
     print(f"instances started:         {instances} at {figures['start_rate']:,.0f}/s")
     print(
         f"task cycles:               {figures['rate']:,.0f}/s  (N={instances}, K={workers}, "
-        f"max_tasks={batch}, {figures['elapsed']:.2f} s)"
+        f"max_tasks={batch}{', eager dispatch' if figures['eager'] else ''}, {figures['elapsed']:.2f} s)"
     )
     print(f"FetchAndLock p50 / p99:    {figures['fetch_p50'] * ms:.2f} / {figures['fetch_p99'] * ms:.2f} ms")
     print(
@@ -161,10 +172,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--runs", type=int, default=1, help="repeat, and print the median ratio")
+    parser.add_argument(
+        "--no-eager", action="store_true", help="FetchAndLock for every batch; Complete without fetch_next"
+    )
     args = parser.parse_args()
     ratios = []
     for _ in range(args.runs):
-        figures = measure(args.instances, args.workers, args.batch)
+        figures = measure(args.instances, args.workers, args.batch, eager=not args.no_eager)
         report(figures, args.instances, args.workers, args.batch)
         ratios.append(figures["ratio"])
     if args.runs > 1:

@@ -14,7 +14,7 @@ from abada_engine.api.guard import Guard
 from abada_engine.api.server import ServerTls, start_grpc_server
 from abada_engine.auth import CallerRegistry
 from abada_worker.caller_token import CallerToken
-from abada_worker.engine_client import EngineClient, LeaseRef
+from abada_worker.engine_client import EagerDispatch, EngineClient, LeaseRef
 from abada_worker.errors import AttemptFailed
 from abada_worker.interruption import TaskInterruption
 from abada_worker.job_executor import JobExecutor
@@ -103,6 +103,49 @@ async def test_tasks_run_side_by_side_up_to_the_concurrency_and_leases_outlive_t
     for instance_id in instance_ids:
         types = [event.type for event in await history_of(engine, instance_id)]
         assert "TASK_FAILED" not in types
+
+
+async def test_with_eager_dispatch_each_complete_brings_the_next_task_into_the_freed_slot(
+    engine, client
+) -> None:
+    await deploy_bundle(engine, BUNDLE)
+    instance_ids = [await start_instance(engine, "jobs", n=n) for n in range(3)]
+    running = 0
+    most_at_once = 0
+
+    async def job(task: external_task_pb2.ExternalTask, interruption: TaskInterruption) -> None:
+        nonlocal running, most_at_once
+        running += 1
+        most_at_once = max(most_at_once, running)
+        try:
+            await finish(client, task, done=True)
+        finally:
+            running -= 1
+
+    router = TaskRouter()
+    router.add(TOPIC, job)
+    executor = JobExecutor(client, router, lease_ms=10_000, concurrency=1)
+    handed_over: list[str] = []
+
+    def hand_over(task: external_task_pb2.ExternalTask) -> None:
+        handed_over.append(task.id)
+        executor.hand_over(task)
+
+    client.eager = EagerDispatch(TOPIC, 10_000, hand_over)
+    stopping = asyncio.Event()
+    poller = asyncio.create_task(
+        JobPoller(client, executor, topic=TOPIC, lease_ms=10_000, wait_ms=200).run(stopping)
+    )
+    try:
+        await wait_until(lambda: all_completed(engine, instance_ids), timeout=15)
+    finally:
+        client.eager.enabled = False
+        stopping.set()
+        await poller
+        await executor.drain(time.monotonic())
+    # One poll fetched the first task (one free slot); each Complete brought the next one.
+    assert len(handed_over) == 2
+    assert most_at_once == 1
 
 
 async def test_a_failure_is_reported_and_an_unknown_topic_is_refused(engine, client) -> None:

@@ -45,6 +45,21 @@ class LeaseRef:
     attempt: int
 
 
+@dataclass
+class EagerDispatch:
+    """Eager dispatch: every Complete asks for the worker's next task (CompleteRequest.fetch_next), so
+    the slot a finished task frees is refilled in the same round trip instead of by the next poll.
+
+    One task per Complete: the slot being freed is one the poller did not count when it last asked
+    for work, so the worker never holds more tasks than its concurrency. Off once the worker stops.
+    """
+
+    topic: str
+    lease_ms: int
+    deliver: Callable[[external_task_pb2.ExternalTask], None]
+    enabled: bool = True
+
+
 class EngineClient:
     def __init__(
         self,
@@ -60,6 +75,8 @@ class EngineClient:
         self._token = caller_token
         self._retry_seconds = retry_seconds
         self._timeout = call_timeout_seconds
+        # Set by a worker that takes its next task in the answer to a Complete (see EagerDispatch).
+        self.eager: EagerDispatch | None = None
 
     async def fetch_and_lock(
         self, topic: str, lease_ms: int, max_tasks: int, wait_ms: int
@@ -102,7 +119,19 @@ class EngineClient:
             metadata=metadata,
             invalid_output_reason=invalid_output_reason,
         )
-        return await self._call(self._stub.Complete, request, self._timeout)
+        eager = self.eager if self.eager is not None and self.eager.enabled else None
+        if eager is not None:
+            request.fetch_next.CopyFrom(
+                external_task_pb2.FetchNext(
+                    topics=[external_task_pb2.TopicSubscription(name=eager.topic, lease_ms=eager.lease_ms)],
+                    max_tasks=1,
+                )
+            )
+        reply = await self._call(self._stub.Complete, request, self._timeout)
+        if eager is not None:
+            for task in reply.next_tasks:
+                eager.deliver(task)
+        return reply
 
     async def fail(self, lease: LeaseRef, failure: AttemptFailed) -> external_task_pb2.FailResponse:
         request = external_task_pb2.FailRequest(

@@ -35,6 +35,8 @@ class JobExecutor:
         self._concurrency = concurrency
         self._running: dict[str, tuple[asyncio.Task[None], TaskInterruption]] = {}
         self._slot_freed = asyncio.Event()
+        # Tasks that came in the answer to a Complete, waiting for the completing task's slot.
+        self._handed_over: list[external_task_pb2.ExternalTask] = []
 
     @property
     def running(self) -> int:
@@ -47,6 +49,10 @@ class JobExecutor:
         while self.free_slots() <= 0:
             self._slot_freed.clear()
             await self._slot_freed.wait()
+
+    def hand_over(self, task: external_task_pb2.ExternalTask) -> None:
+        """A task handed over in a Complete's answer: it starts in the slot the completing task frees."""
+        self._handed_over.append(task)
 
     def submit(self, task: external_task_pb2.ExternalTask) -> None:
         interruption = TaskInterruption()
@@ -71,6 +77,9 @@ class JobExecutor:
 
     def _release(self, task_id: str) -> None:
         self._running.pop(task_id, None)
+        if self._handed_over:
+            self.submit(self._handed_over.pop(0))
+            return
         self._slot_freed.set()
 
     async def _execute(self, task: external_task_pb2.ExternalTask, interruption: TaskInterruption) -> None:

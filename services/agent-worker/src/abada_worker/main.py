@@ -15,7 +15,7 @@ from abada.engine.v1 import external_task_pb2
 from .agent_task import AgentServices, AgentTask
 from .broker_client import BrokerClient, broker_channel_for
 from .caller_token import CallerToken
-from .engine_client import EngineClient
+from .engine_client import EagerDispatch, EngineClient
 from .health import HealthServer
 from .interruption import TaskInterruption
 from .job_executor import JobExecutor
@@ -71,6 +71,7 @@ async def serve(settings: WorkerSettings) -> None:
     router = TaskRouter()
     router.add(settings.topic, agent_handler(services))
     executor = JobExecutor(engine, router, lease_ms=settings.lease_ms, concurrency=settings.concurrency)
+    engine.eager = EagerDispatch(settings.topic, settings.lease_ms, executor.hand_over)
     poller = JobPoller(
         engine,
         executor,
@@ -85,6 +86,7 @@ async def serve(settings: WorkerSettings) -> None:
     def request_stop(signal_name: str) -> None:
         if not stopping.is_set():
             stop_requested_at.append(time.monotonic())
+            engine.eager.enabled = False  # type: ignore[union-attr]
             log.info(
                 "stop requested; no new work",
                 extra={"signal": signal_name, "drain_seconds": settings.drain_seconds},
