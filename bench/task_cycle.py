@@ -116,7 +116,12 @@ async def run_workers(
 
 
 def measure(
-    instances: int, workers: int, batch: int, eager: bool = True, peer_consumers: int = 8, peer_batch: int = 4
+    instances: int,
+    workers: int,
+    batch: int,
+    eager: bool = False,
+    peer_consumers: int = 8,
+    peer_batch: int = 4,
 ) -> dict[str, float]:
     """One run: the engine's task cycles, then the peer on the same PostgreSQL."""
     with scratch_database() as url, engine_process(url) as engine:
@@ -173,12 +178,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--runs", type=int, default=1, help="repeat, and print the median ratio")
     parser.add_argument(
-        "--no-eager", action="store_true", help="FetchAndLock for every batch; Complete without fetch_next"
+        "--eager",
+        action="store_true",
+        help="every Complete asks for the next task (fetch_next, max_tasks 1); FetchAndLock only when none came",
     )
     args = parser.parse_args()
     ratios = []
     for _ in range(args.runs):
-        figures = measure(args.instances, args.workers, args.batch, eager=not args.no_eager)
+        figures = measure(args.instances, args.workers, args.batch, eager=args.eager)
         report(figures, args.instances, args.workers, args.batch)
         ratios.append(figures["ratio"])
     if args.runs > 1:

@@ -6,6 +6,8 @@ import os
 import pathlib
 from dataclasses import dataclass
 
+EXTRA_PROCESS = "ABADA_ENGINE_EXTRA_PROCESS"
+
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -15,6 +17,10 @@ class EngineSettings:
     state_dir: pathlib.Path
     log_level: str
     db_pool_size: int
+    # Engine processes serving one gRPC port (SO_REUSEPORT): one per core on a bigger machine.
+    processes: int = 1
+    # Set in the extra processes the first one starts: they serve gRPC only.
+    extra_process: bool = False
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> EngineSettings:
@@ -26,4 +32,6 @@ class EngineSettings:
             state_dir=pathlib.Path(env.get("ABADA_STATE_DIR", ".abada")),
             log_level=env.get("ABADA_LOG_LEVEL", "INFO"),
             db_pool_size=int(env.get("ABADA_DB_POOL_SIZE", "20")),
+            processes=max(1, int(env.get("ABADA_ENGINE_PROCESSES", "1"))),
+            extra_process=env.get(EXTRA_PROCESS) == "1",
         )

@@ -9,6 +9,8 @@ import logging
 import os
 import pathlib
 import signal
+import subprocess
+import sys
 from collections.abc import Coroutine
 from importlib import metadata
 from typing import Any
@@ -17,7 +19,7 @@ from .api.guard import Guard
 from .api.http import HttpServer, build_app
 from .api.server import EngineCore, ServerTls, start_grpc_server
 from .auth import CallerRegistry, write_dev_callers
-from .config import EngineSettings
+from .config import EXTRA_PROCESS, EngineSettings
 from .db.database import create_engine
 from .db.embedded import start_embedded_postgres
 from .db.migrate import migrate
@@ -40,7 +42,8 @@ async def serve(settings: EngineSettings) -> None:
     _require_real_secrets(settings, env)
     url, embedded = _database_url(settings)
     db = create_engine(url, settings.db_pool_size)
-    await migrate(db)
+    if not settings.extra_process:
+        await migrate(db)
     core = await EngineCore.open(
         db,
         url,
@@ -49,9 +52,15 @@ async def serve(settings: EngineSettings) -> None:
         McpContractCheck(credentials_from_env(env), float(env.get("ABADA_DEPLOY_MCP_TIMEOUT_SECONDS", "10"))),
     )
     registry = CallerRegistry(_callers_file(settings, env))
-    running = await start_grpc_server(core, settings.grpc_address, Guard(registry), _server_tls(env))
-    http = HttpServer(build_app(QueueStats(db), registry), settings.http_address)
-    await http.start()
+    running = await start_grpc_server(
+        core, settings.grpc_address, Guard(registry), _server_tls(env), shared_port=settings.processes > 1
+    )
+    http = None
+    extra: list[subprocess.Popen[bytes]] = []
+    if not settings.extra_process:
+        http = HttpServer(build_app(QueueStats(db), registry), settings.http_address)
+        await http.start()
+        extra = _start_extra_processes(settings, url, running.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -59,11 +68,43 @@ async def serve(settings: EngineSettings) -> None:
     log.info("engine ready", extra={"grpc_port": running.port})
     await stop.wait()
     log.info("engine stopping")
-    await http.stop()
+    for process in extra:
+        process.terminate()
+    if http is not None:
+        await http.stop()
     await running.stop()
+    for process in extra:
+        await asyncio.to_thread(process.wait)
     await core.close()
     await db.dispose()
     del embedded
+
+
+def _start_extra_processes(settings: EngineSettings, url: str, port: int) -> list[subprocess.Popen[bytes]]:
+    """ABADA_ENGINE_PROCESSES - 1 more engines on the same gRPC port; the kernel spreads connections.
+
+    They share the database, keys and callers; this first process alone migrates and serves HTTP.
+    What a process remembers of the tasks it handed out is its own: a Complete that reaches
+    another process takes the careful path (read, then write), as with several replicas.
+    """
+    if settings.processes <= 1:
+        return []
+    host = settings.grpc_address.rsplit(":", 1)[0]
+    env = {
+        **os.environ,
+        "ABADA_DATABASE_URL": url,
+        "ABADA_GRPC_ADDRESS": f"{host}:{port}",
+        EXTRA_PROCESS: "1",
+        "ABADA_ENGINE_PROCESSES": str(settings.processes),
+    }
+    log.info(
+        "starting more engine processes on the same port",
+        extra={"processes": settings.processes, "port": port},
+    )
+    return [
+        subprocess.Popen([sys.executable, "-m", "abada_engine.main", "serve"], env=env)
+        for _ in range(settings.processes - 1)
+    ]
 
 
 def _require_real_secrets(settings: EngineSettings, env: dict[str, str]) -> None:

@@ -145,9 +145,17 @@ class ServerTls:
 
 
 async def start_grpc_server(
-    core: EngineCore, address: str, guard: Guard | None, tls: ServerTls | None = None
+    core: EngineCore,
+    address: str,
+    guard: Guard | None,
+    tls: ServerTls | None = None,
+    shared_port: bool = False,
 ) -> RunningServer:
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 8 * 1024 * 1024)])
+    """`shared_port`: several engine processes listen on one port (SO_REUSEPORT)."""
+    options: list[tuple[str, int]] = [("grpc.max_receive_message_length", 8 * 1024 * 1024)]
+    if shared_port:
+        options.append(("grpc.so_reuseport", 1))
+    server = grpc.aio.server(options=options)
     handlers = (
         (definition_pb2_grpc.add_DefinitionServiceServicer_to_server, DefinitionHandler(core.catalog)),
         (process_pb2_grpc.add_ProcessServiceServicer_to_server, ProcessHandler(core.instances)),
