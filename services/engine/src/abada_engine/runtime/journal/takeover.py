@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
+from abada_engine.errors import EngineError
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
@@ -23,6 +24,7 @@ from ..views import LockedTask, StepView
 from .rules import unkeyed_writes_in_flight
 
 OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
+JOURNAL_INTEGRITY = "JOURNAL_INTEGRITY"
 
 
 class Takeover:
@@ -45,7 +47,17 @@ class Takeover:
         offered: list[LockedTask] = []
         for task, prior in zip(tasks, prior_states, strict=True):
             bindings = task.agent_work.tool_bindings if task.agent_work else []
-            steps = self._sealer.views(journals.get(task.id, []), bindings)
+            try:
+                steps = self._sealer.views(journals.get(task.id, []), bindings)
+            except EngineError as error:
+                if error.reason != JOURNAL_INTEGRITY:
+                    raise
+                # One unreadable row stops this task, not the batch: the rest are handed out.
+                async with self._engine.begin() as conn:
+                    await self._hold_unreadable(
+                        conn, task.id, task.instance_id, task.node_id, str(error), True
+                    )
+                continue
             unknown = unkeyed_writes_in_flight(steps, bindings)
             if unknown:
                 async with self._engine.begin() as conn:
@@ -77,7 +89,16 @@ class Takeover:
             for candidate in candidates:
                 definition = await self._catalog.get(candidate.definition_id)
                 bindings = definition.bindings_for(candidate.node_id)
-                steps = self._sealer.views(journals.get(candidate.id, []), bindings)
+                try:
+                    steps = self._sealer.views(journals.get(candidate.id, []), bindings)
+                except EngineError as error:
+                    if error.reason != JOURNAL_INTEGRITY:
+                        raise
+                    await self._hold_unreadable(
+                        conn, candidate.id, candidate.instance_id, candidate.node_id, str(error), False
+                    )
+                    held += 1
+                    continue
                 unknown = unkeyed_writes_in_flight(steps, bindings)
                 if unknown:
                     await self._hold_for_a_person(
@@ -91,6 +112,34 @@ class Takeover:
                     )
                     held += 1
         return held
+
+    async def _hold_unreadable(
+        self,
+        conn: AsyncConnection,
+        task_id: uuid.UUID,
+        instance_id: uuid.UUID,
+        node_id: str,
+        why: str,
+        give_back_attempt: bool,
+    ) -> None:
+        """A journal row of this task fails authentication: no worker can resume from it, so a person decides."""
+        message = f"the task's journal cannot be read: {why}"
+        await task_store.hold_as_incident(conn, task_id, give_back_attempt=give_back_attempt)
+        incident_id = await incident_store.raise_incident(
+            conn,
+            instance_id=instance_id,
+            node_id=node_id,
+            type_=JOURNAL_INTEGRITY,
+            message=message,
+            details={"task_id": str(task_id)},
+            task_id=task_id,
+        )
+        entry = HistoryEntry(
+            "INCIDENT_RAISED",
+            node_id,
+            {"incident_id": str(incident_id), "type": JOURNAL_INTEGRITY, "message": message},
+        )
+        await write_history(conn, [history_record(instance_id, entry, task_id)])
 
     async def _hold_for_a_person(
         self,
