@@ -26,7 +26,12 @@ processes:
 
 
 @pytest.fixture
-async def replicas(database_url, tmp_path, engine):
+def metrics_max_age() -> float:
+    return 0.0
+
+
+@pytest.fixture
+async def replicas(database_url, tmp_path, engine, metrics_max_age):
     """Two engine HTTP replicas, each with its own connection pool, over the one test database."""
     scaler_token, worker_token = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     callers = tmp_path / "callers.yaml"
@@ -50,7 +55,10 @@ async def replicas(database_url, tmp_path, engine):
     for _ in range(2):
         db = create_engine(database_url, pool_size=2)
         pools.append(db)
-        server = HttpServer(build_app(QueueStats(db), CallerRegistry(callers)), "127.0.0.1:0")
+        server = HttpServer(
+            build_app(QueueStats(db), CallerRegistry(callers), metrics_max_age_seconds=metrics_max_age),
+            "127.0.0.1:0",
+        )
         await server.start()
         started.append(server)
     yield [f"http://127.0.0.1:{s.port}" for s in started], scaler_token, worker_token
@@ -118,7 +126,7 @@ async def test_the_stats_endpoint_needs_a_token_with_the_metrics_role(engine, re
 
 
 async def test_prometheus_metrics_show_the_queue_incidents_and_rpc_latency(engine, replicas):
-    urls, _, _ = replicas
+    urls, scaler_token, _ = replicas
     await deploy(engine, JOBS)
     await start(engine, "job")
     await start(engine, "job")
@@ -133,7 +141,48 @@ async def test_prometheus_metrics_show_the_queue_incidents_and_rpc_latency(engin
         )
     )
     async with httpx2.AsyncClient() as client:
-        text = (await client.get(f"{urls[1]}/metrics")).text
+        text = (
+            await client.get(f"{urls[1]}/metrics", headers={"Authorization": f"Bearer {scaler_token}"})
+        ).text
     assert 'abada_tasks_ready{topic="abada:agent"} 1.0' in text
     assert 'abada_incidents_open{type="FAILED_TASK"} 1.0' in text
     assert "abada_rpc_duration_seconds_bucket" in text
+
+
+async def test_metrics_need_a_token_with_the_metrics_role(engine, replicas):
+    """Review finding: /metrics answered anyone, while the stats endpoint needed the metrics role."""
+    urls, scaler_token, worker_token = replicas
+    async with httpx2.AsyncClient() as client:
+        anonymous = await client.get(f"{urls[0]}/metrics")
+        assert anonymous.status_code == 401
+        assert "abada_tasks" not in anonymous.text
+        worker = await client.get(f"{urls[0]}/metrics", headers={"Authorization": f"Bearer {worker_token}"})
+        assert worker.status_code == 403
+        scaler = await client.get(f"{urls[0]}/metrics", headers={"Authorization": f"Bearer {scaler_token}"})
+        assert scaler.status_code == 200 and "abada_rpc_duration_seconds" in scaler.text
+        health = await client.get(f"{urls[0]}/healthz")
+        assert health.status_code == 200  # probes still need no token
+
+
+@pytest.mark.parametrize("metrics_max_age", [4.0])
+async def test_scrapes_share_cached_figures_instead_of_counting_tables_each_time(engine, replicas):
+    urls, scaler_token, _ = replicas
+    headers = {"Authorization": f"Bearer {scaler_token}"}
+    await deploy(engine, JOBS)
+    await start(engine, "job")
+    async with httpx2.AsyncClient() as client:
+        first = (await client.get(f"{urls[0]}/metrics", headers=headers)).text
+        assert 'abada_tasks_ready{topic="abada:agent"} 1.0' in first
+        await start(engine, "job")
+        # Within the cache's age the figures are the ones already counted...
+        again = (await client.get(f"{urls[0]}/metrics", headers=headers)).text
+        assert 'abada_tasks_ready{topic="abada:agent"} 1.0' in again
+        # ...and a later scrape counts again.
+        deadline = asyncio.get_running_loop().time() + 20
+        while asyncio.get_running_loop().time() < deadline:
+            later = (await client.get(f"{urls[0]}/metrics", headers=headers)).text
+            if 'abada_tasks_ready{topic="abada:agent"} 2.0' in later:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the figures were never refreshed")

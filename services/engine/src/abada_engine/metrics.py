@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from abada_engine.runtime.queue_stats import QueueStats
@@ -79,3 +82,25 @@ async def render(stats: QueueStats) -> bytes:
     for model, count in (await stats.model_calls_waiting()).items():
         MODEL_CALLS_WAITING.labels(model).set(count)
     return generate_latest(REGISTRY)
+
+
+class CachedFigures:
+    """`render` for scrapers: the database-wide gauges are refreshed at most once per `max_age_seconds`.
+
+    Each refresh counts whole tables; scrapers (several Prometheus replicas, a dashboard left open) must
+    not be able to make the database do that as often as they like. Concurrent scrapes share a refresh.
+    """
+
+    def __init__(self, stats: QueueStats, max_age_seconds: float) -> None:
+        self._stats = stats
+        self._max_age = max_age_seconds
+        self._refreshed_at: float | None = None
+        self._lock = asyncio.Lock()
+
+    async def render(self) -> bytes:
+        async with self._lock:
+            now = time.monotonic()
+            if self._refreshed_at is None or now - self._refreshed_at >= self._max_age:
+                await render(self._stats)
+                self._refreshed_at = time.monotonic()
+        return generate_latest(REGISTRY)

@@ -21,10 +21,17 @@ from abada_engine.runtime.queue_stats import QueueStats
 log = logging.getLogger(__name__)
 _TOPIC = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
 STATS_ROLES = frozenset({"operator", "metrics"})
+# Scrapes within this long of the last refresh share its database-wide figures.
+METRICS_MAX_AGE_SECONDS = 5.0
 
 
-def build_app(stats: QueueStats, registry: CallerRegistry) -> Starlette:
-    async def topic_stats(request: Request) -> Response:
+def build_app(
+    stats: QueueStats, registry: CallerRegistry, metrics_max_age_seconds: float = METRICS_MAX_AGE_SECONDS
+) -> Starlette:
+    figures = metrics.CachedFigures(stats, metrics_max_age_seconds)
+
+    def refusal(request: Request) -> Response | None:
+        """Why the caller may not read queue figures (both endpoints count whole tables), or None."""
         header = request.headers.get("authorization", "")
         caller = registry.by_token(header[7:].strip()) if header.lower().startswith("bearer ") else None
         if caller is None:
@@ -37,6 +44,12 @@ def build_app(stats: QueueStats, registry: CallerRegistry) -> Starlette:
             return JSONResponse(
                 {"error": "ROLE_REQUIRED", "message": "needs the metrics or operator role"}, status_code=403
             )
+        return None
+
+    async def topic_stats(request: Request) -> Response:
+        refused = refusal(request)
+        if refused is not None:
+            return refused
         topic = request.path_params["topic"]
         if not _TOPIC.match(topic):
             return JSONResponse(
@@ -45,8 +58,11 @@ def build_app(stats: QueueStats, registry: CallerRegistry) -> Starlette:
             )
         return JSONResponse((await stats.topic(topic)).to_json())
 
-    async def prometheus(_: Request) -> Response:
-        return Response(await metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+    async def prometheus(request: Request) -> Response:
+        refused = refusal(request)
+        if refused is not None:
+            return refused
+        return Response(await figures.render(), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
