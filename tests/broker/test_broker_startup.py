@@ -58,6 +58,22 @@ def test_without_a_callers_file_or_insecure_dev_the_broker_refuses_to_start(tmp_
     )
 
 
+@pytest.mark.parametrize("address", ["0.0.0.0:50061", "[::]:50061", "192.0.2.10:50061", ":50061"])
+def test_insecure_dev_mode_listens_on_loopback_only(tmp_path, address):
+    """Review finding: --insecure-dev accepted every caller without a token on 0.0.0.0."""
+    secrets_file = tmp_path / "secrets.yaml"
+    secrets_file.write_text("crm-token: value\n")
+    done = _broker_command(
+        "--insecure-dev",
+        "--address",
+        address,
+        settings={"ABADA_SECRET_BACKEND": "file", "ABADA_SECRETS_FILE": str(secrets_file)},
+    )
+    assert done.returncode == 2
+    [message] = _error_lines(done.stderr)
+    assert "loopback only" in message and address in message
+
+
 @pytest.mark.parametrize(
     ("callers", "named"),
     [

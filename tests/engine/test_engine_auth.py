@@ -146,6 +146,12 @@ async def test_a_worker_gets_only_its_topics_and_acts_only_under_its_own_id(
         grpc.StatusCode.PERMISSION_DENIED,
         "WORKER_ID_MISMATCH",
     )
+    # `pool/` names no worker: the engine and the broker agree on identity or identity/<name>.
+    await refused(
+        tasks.FetchAndLock(fetch_request("agent-pool/")),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "WORKER_ID_MISMATCH",
+    )
     answered = await tasks.FetchAndLock(fetch_request("agent-pool/pod-1"))
     assert list(answered.tasks) == []
     # Another worker's lease cannot be touched under a borrowed worker id either.

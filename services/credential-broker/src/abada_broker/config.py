@@ -7,6 +7,7 @@ is the environment it is given.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -81,6 +82,14 @@ class BrokerSettings:
             address: str = getattr(self, name)
             if not address or ":" not in address:
                 raise ConfigError(f"{_VARIABLES[name]} must be HOST:PORT, got {address!r}")
+        if self.insecure_dev:
+            for name in ("grpc_address", "health_address"):
+                address = getattr(self, name)
+                if address is not None and not _is_loopback_address(address):
+                    raise ConfigError(
+                        f"--insecure-dev accepts every caller without a token, so it listens on loopback "
+                        f"only: {_VARIABLES.get(name, 'ABADA_BROKER_HEALTH_ADDRESS')} is {address!r}"
+                    )
         if self.health_address is not None and ":" not in self.health_address:
             raise ConfigError(f"ABADA_BROKER_HEALTH_ADDRESS must be HOST:PORT, got {self.health_address!r}")
 
@@ -174,3 +183,13 @@ _VARIABLES = {
     "engine_timeout_seconds": "ABADA_ENGINE_TIMEOUT_SECONDS",
     "health_interval_seconds": "ABADA_BROKER_HEALTH_INTERVAL_SECONDS",
 }
+
+
+def _is_loopback_address(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

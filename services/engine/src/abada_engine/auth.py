@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import yaml
 
 from abada_engine.errors import Category, EngineError
+from abada_engine.private_files import write_private
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +50,12 @@ class Caller:
     act_as_any_worker: bool = False
 
     def may_act_as(self, worker_id: str) -> bool:
+        # `identity` or `identity/<name>` with a name: the same rule as the broker's.
+        prefix = self.identity + "/"
         return (
-            self.act_as_any_worker or worker_id == self.identity or worker_id.startswith(self.identity + "/")
+            self.act_as_any_worker
+            or worker_id == self.identity
+            or (worker_id.startswith(prefix) and len(worker_id) > len(prefix))
         )
 
     def may_fetch(self, topic: str) -> bool:
@@ -189,11 +194,9 @@ def write_dev_callers(directory: pathlib.Path) -> pathlib.Path:
     ):
         token = secrets.token_urlsafe(32)
         token_file = directory / f"{name}.token"
-        token_file.write_text(token + "\n")
-        token_file.chmod(0o600)
+        write_private(token_file, token + "\n")
         entries.append(
             {"identity": identity, "roles": roles, "topics": topics, "token_sha256": token_sha256(token)}
         )
-    registry.write_text(yaml.safe_dump({"callers": entries}, sort_keys=False))
-    registry.chmod(0o600)
+    write_private(registry, yaml.safe_dump({"callers": entries}, sort_keys=False))
     return registry

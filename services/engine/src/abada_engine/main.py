@@ -44,11 +44,16 @@ async def serve(settings: EngineSettings) -> None:
     db = create_engine(url, settings.db_pool_size)
     if not settings.extra_process:
         await migrate(db)
+    try:
+        journal_keys = journal_keys_from_env(env, settings.state_dir)
+        idempotency = idempotency_from_env(env, settings.state_dir)
+    except ValueError as error:
+        raise SystemExit(f"the engine cannot start: {error}") from None
     core = await EngineCore.open(
         db,
         url,
-        journal_keys_from_env(env, settings.state_dir),
-        idempotency_from_env(env, settings.state_dir),
+        journal_keys,
+        idempotency,
         McpContractCheck(credentials_from_env(env), float(env.get("ABADA_DEPLOY_MCP_TIMEOUT_SECONDS", "10"))),
     )
     registry = CallerRegistry(_callers_file(settings, env))

@@ -24,6 +24,8 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from abada_engine.private_files import write_private
+
 log = logging.getLogger(__name__)
 
 NONCE_BYTES = 12
@@ -85,7 +87,10 @@ class KeyRing:
 
     def digest(self, key_id: str, value: Any) -> bytes:
         """A keyed digest of a payload, to recognise an identical re-send without decrypting."""
-        key = self.keys.get(key_id, self.keys[self.primary])
+        key = self.keys.get(key_id)
+        if key is None:
+            # Never fall back to another key: a digest under the wrong key would call a re-send different.
+            raise JournalIntegrityError(f"journal key {key_id!r} is not in the key ring")
         return hmac.new(
             hmac.new(key, b"abada.journal.digest", hashlib.sha256).digest(), canonical(value), hashlib.sha256
         ).digest()
@@ -110,8 +115,7 @@ def dev_secret_file(path: pathlib.Path, make: Any) -> str:
         return path.read_text().strip()
     path.parent.mkdir(parents=True, exist_ok=True)
     value = make()
-    path.write_text(value + "\n")
-    path.chmod(0o600)
+    write_private(path, value + "\n")
     log.warning("generated a development secret; set the real one in production", extra={"path": str(path)})
     return value
 
@@ -126,8 +130,18 @@ def journal_keys_from_env(env: dict[str, str], state_dir: pathlib.Path) -> KeyRi
     return KeyRing.parse(text)
 
 
+# An HMAC key shorter than this can be guessed offline from the keys tool servers see.
+MIN_IDEMPOTENCY_SECRET_BYTES = 32
+
+
 def idempotency_from_env(env: dict[str, str], state_dir: pathlib.Path) -> IdempotencyKeys:
+    """The idempotency HMAC secret; raises ValueError for one shorter than 32 bytes."""
     text = env.get("ABADA_IDEMPOTENCY_SECRET") or dev_secret_file(
         state_dir / "idempotency-secret", lambda: secrets.token_urlsafe(32)
     )
+    if len(text.encode()) < MIN_IDEMPOTENCY_SECRET_BYTES:
+        raise ValueError(
+            f"ABADA_IDEMPOTENCY_SECRET must be at least {MIN_IDEMPOTENCY_SECRET_BYTES} bytes "
+            "(for instance 32 random bytes, base64-encoded)"
+        )
     return IdempotencyKeys(text.encode())
