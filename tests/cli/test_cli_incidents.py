@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 
+import pytest
 from abada.engine.v1 import external_task_pb2, incident_pb2
 from abada_engine.cli import views
 from cli_support import abada, fetch_one
-from engine_helpers import deploy, start, struct
+from crm_mcp.testing import running_crm_server
+from engine_helpers import append, deploy, fetch, start, struct
 
 NOTIFY = """
 processes:
@@ -130,7 +133,8 @@ def test_outcome_unknown_incident_shows_what_is_known_about_the_call():
             {
                 "started_at": "2025-01-01T10:00:00Z",
                 "tool_ref": "crm/create_ticket",
-                "arguments": {"customerId": "C-42", "priority": "high"},
+                # The shape the engine writes (see the test below, fed a real incident).
+                "request": {"callId": "call_2", "arguments": {"customerId": "C-42", "priority": "high"}},
                 "idempotency": "none",
                 "sequence": 4,
             }
@@ -146,3 +150,71 @@ def test_outcome_unknown_incident_shows_what_is_known_about_the_call():
     assert '"customerId": "C-42",' in text
     assert "  sequence     4" in block
     assert block[-1].startswith("  decide with: abada resolve inc-1 --happened --result")
+
+
+UNKEYED_WRITE = """
+tool_servers:
+  - name: crm
+    transport: streamable-http
+    url: {url}
+    credential: crm-token
+    tools:
+      create_ticket: {{ policy: write, idempotency: none }}
+processes:
+  - id: ticketing
+    start: open
+    nodes:
+      - id: open
+        type: agent
+        model: m
+        prompt: Open a ticket.
+        tools: [crm/create_ticket]
+        result_variable: ticket
+        next: done
+      - {{ id: done, type: end }}
+"""
+
+
+@pytest.fixture(scope="module")
+def crm():
+    with running_crm_server() as server:
+        yield server
+
+
+async def test_the_incident_card_of_a_real_outcome_unknown_incident_leads_with_the_call(
+    engine, crm, deploy_credentials
+):
+    """Fed what the engine itself writes (not a hand-built incident): a write started, its worker gone."""
+    deploy_credentials.write_text(f"crm-token: {crm.token}\n")
+    await deploy(engine, UNKEYED_WRITE.format(url=crm.url))
+    await start(engine, "ticketing")
+    [task] = await fetch(engine, "cli-test-worker", "abada:agent", lease_ms=1_000)
+    write = {"callId": "call_7", "arguments": {"customerId": "C-42", "subject": "Parcel not received"}}
+    await append(
+        engine,
+        task,
+        1,
+        "TOOL_CALL",
+        "STARTED",
+        "crm/create_ticket",
+        request=write,
+        worker_id="cli-test-worker",
+    )
+    deadline = time.monotonic() + 20
+    incidents: list[incident_pb2.Incident] = []
+    while time.monotonic() < deadline and not incidents:
+        await fetch(engine, "cli-test-worker-2", "abada:agent", wait_ms=200)  # a takeover finds it too
+        listed = await engine.incidents.ListIncidents(incident_pb2.ListIncidentsRequest())
+        incidents = [i for i in listed.incidents if i.type == "TOOL_OUTCOME_UNKNOWN"]
+    [incident] = incidents
+
+    ran = await abada(engine.address, "incidents")
+    assert ran.exit_code == 0, ran.stderr
+    block = ran.stdout.split("\n\n", 1)[1].splitlines()
+    assert block[0] == f"incident {incident.id}: did this call happen?"
+    keys = [line.split()[0] for line in block[1:] if line.startswith("  ") and not line.startswith("    ")]
+    assert keys[:4] == ["tool_ref", "arguments", "idempotency", "started_at"]
+    assert "  tool_ref     crm/create_ticket" in block
+    assert '"subject": "Parcel not received"' in ran.stdout
+    assert "  call_id      call_7" in block
+    assert "  sequence     1" in block

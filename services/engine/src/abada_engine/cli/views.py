@@ -235,6 +235,17 @@ def incidents_table(incidents: Sequence[incident_pb2.Incident], with_state: bool
 
 def outcome_unknown_card(incident: incident_pb2.Incident) -> str:
     details = struct_value(incident.details)
+    # The engine records the journaled request ({callId, arguments}); an operator reads the arguments first.
+    request = details.pop("request", None)
+    if isinstance(request, dict):
+        if "arguments" in request:
+            details.setdefault("arguments", request.pop("arguments"))
+        if "callId" in request:
+            details.setdefault("call_id", request.pop("callId"))
+        if request:
+            details["request"] = request
+    elif request is not None:
+        details["request"] = request
     known_first = [key for key in _CALL_DETAIL_ORDER if key in details]
     ordered = known_first + sorted(set(details) - set(known_first))
     pairs = [(key, _detail_text(details[key])) for key in ordered]
