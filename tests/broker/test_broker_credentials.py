@@ -16,6 +16,7 @@ import uuid
 import grpc
 import pytest
 import yaml
+from abada.engine.v1 import external_task_pb2
 from broker_support import (
     CRM_CREDENTIAL,
     CRM_SECRET_PATH,
@@ -28,6 +29,7 @@ from broker_support import (
     secret_paths,
     write_atomically,
 )
+from engine_helpers import complete, fetch
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -354,3 +356,44 @@ async def test_the_engine_reads_deploy_credentials_through_the_broker(broker, va
         await as_a_worker.secret("crm-token", "crm", crm.url, "ops")
     assert refused.value.reason == "CREDENTIAL_UNAVAILABLE"
     assert crm.token not in str(refused.value)
+
+
+async def _finished_in_three_ways(engine, crm):
+    """(label, task as its old holder knew it, the way it finished) for a completed, an incident-held
+    and a re-leased task."""
+    completed = await leased_task(engine, bundle(crm.url))
+    await complete(engine, completed, WORKER, {"triage": {"priority": "high"}})
+
+    held = await leased_task(engine, bundle(crm.url))
+    await engine.tasks.Fail(
+        external_task_pb2.FailRequest(
+            task_id=held.id, worker_id=WORKER, lease_token=held.lease_token, no_retry=True, error_message="x"
+        )
+    )
+
+    released = await leased_task(engine, bundle(crm.url), lease_ms=1_000)
+    deadline = asyncio.get_running_loop().time() + 15
+    taken: list = []
+    while not taken and asyncio.get_running_loop().time() < deadline:
+        taken = await fetch(engine, f"{POOL}/pod-b", "abada:agent", wait_ms=500)
+    assert [t.id for t in taken] == [released.id]
+    return [("completed", completed), ("incident-held", held), ("re-leased", released)]
+
+
+async def test_finished_held_and_re_leased_tasks_get_no_credential_and_vault_is_not_read(
+    engine, broker, vault, crm, dev_tokens
+):
+    """Review finding: a finished task's check could turn into 'unavailable, retry' and no test noticed."""
+    _, data_path = secret_paths(CRM_CREDENTIAL)
+    for label, task in await _finished_in_three_ways(engine, crm):
+        reads = vault.count("GET", data_path)
+        error = await _refused(broker.for_task(dev_tokens.worker_token, task))
+        assert (error.code(), error_info(error).reason) == (
+            grpc.StatusCode.PERMISSION_DENIED,
+            "NOT_LEASE_HOLDER",
+        ), label
+        assert vault.count("GET", data_path) == reads, label
+    await asyncio.sleep(0.2)  # the broker's log lines are written after the answers
+    refusals = [e for e in broker.audit_events() if e.get("reason") == "NOT_LEASE_HOLDER"]
+    # The audit blames the worker that asked, not the broker's own identity towards the engine.
+    assert refusals and all(e["caller"] == POOL for e in refusals[-3:])
