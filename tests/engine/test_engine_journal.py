@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import hmac
 
 import grpc
 import pytest
@@ -403,3 +405,43 @@ async def test_two_replicas_journaling_one_task_keep_sequence_and_limits(engine,
     with pytest.raises(Exception) as caught:
         await replicas[0].append(model_call(4, "STARTED"))
     assert (caught.value.reason, caught.value.metadata["limit"]) == ("LIMIT_EXCEEDED", "max_model_calls")
+
+
+async def test_idempotency_keys_differ_by_task_attempt_and_sequence_and_are_the_documented_hmac(
+    engine, crm_credentials
+):
+    """Review finding: keys were checked by prefix and length only, so a key derived without the
+    sequence (or the task) went unnoticed. Two keyed writes in one task, in two tasks, and a later attempt."""
+
+    def expected(task_id: str, attempt: int, sequence: int) -> str:
+        mac = hmac.new(b"test-idempotency-secret", f"{task_id}|{attempt}|{sequence}".encode(), hashlib.sha256)
+        return f"abada-{mac.hexdigest()}"
+
+    write = {"callId": "call_w", "arguments": {"customerId": "C-42"}}
+    await deploy(engine, BUNDLE.format(url=crm_credentials.url, idempotency="key"))
+    await start(engine, "support_triage", customerId="C-42")
+    await start(engine, "support_triage", customerId="C-42")
+    [first] = await fetch(engine, "w", "abada:agent", lease_ms=3_000)
+    [second] = await fetch(engine, "w", "abada:agent")
+    keys = {}
+    for task in (first, second):
+        for sequence in (1, 2):  # two keyed writes of one turn, identical arguments
+            appended = await append(
+                engine, task, sequence, "TOOL_CALL", "STARTED", "crm/create_ticket", request=write
+            )
+            keys[(task.id, task.attempt, sequence)] = appended.idempotency_key
+    # The first task's lease runs out; its next attempt writes at a new sequence under attempt 2.
+    deadline = asyncio.get_running_loop().time() + 15
+    again = []
+    while not again and asyncio.get_running_loop().time() < deadline:
+        again = await fetch(engine, "w2", "abada:agent", wait_ms=500)
+    [retry] = again
+    assert (retry.id, retry.attempt) == (first.id, 2)
+    appended = await append(
+        engine, retry, 3, "TOOL_CALL", "STARTED", "crm/create_ticket", request=write, worker_id="w2"
+    )
+    keys[(retry.id, 2, 3)] = appended.idempotency_key
+
+    assert len(set(keys.values())) == len(keys) == 5
+    for (task_id, attempt, sequence), key in keys.items():
+        assert key == expected(task_id, attempt, sequence)

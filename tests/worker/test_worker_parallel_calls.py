@@ -213,3 +213,60 @@ async def test_a_worker_killed_mid_batch_leaves_one_ticket_and_no_model_turn_pla
     calls = fetch_calls(gemini_url)
     assert calls["repeated"] == []
     assert sorted(c["turn"] for c in calls["calls"] if c["status"] == 200) == [0, 1]
+
+
+TWO_WRITES_IN_ONE_TURN = {
+    "scripts": [
+        {
+            "name": "two-tickets",
+            "turns": [
+                {
+                    "calls": [
+                        {
+                            "name": "crm__create_ticket",
+                            "args": {
+                                "customerId": "{{input.customerId}}",
+                                "subject": "Same words",
+                                "priority": "low",
+                            },
+                        },
+                        {
+                            "name": "crm__create_ticket",
+                            "args": {
+                                "customerId": "{{input.customerId}}",
+                                "subject": "Same words",
+                                "priority": "low",
+                            },
+                        },
+                    ]
+                },
+                {
+                    "json": {
+                        "ticketId": "{{tool.crm__create_ticket.ticketId}}",
+                        "priority": "low",
+                        "_confidence": 95,
+                    }
+                },
+            ],
+        }
+    ]
+}
+
+
+async def test_two_keyed_writes_in_one_turn_open_two_tickets(
+    engine, slow_crm: RunningCrmServer, gemini_url: str, workers: WorkerLauncher
+) -> None:
+    """Two identical writes the model asked for in one turn are two writes: their keys differ by sequence."""
+    load_script(gemini_url, TWO_WRITES_IN_ONE_TURN)
+    await deploy_bundle(engine, bundle(slow_crm.url))
+    instance_id = await start_instance(engine, "support_triage", customerId="C-42", message="Two, please")
+    await workers.start()
+
+    await settled(engine, instance_id)
+    steps = await journal(engine, await triage_task_id(engine, instance_id))
+    writes = [s for s in steps if s.tool_ref == "crm/create_ticket"]
+    assert [(s.sequence, s.state) for s in writes] == [(2, COMPLETED), (3, COMPLETED)]
+    assert writes[0].idempotency_key != writes[1].idempotency_key
+    tickets = {t["idempotencyKey"]: t for t in tickets_of(slow_crm) if t["subject"] == "Same words"}
+    assert set(tickets) >= {writes[0].idempotency_key, writes[1].idempotency_key}
+    assert tickets[writes[0].idempotency_key]["ticketId"] != tickets[writes[1].idempotency_key]["ticketId"]
