@@ -103,3 +103,10 @@ def iter_containers(workload: Manifest) -> Iterator[dict[str, Any]]:
     spec = pod_spec(workload)
     yield from spec.get("initContainers", [])
     yield from spec["containers"]
+
+
+def each(items: Any, what: str) -> list[Any]:
+    """`items` as a list, asserting there is at least one: a loop over nothing passes every assertion."""
+    found = list(items)
+    assert found, f"expected at least one {what}, found none"
+    return found

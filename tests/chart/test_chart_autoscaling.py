@@ -12,7 +12,7 @@ import yaml
 from abada_engine.api.http import HttpServer, build_app
 from abada_engine.auth import CallerRegistry, token_sha256
 from abada_engine.runtime.queue_stats import QueueStats
-from chart_support import Manifest, Release, ci_values, only_container, render, render_set
+from chart_support import Manifest, Release, ci_values, each, only_container, render, render_set
 from engine_helpers import complete, deploy, fetch, start
 
 AGENT_TOPIC = "abada:agent"
@@ -36,7 +36,7 @@ def test_one_scaled_object_per_pool_targets_its_deployment() -> None:
     assert set(pools) == {"abada:agent", "billing:reconcile"}
     scaled = scaled_objects_by_target(release)
     assert set(scaled) == {d["metadata"]["name"] for d in pools.values()}
-    for scaled_object in scaled.values():
+    for scaled_object in each(scaled.values(), "ScaledObject"):
         target = scaled_object["spec"]["scaleTargetRef"]
         assert (target["apiVersion"], target["kind"]) == ("apps/v1", "Deployment")
 
@@ -45,7 +45,7 @@ def test_metrics_api_trigger_reads_the_demand_of_the_pools_topic() -> None:
     release = render_set("keda-on.yaml")
     engine_service = release.get("Service", "abada-engine")
     http_port = next(p["port"] for p in engine_service["spec"]["ports"] if p["name"] == "http")
-    for topic, deployment in pools_by_topic(release).items():
+    for topic, deployment in each(pools_by_topic(release).items(), "worker pool"):
         (trigger,) = scaled_objects_by_target(release)[deployment["metadata"]["name"]]["spec"]["triggers"]
         assert trigger["type"] == "metrics-api"
         url = urlsplit(trigger["metadata"]["url"])
@@ -82,7 +82,7 @@ def test_scale_down_behavior_reaches_the_hpa_keda_creates() -> None:
         "policies": [{"type": "Pods", "value": 1, "periodSeconds": 120}],
     }
     values["autoscaling"]["keda"]["behavior"] = {"scaleDown": slow_down}
-    for scaled_object in render(values).of_kind("ScaledObject"):
+    for scaled_object in each(render(values).of_kind("ScaledObject"), "ScaledObject"):
         behavior = scaled_object["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
         assert behavior["scaleDown"] == slow_down
 
@@ -97,7 +97,7 @@ def test_default_behavior_scales_down_gradually() -> None:
 
 def test_metrics_api_authenticates_with_a_bearer_token_from_a_secret() -> None:
     release = render_set("keda-on.yaml")
-    for scaled_object in release.of_kind("ScaledObject"):
+    for scaled_object in each(release.of_kind("ScaledObject"), "ScaledObject"):
         (trigger,) = scaled_object["spec"]["triggers"]
         assert trigger["metadata"]["authMode"] == "bearer"
         auth = release.get("TriggerAuthentication", trigger["authenticationRef"]["name"])
@@ -167,7 +167,7 @@ def test_without_keda_a_cpu_hpa_scales_each_pool() -> None:
 def test_an_autoscaled_deployment_leaves_replicas_to_the_autoscaler() -> None:
     # Writing spec.replicas would reset the autoscaler's choice on every `helm upgrade`.
     for value_set in ("keda-on.yaml", "keda-off.yaml", "prometheus-trigger.yaml"):
-        for deployment in pools_by_topic(render_set(value_set)).values():
+        for deployment in each(pools_by_topic(render_set(value_set)).values(), "worker pool"):
             assert "replicas" not in deployment["spec"], value_set
 
 

@@ -57,10 +57,13 @@ def test_workers_and_the_engine_trust_the_broker_ca_and_present_their_certificat
 
 def test_only_the_broker_ca_of_the_broker_secret_reaches_other_pods() -> None:
     release = render_set("mtls-on.yaml")
+    mounted = 0
     for workload in (release.deployment_of("engine"), *workers(release)):
         for volume in workload["spec"]["template"]["spec"]["volumes"]:
             if volume.get("secret", {}).get("secretName") == BROKER_SECRET:
                 assert [item["key"] for item in volume["secret"]["items"]] == ["ca.crt"]
+                mounted += 1
+    assert mounted >= 2  # the engine and at least one worker pool mount the broker's CA
 
 
 def test_tls_without_client_certificates_leaves_the_broker_port_tls_only() -> None:

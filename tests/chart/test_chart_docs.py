@@ -23,7 +23,7 @@ from abada_engine.metrics import (
     TASKS_LEASED,
     TASKS_READY,
 )
-from chart_support import REPO_ROOT, Release, env_of, only_container, pod_spec, render_set
+from chart_support import REPO_ROOT, Release, each, env_of, only_container, pod_spec, render_set
 
 GUIDE = REPO_ROOT / "docs" / "operations.md"
 DATABASE_GAUGES = (
@@ -41,7 +41,7 @@ DATABASE_GAUGES = (
 def referenced_secrets(release: Release) -> set[tuple[str, str]]:
     """(Secret, key) pairs that pods and KEDA read."""
     found: set[tuple[str, str]] = set()
-    for workload in release.workloads():
+    for workload in each(release.workloads(), "workload"):
         spec = pod_spec(workload)
         for container in spec["containers"]:
             for entry in container.get("env", []):

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import jsonschema
 import kubernetes_validate
 import pytest
-from chart_support import Manifest, Release, render_set
+from chart_support import Manifest, Release, each, render_set
 
 KUBERNETES_VERSIONS = ("1.27", "1.37")
 KEDA_KINDS = {"ScaledObject", "TriggerAuthentication"}
@@ -188,7 +188,7 @@ TRIGGER_AUTHENTICATION = {
 
 def check_scaled_object(scaled_object: Manifest) -> None:
     jsonschema.validate(scaled_object, SCALED_OBJECT)
-    for trigger in scaled_object["spec"]["triggers"]:
+    for trigger in each(scaled_object["spec"]["triggers"], "trigger"):
         assert trigger["type"] in TRIGGER_METADATA, f"unexpected trigger type {trigger['type']}"
         required, optional = TRIGGER_METADATA[trigger["type"]]
         keys = set(trigger["metadata"])
@@ -244,7 +244,7 @@ def check(manifest: Manifest) -> None:
 
 def test_every_manifest_is_valid(release: Release) -> None:
     assert release.manifests
-    for manifest in release.manifests:
+    for manifest in each(release.manifests, "manifest"):
         check(manifest)
 
 

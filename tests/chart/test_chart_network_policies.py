@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from chart_support import NAMESPACE, VALUE_SETS, Release, render, render_set
+from chart_support import NAMESPACE, VALUE_SETS, Release, each, render, render_set
 from network_policy_evaluator import (
     Endpoint,
     allowed,
@@ -42,7 +42,7 @@ def postgresql_of(value_set: str) -> Endpoint:
 
 def test_every_pod_is_isolated_both_ways(release: Release) -> None:
     policies = release.of_kind("NetworkPolicy")
-    for pod in release_pods(release).values():
+    for pod in each(release_pods(release).values(), "pod"):
         for direction in ("Ingress", "Egress"):
             assert any(
                 direction in policy_types(p) and selector_matches(p["spec"]["podSelector"], pod.labels or {})
@@ -72,7 +72,7 @@ def test_only_the_engine_and_its_migration_reach_postgresql(value_set: str) -> N
 def test_workers_reach_engine_broker_tool_servers_model_and_dns() -> None:
     release = render_set("keda-on.yaml")
     engine, broker = one_pod(release, "engine"), one_pod(release, "broker")
-    for worker in pods_of(release, "worker"):
+    for worker in each(pods_of(release, "worker"), "worker pod"):
         assert allowed(release, worker, engine, 50051)
         assert allowed(release, worker, broker, 50061)
         assert allowed(release, worker, CRM_TOOL_SERVER, 8000)

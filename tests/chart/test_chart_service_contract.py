@@ -24,6 +24,7 @@ from chart_support import (
     Manifest,
     Release,
     ci_values,
+    each,
     only_container,
     pod_spec,
     render,
@@ -83,7 +84,7 @@ def container_port(container: dict[str, Any], name: str) -> int:
 
 def test_workers_read_their_pool_and_own_worker_ids(value_set: str, release: Release) -> None:
     assert workers(release)
-    for deployment in workers(release):
+    for deployment in each(workers(release), "worker Deployment"):
         container = only_container(deployment)
         pod_name = pod_name_of(deployment)
         settings = load_settings([], kubelet_env(container, pod_name))
@@ -216,7 +217,7 @@ def test_every_address_a_pod_dials_reaches_a_serving_port(
     server_pod = pods[server_deployment["metadata"]["name"]]
     clients = [w for w in release.workloads() if release.component(w) == client]
     assert clients
-    for workload in clients:
+    for workload in each(clients, "client workload"):
         address = kubelet_env(only_container(workload), pod_name_of(workload))[variable]
         host, _, port = address.rpartition(":")
         service = release.get("Service", host)

@@ -9,6 +9,7 @@ from typing import Any
 from chart_support import (
     Manifest,
     Release,
+    each,
     env_of,
     iter_containers,
     only_container,
@@ -175,10 +176,10 @@ def test_broker_with_a_vault_token_and_a_private_ca() -> None:
 
 
 def test_only_the_broker_pod_carries_a_kubernetes_api_token(release: Release) -> None:
-    for workload in release.workloads():
+    for workload in each(release.workloads(), "workload"):
         if release.component(workload) != "broker":
             assert pod_spec(workload)["automountServiceAccountToken"] is False, workload["metadata"]["name"]
-    for account in release.of_kind("ServiceAccount"):
+    for account in each(release.of_kind("ServiceAccount"), "ServiceAccount"):
         assert account["automountServiceAccountToken"] is False
 
 
@@ -334,15 +335,14 @@ def test_with_mtls_the_engine_is_probed_over_http_and_reads_its_certificates() -
 
 def test_without_mtls_no_certificate_is_mounted() -> None:
     release = render_set("default")
-    for workload in release.workloads():
+    for workload in each(release.workloads(), "workload"):
         for container in iter_containers(workload):
             assert not any("TLS" in name for name in env_of(container)), workload["metadata"]["name"]
 
 
 def test_workers_are_probed_on_their_health_port(release: Release) -> None:
-    for deployment in release.of_kind("Deployment"):
-        if release.component(deployment) != "worker":
-            continue
+    pools = [d for d in release.of_kind("Deployment") if release.component(d) == "worker"]
+    for deployment in each(pools, "worker Deployment"):
         container = only_container(deployment)
         assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"health": 8081}
         for probe in ("readinessProbe", "livenessProbe"):
@@ -350,11 +350,14 @@ def test_workers_are_probed_on_their_health_port(release: Release) -> None:
 
 
 def test_every_file_an_env_var_names_is_mounted(release: Release) -> None:
-    for workload in release.workloads():
+    files_checked = 0
+    for workload in each(release.workloads(), "workload"):
         for container in iter_containers(workload):
             for name, entry in env_of(container).items():
                 if name.endswith("_FILE") or name == "VAULT_CACERT":
                     mounted_file(workload, container, entry["value"])
+                    files_checked += 1
+    assert files_checked > 0
 
 
 def test_every_pod_runs_unprivileged_on_a_read_only_root(release: Release) -> None:
