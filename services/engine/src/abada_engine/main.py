@@ -41,7 +41,10 @@ async def serve(settings: EngineSettings) -> None:
     env = dict(os.environ)
     _require_real_secrets(settings, env)
     url, embedded = _database_url(settings)
-    db = create_engine(url, settings.db_pool_size)
+    # ABADA_DB_POOL_SIZE connections in all: most for the hot statements on asyncpg's own pool, a
+    # quarter for everything else through SQLAlchemy.
+    cold = max(2, settings.db_pool_size // 4)
+    db = create_engine(url, cold)
     if not settings.extra_process:
         await migrate(db)
     try:
@@ -55,6 +58,7 @@ async def serve(settings: EngineSettings) -> None:
         journal_keys,
         idempotency,
         McpContractCheck(credentials_from_env(env), float(env.get("ABADA_DEPLOY_MCP_TIMEOUT_SECONDS", "10"))),
+        hot_pool_size=max(2, settings.db_pool_size - cold),
     )
     registry = CallerRegistry(_callers_file(settings, env))
     running = await start_grpc_server(

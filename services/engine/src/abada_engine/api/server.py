@@ -85,10 +85,14 @@ class EngineCore:
         idempotency: IdempotencyKeys,
         contract_check: ContractCheck | None = None,
         reaper_interval_seconds: float = 2.0,
+        hot_pool_size: int | None = None,
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
         handed_out = HandedOut()
-        hot = HotPath(db, await HotPath.open_pool(plain_url(database_url), db.pool.size()))  # type: ignore[attr-defined]
+        # The hot statements' own pool; by default half as large as SQLAlchemy's, so the engine's
+        # connections grow by half, not double, next to a pool that then serves only the cold path.
+        size = hot_pool_size or max(2, db.pool.size() // 2)  # type: ignore[attr-defined]
+        hot = HotPath(db, await HotPath.open_pool(plain_url(database_url), size))
         journal = Journal(db, catalog, keys, idempotency, handed_out, hot)
         takeover = Takeover(db, catalog, journal.sealer, handed_out)
         resolutions = JournalResolutions(journal.sealer)

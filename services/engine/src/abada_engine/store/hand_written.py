@@ -102,12 +102,20 @@ class HotPath:
             min_size=1,
             max_size=size,
             init=_json_codecs,
+            reset=_nothing_to_reset,
             server_settings={"application_name": "abada-engine"},
         )
 
     async def close(self) -> None:
         if self.pool is not None:
             await self.pool.close()
+
+
+async def _nothing_to_reset(conn: asyncpg.Connection) -> None:
+    """asyncpg's default reset sends `SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`
+    on every release: one more round trip per hot statement. These statements leave no session state
+    behind (no locks beyond their own, cursors, listeners or settings); asyncpg still rolls back a
+    transaction left open before calling this."""
 
 
 async def _json_codecs(conn: asyncpg.Connection) -> None:
