@@ -18,9 +18,15 @@ CHART_DIR = REPO_ROOT / "charts" / "abada"
 CI_DIR = CHART_DIR / "ci"
 RELEASE = "abada"
 NAMESPACE = "abada"
-# The four configurations the chart is tested in besides its defaults.
-CI_FILES = ("keda-on.yaml", "keda-off.yaml", "prometheus-trigger.yaml", "mtls-on.yaml")
+# The configurations the chart is tested in besides its defaults (TLS through cert-manager).
+CI_FILES = ("keda-on.yaml", "keda-off.yaml", "prometheus-trigger.yaml", "mtls-on.yaml", "plaintext.yaml")
 VALUE_SETS = ("default", *CI_FILES)
+
+
+def tls_on(value_set: str) -> bool:
+    """TLS is on by default; only ci/plaintext.yaml turns it off (explicitly)."""
+    return value_set != "plaintext.yaml"
+
 
 Manifest = dict[str, Any]
 

@@ -5,6 +5,7 @@ the oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest
 KEDA's CRDs are not in those schemas, so the fields KEDA documents for ScaledObject (keda.sh
 reference/scaledobject-spec), the metrics-api and prometheus scalers and TriggerAuthentication are
 written out below; the HPA behavior a ScaledObject carries is checked as the HPA KEDA creates.
+cert-manager's Issuer and Certificate (cert-manager.io/v1) are written out the same way.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 import jsonschema
 import kubernetes_validate
 import pytest
-from chart_support import Manifest, Release, each, render_set
+from chart_support import Manifest, Release, each, env_of, only_container, pod_spec, render, render_set
 
 KUBERNETES_VERSIONS = ("1.27", "1.37")
 KEDA_KINDS = {"ScaledObject", "TriggerAuthentication"}
@@ -228,6 +229,83 @@ def check_scaled_object(scaled_object: Manifest) -> None:
             kubernetes_validate.validate(hpa, version, strict=True)
 
 
+ISSUER_REF = {
+    "type": "object",
+    "required": ["name", "kind"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "kind": {"enum": ["Issuer", "ClusterIssuer"]},
+        "group": {"const": "cert-manager.io"},
+    },
+}
+CERT_MANAGER_METADATA = {
+    "type": "object",
+    "required": ["name", "namespace"],
+    "properties": {"name": {"type": "string"}, "namespace": {"type": "string"}, "labels": STRING_MAP},
+}
+ISSUER = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "cert-manager.io/v1"},
+        "kind": {"const": "Issuer"},
+        "metadata": CERT_MANAGER_METADATA,
+        "spec": {
+            "type": "object",
+            "minProperties": 1,
+            "maxProperties": 1,
+            "additionalProperties": False,
+            "properties": {
+                "selfSigned": {"type": "object"},
+                "ca": {
+                    "type": "object",
+                    "required": ["secretName"],
+                    "additionalProperties": False,
+                    "properties": {"secretName": {"type": "string", "minLength": 1}},
+                },
+            },
+        },
+    },
+}
+_USAGES = ["digital signature", "key encipherment", "server auth", "client auth", "cert sign"]
+CERTIFICATE = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "cert-manager.io/v1"},
+        "kind": {"const": "Certificate"},
+        "metadata": CERT_MANAGER_METADATA,
+        "spec": {
+            "type": "object",
+            "required": ["secretName", "issuerRef"],
+            "additionalProperties": False,
+            "properties": {
+                "secretName": {"type": "string", "minLength": 1},
+                "commonName": {"type": "string", "minLength": 1, "maxLength": 64},
+                "dnsNames": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                "isCA": {"type": "boolean"},
+                "usages": {"type": "array", "items": {"enum": _USAGES}},
+                "duration": {"type": "string", "pattern": "^[0-9]+(h|m|s)$"},
+                "renewBefore": {"type": "string", "pattern": "^[0-9]+(h|m|s)$"},
+                "privateKey": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+                        "size": {"type": "integer"},
+                        "rotationPolicy": {"enum": ["Never", "Always"]},
+                    },
+                },
+                "issuerRef": ISSUER_REF,
+            },
+        },
+    },
+}
+
+
 def check(manifest: Manifest) -> None:
     name = manifest["metadata"]["name"]
     assert DNS_SUBDOMAIN.match(name) and len(name) <= 63, (
@@ -237,6 +315,10 @@ def check(manifest: Manifest) -> None:
         check_scaled_object(manifest)
     elif manifest["kind"] == "TriggerAuthentication":
         jsonschema.validate(manifest, TRIGGER_AUTHENTICATION)
+    elif manifest["kind"] == "Issuer":
+        jsonschema.validate(manifest, ISSUER)
+    elif manifest["kind"] == "Certificate":
+        jsonschema.validate(manifest, CERTIFICATE)
     else:
         for version in KUBERNETES_VERSIONS:
             kubernetes_validate.validate(manifest, version, strict=True)
@@ -278,3 +360,54 @@ def test_the_keda_check_catches_mistakes(broken: Callable[[Manifest], object], w
     broken(scaled_object)
     with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError, AssertionError)):
         check_scaled_object(scaled_object)
+
+
+def test_tls_is_on_by_default_with_certificates_for_every_party() -> None:
+    """Review finding: the chart shipped with TLS off, so tokens and tool secrets crossed the pod network
+    in clear. By default cert-manager now issues every certificate, from a CA the chart makes."""
+    release = render_set("default")
+    certificates = {c["metadata"]["name"]: c["spec"] for c in release.of_kind("Certificate")}
+    assert set(certificates) == {
+        "abada-ca",
+        "abada-engine-tls",
+        "abada-broker-tls",
+        "abada-broker-client-tls",
+        "abada-worker-client-tls",
+    }
+    assert certificates["abada-ca"]["isCA"] is True
+    assert "abada-engine" in certificates["abada-engine-tls"]["dnsNames"]
+    assert "abada-broker" in certificates["abada-broker-tls"]["dnsNames"]
+    assert certificates["abada-worker-client-tls"]["usages"][-1] == "client auth"
+    for name, spec in certificates.items():
+        if name != "abada-ca":
+            assert spec["issuerRef"] == {"name": "abada-ca", "kind": "Issuer", "group": "cert-manager.io"}
+    engine = only_container(release.deployment_of("engine"))
+    assert {"ABADA_TLS_CERT_FILE", "ABADA_TLS_KEY_FILE", "ABADA_TLS_CLIENT_CA_FILE"} <= set(env_of(engine))
+    volumes = {v["name"]: v for v in pod_spec(release.deployment_of("engine"))["volumes"] if "secret" in v}
+    assert "abada-engine-tls" in {v["secret"]["secretName"] for v in volumes.values()}
+
+
+def test_a_named_issuer_signs_every_certificate_and_the_chart_makes_no_ca() -> None:
+    release = render({"tls": {"certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}})
+    assert release.of_kind("Issuer") == []
+    refs = [c["spec"]["issuerRef"] for c in release.of_kind("Certificate")]
+    assert len(refs) == 4
+    assert all(r == {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"} for r in refs)
+
+
+def test_user_supplied_secrets_get_no_certificates() -> None:
+    values = {
+        "tls": {
+            "certManager": {"enabled": False},
+            "existingSecret": "e",
+            "clients": {"broker": {"existingSecret": "b"}, "worker": {"existingSecret": "w"}},
+            "broker": {"existingSecret": "t"},
+        }
+    }
+    release = render(values)
+    assert release.of_kind("Certificate") == [] and release.of_kind("Issuer") == []
+    assert "e" in {
+        v["secret"]["secretName"]
+        for v in pod_spec(release.deployment_of("engine"))["volumes"]
+        if "secret" in v
+    }

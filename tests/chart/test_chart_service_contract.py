@@ -29,6 +29,7 @@ from chart_support import (
     pod_spec,
     render,
     render_set,
+    tls_on,
 )
 from network_policy_evaluator import allowed, release_pods
 
@@ -105,7 +106,7 @@ def test_workers_read_their_pool_and_own_worker_ids(value_set: str, release: Rel
         assert container["livenessProbe"]["httpGet"]["port"] == "health"
         assert settings.drain_seconds < pod_spec(deployment)["terminationGracePeriodSeconds"]
         tls_files = (settings.tls_ca_file, settings.tls_cert_file, settings.tls_key_file)
-        if value_set == "mtls-on.yaml":
+        if tls_on(value_set):
             assert None not in tls_files
         else:
             assert tls_files == (None, None, None)
@@ -153,7 +154,7 @@ def test_the_broker_reads_its_settings(value_set: str, release: Release) -> None
     assert settings.auth_tokens_file is not None and not settings.insecure_dev
     assert settings.engine_token_file is not None
     # mTLS on the engine: the broker must dial it with its client certificate, or VerifyLease fails.
-    assert settings.engine_tls_enabled is (value_set == "mtls-on.yaml")
+    assert settings.engine_tls_enabled is tls_on(value_set)
     if settings.engine_tls_enabled:
         assert None not in (
             settings.engine_tls_ca_file,
@@ -196,7 +197,7 @@ def test_the_engine_reads_its_settings(value_set: str, release: Release) -> None
     assert env.get("ABADA_BROKER_TOKEN_FILE")
     tls = [env.get(f"ABADA_TLS_{part}_FILE") for part in ("CERT", "KEY", "CLIENT_CA")]
     # The engine refuses to start with only some of the three.
-    assert all(tls) if value_set == "mtls-on.yaml" else not any(tls)
+    assert all(tls) if tls_on(value_set) else not any(tls)
 
 
 # (client component, variable naming the address it dials, server component)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from chart_support import render
+from chart_support import render, render_set
 from helm_python import HelmRenderError, HelmValuesError
 
 
@@ -95,19 +95,28 @@ VALIDATION_REJECTS: dict[str, tuple[dict[str, Any], str]] = {
         {
             "tls": {
                 "enabled": True,
+                "certManager": {"enabled": False},
                 "clients": {"broker": {"existingSecret": "b"}, "worker": {"existingSecret": "w"}},
             }
         },
         "tls.existingSecret is empty",
     ),
     "mTLS without a worker certificate": (
-        {"tls": {"enabled": True, "existingSecret": "e", "clients": {"broker": {"existingSecret": "b"}}}},
+        {
+            "tls": {
+                "enabled": True,
+                "certManager": {"enabled": False},
+                "existingSecret": "e",
+                "clients": {"broker": {"existingSecret": "b"}},
+            }
+        },
         "tls.clients.worker.existingSecret is empty",
     ),
     "TLS without the broker's certificate": (
         {
             "tls": {
                 "enabled": True,
+                "certManager": {"enabled": False},
                 "existingSecret": "e",
                 "clients": {"broker": {"existingSecret": "b"}, "worker": {"existingSecret": "w"}},
             }
@@ -118,12 +127,17 @@ VALIDATION_REJECTS: dict[str, tuple[dict[str, Any], str]] = {
         {
             "tls": {
                 "enabled": True,
+                "certManager": {"enabled": False},
                 "existingSecret": "e",
                 "clients": {"broker": {"existingSecret": "b"}, "worker": {"existingSecret": "w"}},
                 "broker": {"existingSecret": "t", "requireClientCertificates": True},
             }
         },
         "tls.clients.engine.existingSecret is empty",
+    ),
+    "TLS off without saying plaintext is accepted": (
+        {"tls": {"enabled": False}},
+        "tls.enabled is false: bearer tokens, lease tokens, journal payloads and tool secrets would cross",
     ),
     "Vault token auth without a token": ({"vault": {"auth": {"method": "token"}}}, "vault.auth.tokenSecret"),
     "Vault Kubernetes auth without a role": ({"vault": {"auth": {"role": ""}}}, "vault.auth.role is empty"),
@@ -201,3 +215,10 @@ ACCEPTED: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("case", ACCEPTED, ids=str)
 def test_accepts(case: str) -> None:
     assert render(ACCEPTED[case]).manifests
+
+
+def test_plaintext_on_purpose_renders_with_a_loud_warning() -> None:
+    release = render_set("plaintext.yaml")
+    assert "WARNING: TLS IS OFF" in release.notes
+    assert release.of_kind("Certificate") == []
+    assert "TLS IS OFF" not in render_set("default").notes

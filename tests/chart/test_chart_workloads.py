@@ -16,6 +16,7 @@ from chart_support import (
     pod_spec,
     render,
     render_set,
+    tls_on,
 )
 
 ENGINE_ENV = {
@@ -279,7 +280,7 @@ def test_worker_resource_names_are_dns_safe_forms_of_their_topics() -> None:
 
 def test_grpc_services_are_probed_over_grpc_health(value_set: str) -> None:
     release = render_set(value_set)
-    if value_set != "mtls-on.yaml":
+    if not tls_on(value_set):
         container = only_container(release.deployment_of("engine"))
         assert {p["name"]: p["containerPort"] for p in container["ports"]}["grpc"] == 50051
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -288,7 +289,7 @@ def test_grpc_services_are_probed_over_grpc_health(value_set: str) -> None:
     ports = {p["name"]: p["containerPort"] for p in broker["ports"]}
     assert ports["grpc"] == 50061
     # With TLS on the broker's gRPC port the kubelet (plaintext only) asks its health-only port.
-    probed = ports["health"] if value_set == "mtls-on.yaml" else 50061
+    probed = ports["health"] if tls_on(value_set) else 50061
     # The broker's overall health goes NOT_SERVING while Vault is down: that takes it out of the
     # Service. Its `liveness` service stays SERVING, so the outage never restarts it.
     assert broker["readinessProbe"]["grpc"] == {"port": probed}
@@ -334,7 +335,7 @@ def test_with_mtls_the_engine_is_probed_over_http_and_reads_its_certificates() -
 
 
 def test_without_mtls_no_certificate_is_mounted() -> None:
-    release = render_set("default")
+    release = render_set("plaintext.yaml")
     for workload in each(release.workloads(), "workload"):
         for container in iter_containers(workload):
             assert not any("TLS" in name for name in env_of(container)), workload["metadata"]["name"]

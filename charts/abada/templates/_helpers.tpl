@@ -249,6 +249,24 @@ spec:
 {{- end -}}
 
 {{/*
+The Secret holding a TLS certificate: the user's own (tls.existingSecret, tls.broker.existingSecret,
+tls.clients.*.existingSecret) or, with tls.certManager.enabled, the one its Certificate writes
+(certificates.yaml). Call with (list $ "engine"|"broker"|"broker-client"|"worker-client"|"engine-client").
+*/}}
+{{- define "abada.tlsSecret" -}}
+{{- $root := index . 0 -}}
+{{- $which := index . 1 -}}
+{{- $tls := $root.Values.tls -}}
+{{- $own := dict "engine" $tls.existingSecret "broker" $tls.broker.existingSecret "broker-client" $tls.clients.broker.existingSecret "worker-client" $tls.clients.worker.existingSecret "engine-client" $tls.clients.engine.existingSecret -}}
+{{- $named := index $own $which -}}
+{{- if $named -}}
+{{- $named -}}
+{{- else if $tls.certManager.enabled -}}
+{{- printf "%s-%s-tls" (include "abada.fullname" $root) $which -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 With mTLS on the engine, a client (broker, worker) dials it with its own certificate. Each reads
 its own variable names: the broker ABADA_ENGINE_TLS_*_FILE (its ABADA_TLS_* would mean nothing to
 it), the worker ABADA_TLS_*_FILE like the abada CLI. Env, mount and volume; call with
@@ -282,7 +300,7 @@ it), the worker ABADA_TLS_*_FILE like the abada CLI. Env, mount and volume; call
 {{- if $root.Values.tls.enabled }}
 - name: engine-tls
   secret:
-    secretName: {{ $client.existingSecret }}
+    secretName: {{ include "abada.tlsSecret" (list $root (printf "%s-client" (index . 1))) }}
     defaultMode: 288
     items:
       - key: {{ $root.Values.tls.certKey }}
@@ -338,7 +356,7 @@ and volumes; call with (list $ "engine"|"worker").
 {{- if $tls.enabled }}
 - name: broker-ca
   secret:
-    secretName: {{ $tls.broker.existingSecret }}
+    secretName: {{ include "abada.tlsSecret" (list $root "broker") }}
     defaultMode: 292 # 0444: a CA certificate is public
     items:
       - key: {{ $tls.clientCaKey }}
@@ -346,7 +364,7 @@ and volumes; call with (list $ "engine"|"worker").
 {{- if and $tls.broker.requireClientCertificates (eq (index . 1) "engine") }}
 - name: broker-client-tls
   secret:
-    secretName: {{ $tls.clients.engine.existingSecret }}
+    secretName: {{ include "abada.tlsSecret" (list $root "engine-client") }}
     defaultMode: 288
     items:
       - key: {{ $tls.certKey }}
