@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from abada_broker.auth import Caller as BrokerCaller
 from abada_broker.config import BrokerSettings
+from abada_broker.errors import BrokerError
+from abada_broker.origins import CredentialOrigins
 from abada_broker.secret_store import SecretStoreConfigError, VaultSettings
 from abada_engine.auth import Caller as EngineCaller
 from abada_engine.config import EngineSettings
@@ -32,6 +34,7 @@ from chart_support import (
     tls_on,
 )
 from network_policy_evaluator import allowed, release_pods
+from test_chart_workloads import mounted_file
 
 # What the kubelet substitutes: $(NAME) of a variable listed earlier; $$ is a literal dollar.
 _REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)|\$\$")
@@ -153,6 +156,8 @@ def test_the_broker_reads_its_settings(value_set: str, release: Release) -> None
     settings = BrokerSettings.from_env(kubelet_env(only_container(broker), pod_name_of(broker)))
     assert settings.auth_tokens_file is not None and not settings.insecure_dev
     assert settings.engine_token_file is not None
+    # Without the origins file the broker would give credentials to loopback servers only.
+    mounted_file(broker, only_container(broker), str(settings.credential_origins_file))
     # mTLS on the engine: the broker must dial it with its client certificate, or VerifyLease fails.
     assert settings.engine_tls_enabled is tls_on(value_set)
     if settings.engine_tls_enabled:
@@ -229,3 +234,19 @@ def test_every_address_a_pod_dials_reaches_a_serving_port(
         assert allowed(release, pods[workload["metadata"]["name"]], server_pod, target), (
             f"{workload['metadata']['name']} cannot reach {address}"
         )
+
+
+def test_the_broker_accepts_the_credential_origins_the_chart_writes(tmp_path) -> None:
+    release = render({"broker": {"credentialOrigins": {"crm-token": ["https://crm.crm.svc:8443"]}}})
+    (config,) = [c for c in release.of_kind("ConfigMap") if c["metadata"]["name"].endswith("-origins")]
+    written = tmp_path / "origins.yaml"
+    written.write_text(config["data"]["origins.yaml"])
+    origins = CredentialOrigins(written)
+    origins.check("crm-token", "https://crm.crm.svc:8443/mcp")
+    with pytest.raises(BrokerError):
+        origins.check("crm-token", "https://elsewhere.example/mcp")
+    # The default writes an empty map: no credential leaves the broker until origins are listed.
+    (empty,) = [c for c in render().of_kind("ConfigMap") if c["metadata"]["name"].endswith("-origins")]
+    written.write_text(empty["data"]["origins.yaml"])
+    with pytest.raises(BrokerError):
+        CredentialOrigins(written).check("crm-token", "https://crm.crm.svc:8443/mcp")

@@ -84,6 +84,13 @@ def mounted_file(workload: Manifest, container: dict[str, Any], path: str) -> tu
             ]
             (token,) = [t for t in tokens if t["path"] == relative]
             return "projected", token
+        if "configMap" in volume:  # configuration that is not secret (the broker's credential origins)
+            config = volume["configMap"]
+            items = {item["path"]: item for item in config.get("items", [])}
+            assert not items or relative in items, (
+                f"{path}: ConfigMap {config['name']} projects only {sorted(items)}"
+            )
+            return config["name"], items.get(relative, {"key": relative, "path": relative})
         source = volume.get("secret")
         assert source is not None, f"{path} is on a {sorted(volume)} volume, not a Secret"
         items = {item["path"]: item for item in source.get("items", [])}
