@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import signal
 import time
 import urllib.request
@@ -72,8 +73,17 @@ processes:
 
 
 @pytest.fixture(scope="module")
-def crm() -> Iterator[RunningCrmServer]:
-    with running_crm_server(enable_control=True) as server:
+def crm_token() -> str:
+    """One CRM token for the module, so the module's broker can serve every test's fresh CRM."""
+    return secrets.token_urlsafe(24)
+
+
+@pytest.fixture
+def crm(crm_token: str) -> Iterator[RunningCrmServer]:
+    """A CRM of its own for every test: no ticket, no idempotency key and no call carries over, so a
+    test passes or fails on what its own run did (a key shared across tasks shows up as a key shared
+    within one test, never as an accident of another test's tickets)."""
+    with running_crm_server(enable_control=True, token=crm_token) as server:
         yield server
 
 
@@ -94,7 +104,7 @@ def fresh_collaborators(crm: RunningCrmServer, gemini_url: str, deploy_credentia
 
 @pytest.fixture(scope="module")
 async def broker(  # type: ignore[no-untyped-def]
-    crm: RunningCrmServer, engine_channel, engine_tokens, tmp_path_factory: pytest.TempPathFactory
+    crm_token: str, engine_channel, engine_tokens, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[RealBroker]:
     _, engine_address = engine_channel
     async with running_real_broker(
@@ -103,7 +113,7 @@ async def broker(  # type: ignore[no-untyped-def]
         engine_token=engine_tokens.broker,
         worker_identity=POOL,
         worker_token=engine_tokens.worker_pool,
-        secrets={"crm-token": crm.token},
+        secrets={"crm-token": crm_token},
     ) as running:
         yield running
 
@@ -185,7 +195,7 @@ async def test_alice_is_looked_up_a_ticket_opened_and_control_handed_back(
     engine, crm: RunningCrmServer, gemini_url: str, broker: RealBroker, workers: WorkerLauncher
 ) -> None:
     await deploy_bundle(engine, bundle(crm.url))
-    tickets_before = len(crm.tickets())
+    assert crm.tickets() == []  # this test's own CRM
     instance_id = await start_instance(
         engine, "support_triage", customerId="C-42", message="My parcel never arrived"
     )
@@ -215,7 +225,7 @@ async def test_alice_is_looked_up_a_ticket_opened_and_control_handed_back(
         "priority": "high",
     }
     # The engine's key reached the CRM with the call, and only one ticket was opened.
-    new_tickets = crm.tickets()[tickets_before:]
+    new_tickets = crm.tickets()
     assert [(t["ticketId"], t["idempotencyKey"]) for t in new_tickets] == [(ticket_id, write.idempotency_key)]
 
     metadata = completed_metadata(await history_of(engine, instance_id))["metadata"]
