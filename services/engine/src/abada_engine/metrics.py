@@ -61,6 +61,18 @@ MODEL_CALLS_WAITING = Gauge(
 )
 
 
+def refused_total(model: str) -> int:
+    """The model calls of `model` this replica refused, whatever the reason."""
+    return int(
+        sum(
+            sample.value
+            for metric in MODEL_CALLS_REFUSED.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total") and sample.labels.get("model") == model
+        )
+    )
+
+
 async def render(stats: QueueStats) -> bytes:
     """Refresh the database-wide gauges (so replicas agree) and render every metric."""
     topics = await stats.topics()

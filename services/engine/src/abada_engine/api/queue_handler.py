@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 from abada.engine.v1 import queue_pb2, queue_pb2_grpc
 
+from abada_engine import metrics
 from abada_engine.errors import invalid
 from abada_engine.runtime.queue_stats import MAX_LISTED_TASKS, QueuedTask, QueueStats
 
@@ -66,7 +67,18 @@ class QueueHandler(queue_pb2_grpc.QueueServiceServicer):
                     delayed=t.delayed,
                     demand=t.demand,
                     oldest_ready_age_seconds=round(t.oldest_ready_age_seconds, 3),
+                    quota_waiting=t.quota_waiting,
                 )
                 for t in topics
-            ]
+            ],
+            models=[
+                queue_pb2.ModelQuotaStats(
+                    name=m.name,
+                    admitted=m.admitted,
+                    tokens=m.tokens,
+                    waiting=m.waiting,
+                    refused_by_this_replica=metrics.refused_total(m.name),
+                )
+                for m in await self._stats.models()
+            ],
         )

@@ -545,14 +545,14 @@ def tasks(
 
 @app.command()
 def topics(ctx: typer.Context) -> None:
-    """Queue figures per topic (what autoscalers read): ready, leased, delayed, demand, oldest wait."""
+    """Queue figures per topic (what autoscalers read): ready, leased, delayed, demand, oldest wait;
+    and per model profile: calls admitted in the current window, waiting for quota, refused."""
     client = _client(ctx)
     response = client.call(client.queue.ListTopics, queue_pb2.ListTopicsRequest())
-    _emit(
-        ctx,
-        response,
-        views.topics_table(response.topics) if response.topics else "no open tasks on any topic",
-    )
+    text = views.topics_table(response.topics) if response.topics else "no open tasks on any topic"
+    if response.models:
+        text += "\n\n" + views.models_table(response.models)
+    _emit(ctx, response, text)
 
 
 def main() -> None:

@@ -381,12 +381,20 @@ def topics_table(topics: Sequence[queue_pb2.TopicStats]) -> str:
             str(t.ready),
             str(t.leased),
             str(t.delayed),
-            str(t.demand),
+            str(t.demand) + (f" ({t.quota_waiting} waiting for quota)" if t.quota_waiting else ""),
             f"{t.oldest_ready_age_seconds:.1f}s" if t.ready else EMPTY,
         )
         for t in topics
     ]
     return table(("TOPIC", "READY", "LEASED", "DELAYED", "DEMAND", "OLDEST READY"), rows)
+
+
+def models_table(models: Sequence[queue_pb2.ModelQuotaStats]) -> str:
+    rows = [
+        (m.name, str(m.admitted), str(m.tokens), str(m.waiting), str(m.refused_by_this_replica))
+        for m in models
+    ]
+    return table(("MODEL", "ADMITTED (LAST MINUTE)", "TOKENS", "WAITING", "REFUSED (THIS ENGINE)"), rows)
 
 
 def dollars(amount: float) -> str:

@@ -26,14 +26,10 @@ from abada_engine.definitions.model import ModelProfile, Process
 from abada_engine.errors import Category, EngineError
 from abada_engine.store import model_quotas as quota_store
 
+from .quota_window import QUOTA_SPAN_SECONDS
+
 log = logging.getLogger(__name__)
 
-# A minute, as providers count their per-minute quotas.
-WINDOW_SECONDS = 60
-# Admission happens a moment before the provider receives the call (the worker still has to send
-# it). An admitted call is counted for two more seconds than the window, so that moment cannot let
-# two calls that the provider sees within one minute slip past the quota.
-ADMISSION_MARGIN_SECONDS = 2
 # What a call is taken to cost before it happens when the worker sent no estimate of its size.
 DEFAULT_ESTIMATED_TOKENS = 1_000
 QUOTA_EXHAUSTED = "MODEL_QUOTA_EXHAUSTED"
@@ -65,7 +61,7 @@ class ModelQuotas:
                 tokens_per_minute=profile.tokens_per_minute,
                 max_concurrent=profile.max_concurrent_calls,
                 tokens=estimated_tokens if estimated_tokens > 0 else DEFAULT_ESTIMATED_TOKENS,
-                span_seconds=WINDOW_SECONDS + ADMISSION_MARGIN_SECONDS,
+                span_seconds=QUOTA_SPAN_SECONDS,
             )
         if admission.admitted:
             metrics.MODEL_CALLS_ADMITTED.labels(profile.name).inc()

@@ -14,6 +14,8 @@ from abada_engine.store import model_quotas as quota_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.states import TaskState
 
+from .quota_window import QUOTA_SPAN_SECONDS
+
 MAX_LISTED_TASKS = 1000
 
 
@@ -68,6 +70,14 @@ class QueuedTask:
         return str(row.state)
 
 
+@dataclass(frozen=True)
+class ModelStats:
+    name: str
+    admitted: int  # in the current window
+    tokens: int  # counted in the current window (estimates until the calls complete)
+    waiting: int  # waiting for quota now
+
+
 class QueueStats:
     def __init__(self, engine: AsyncEngine) -> None:
         self._reads = autocommit(engine)
@@ -89,6 +99,21 @@ class QueueStats:
     async def model_calls_waiting(self) -> dict[str, int]:
         async with self._reads.connect() as conn:
             return await quota_store.waiting_by_model(conn)
+
+    async def models(self) -> list[ModelStats]:
+        """Every model with calls in its current window or waiting for it."""
+        async with self._reads.connect() as conn:
+            usage = {u.model: u for u in await quota_store.usage_by_model(conn, QUOTA_SPAN_SECONDS)}
+            waiting = await quota_store.waiting_by_model(conn)
+        return [
+            ModelStats(
+                name,
+                usage[name].admitted if name in usage else 0,
+                usage[name].tokens if name in usage else 0,
+                waiting.get(name, 0),
+            )
+            for name in sorted(set(usage) | set(waiting))
+        ]
 
     async def open_tasks(
         self, topic: str | None = None, instance_id: uuid.UUID | None = None, limit: int = 100

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from abada_engine.db.schema import journal_steps, model_quota_waiters, tasks
+from abada_engine.db.schema import journal_steps, model_quota_usage, model_quota_waiters, tasks
 
 from .hand_written import HandWritten
 from .states import StepKind
@@ -104,6 +104,30 @@ async def settle(conn: AsyncConnection, task_id: uuid.UUID, sequence: int, token
 
 async def release(conn: AsyncConnection, task_id: uuid.UUID, sequence: int) -> None:
     await _RELEASE.fetch(conn, {"task_id": task_id, "sequence": sequence})
+
+
+@dataclass(frozen=True, slots=True)
+class ModelUsage:
+    model: str
+    admitted: int
+    tokens: int
+
+
+async def usage_by_model(conn: AsyncConnection, span_seconds: int) -> list[ModelUsage]:
+    """Per model: the calls admitted and the tokens counted in the current window."""
+    window_start = func.floor(func.extract("epoch", func.now())) - span_seconds
+    rows = (
+        await conn.execute(
+            select(
+                model_quota_usage.c.model,
+                func.sum(model_quota_usage.c.requests).label("admitted"),
+                func.sum(model_quota_usage.c.tokens).label("tokens"),
+            )
+            .where(model_quota_usage.c.second > window_start)
+            .group_by(model_quota_usage.c.model)
+        )
+    ).all()
+    return [ModelUsage(r.model, int(r.admitted), int(r.tokens)) for r in rows]
 
 
 async def waiting_by_model(conn: AsyncConnection) -> dict[str, int]:
