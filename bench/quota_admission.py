@@ -160,13 +160,7 @@ async def admission_ceiling(database_url: str, connections: int = 16, seconds: f
     return admitted / (time.perf_counter() - began)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--tasks", type=int, default=32)
-    parser.add_argument("--calls", type=int, default=60, help="model calls per task")
-    args = parser.parse_args()
+def measure(tasks: int, calls: int) -> dict[str, float]:
     # Replicas must share their keys, as in a deployment.
     shared = {
         "ABADA_JOURNAL_KEYS": "bench:" + base64.b64encode(os.urandom(32)).decode(),
@@ -175,25 +169,50 @@ def main() -> None:
     with scratch_database() as url, ExitStack() as stack:
         replicas = [stack.enter_context(engine_process(url, shared)) for _ in range(2)]
         asyncio.run(deploy(replicas[0]))
-        quota = asyncio.run(run(replicas, "quota", args.tasks, args.calls))
-        unlimited = asyncio.run(run(replicas, "unlimited", args.tasks, args.calls))
+        quota = asyncio.run(run(replicas, "quota", tasks, calls))
+        unlimited = asyncio.run(run(replicas, "unlimited", tasks, calls))
         floor = asyncio.run(bare_grpc_rate(replicas[0].address))
         ceiling = asyncio.run(admission_ceiling(url))
     rate = quota["calls"] / quota["elapsed"]
     peer = unlimited["calls"] / unlimited["elapsed"]
+    return {
+        "rate": rate,
+        "calls": quota["calls"],
+        "elapsed": quota["elapsed"],
+        "p50": percentile(quota["admissions"], 0.5),
+        "p99": percentile(quota["admissions"], 0.99),
+        "peer": peer,
+        "ratio": rate / peer,
+        "bare_grpc": floor,
+        "ceiling": ceiling,
+    }
+
+
+def report(result: dict[str, float], tasks: int) -> None:
     print(
-        f"model calls admitted, 2 replicas: {rate:,.0f}/s ({quota['calls']} calls, each STARTED admitted + "
-        f"COMPLETED settled; {args.tasks} concurrent tasks; {quota['elapsed']:.2f} s)"
+        f"model calls admitted, 2 replicas: {result['rate']:,.0f}/s ({result['calls']:.0f} calls, each STARTED "
+        f"admitted + COMPLETED settled; {tasks} concurrent tasks; {result['elapsed']:.2f} s)"
+    )
+    print(f"admission (STARTED) p50 / p99:    {result['p50'] * 1000:.2f} / {result['p99'] * 1000:.2f} ms")
+    print(f"same calls, model without quota: {result['peer']:,.0f}/s (same replicas, same run)")
+    print(f"with quota / without:            {result['ratio']:.3f}")
+    print(
+        f"bare gRPC unary calls:           {result['bare_grpc']:,.0f}/s at 8 callers (one replica, same run)"
     )
     print(
-        f"admission (STARTED) p50 / p99:    {percentile(quota['admissions'], 0.5) * 1000:.2f} / "
-        f"{percentile(quota['admissions'], 0.99) * 1000:.2f} ms"
+        f"admission alone, in PostgreSQL:  {result['ceiling']:,.0f}/s at 16 connections (one model, same run)"
     )
-    print(f"same calls, model without quota: {peer:,.0f}/s (same replicas, same run)")
-    print(f"with quota / without:            {rate / peer:.3f}")
-    print(f"bare gRPC unary calls:           {floor:,.0f}/s at 8 callers (one replica, same run)")
-    print(f"admission alone, in PostgreSQL:  {ceiling:,.0f}/s at 16 connections (one model, same run)")
     print("target: >= 1,000 model calls admitted/s across 2 replicas")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tasks", type=int, default=32)
+    parser.add_argument("--calls", type=int, default=60, help="model calls per task")
+    args = parser.parse_args()
+    report(measure(args.tasks, args.calls), args.tasks)
 
 
 if __name__ == "__main__":

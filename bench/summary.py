@@ -12,6 +12,7 @@ import sys
 
 import append_step
 import many_in_flight
+import quota_admission
 import task_cycle
 from common import median
 
@@ -24,7 +25,7 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=5000, help="task cycles: N")
     parser.add_argument("--in-flight", type=int, default=10_000, help="many in flight: the high level")
     args = parser.parse_args()
-    cycles, appends, flights = [], [], []
+    cycles, appends, flights, quotas = [], [], [], []
     for run in range(1, args.runs + 1):
         print(f"== run {run} of {args.runs}")
         cycles.append(task_cycle.measure(args.instances, 8, 16))
@@ -34,6 +35,8 @@ def main() -> None:
         levels = [100, args.in_flight]
         flights.append(many_in_flight.measure(levels, 300))
         many_in_flight.report(flights[-1], levels)
+        quotas.append(quota_admission.measure(32, 60))
+        quota_admission.report(quotas[-1], 32)
         sys.stdout.flush()
 
     def m(rows: list[dict[str, float]], key: str) -> float:
@@ -80,6 +83,13 @@ def main() -> None:
             f"{m(flights, 'start_rate'):,.0f}/s",
             ">= 1,500/s",
             m(flights, "start_rate") >= 1500,
+        ),
+        (
+            "model calls admitted under a quota, 2 engine replicas (32 tasks)",
+            f"{m(quotas, 'rate'):,.0f}/s; without quota {m(quotas, 'peer'):,.0f}/s = {m(quotas, 'ratio'):.2f}x; "
+            f"admission alone {m(quotas, 'ceiling'):,.0f}/s",
+            ">= 1,000/s",
+            m(quotas, "rate") >= 1000,
         ),
         (
             "context: raw single-row commits, 8 connections",

@@ -25,6 +25,7 @@ from abada_engine.db.database import autocommit
 from abada_engine.definitions.model import ModelProfile, Process
 from abada_engine.errors import Category, EngineError
 from abada_engine.store import model_quotas as quota_store
+from abada_engine.store.hand_written import HotPath
 
 from .quota_window import QUOTA_SPAN_SECONDS
 
@@ -43,8 +44,9 @@ def has_quota(profile: ModelProfile | None) -> bool:
 
 
 class ModelQuotas:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._db = autocommit(engine)
+    def __init__(self, engine: AsyncEngine, hot: HotPath | None = None) -> None:
+        # Admission and settlement run beside every model call's AppendStep: on the hot path's pool.
+        self._db = hot if hot is not None else HotPath(engine)
 
     async def admit(
         self, profile: ModelProfile, task_id: uuid.UUID, sequence: int, attempt: int, estimated_tokens: int

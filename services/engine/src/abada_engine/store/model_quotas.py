@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.db.schema import journal_steps, model_quota_usage, model_quota_waiters, tasks
 
-from .hand_written import HandWritten
+from .hand_written import Executor, HandWritten
 from .states import StepKind
 
 _ADMIT = HandWritten(
@@ -68,7 +68,7 @@ class Admission:
 
 
 async def admit(
-    conn: AsyncConnection,
+    conn: Executor,
     *,
     model: str,
     task_id: uuid.UUID,
@@ -98,11 +98,11 @@ async def admit(
     return Admission(bool(row.admitted), int(row.retry_after_ms), str(row.reason), int(row.waiting_ahead))
 
 
-async def settle(conn: AsyncConnection, task_id: uuid.UUID, sequence: int, tokens: int) -> None:
+async def settle(conn: Executor, task_id: uuid.UUID, sequence: int, tokens: int) -> None:
     await _SETTLE.fetch(conn, {"task_id": task_id, "sequence": sequence, "tokens": tokens})
 
 
-async def release(conn: AsyncConnection, task_id: uuid.UUID, sequence: int) -> None:
+async def release(conn: Executor, task_id: uuid.UUID, sequence: int) -> None:
     await _RELEASE.fetch(conn, {"task_id": task_id, "sequence": sequence})
 
 

@@ -56,7 +56,7 @@ class Journal:
         self._catalog = catalog
         self.sealer = StepSealer(keys, idempotency)
         self.handed_out = handed_out if handed_out is not None else HandedOut()
-        self._quotas = ModelQuotas(engine)
+        self._quotas = ModelQuotas(engine, self._hot)
         self._budgets = Budgets(engine)
 
     async def append(self, step: StepRequest) -> AppendResult:
