@@ -6,26 +6,29 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find proto -name '*.proto')
 GEN_STAMP := api/python/abada/.generated
+# Set-up steps print one line each; what they say in full goes to this file (its tail on failure).
+SETUP_LOG := .abada/setup.log
+STEP := scripts/step.sh $(SETUP_LOG)
 
 .PHONY: all venv proto lint test demo bench images clean
 
 all: test
 
 $(STAMP): requirements-dev.txt sdk/python/pyproject.toml services/engine/pyproject.toml services/agent-worker/pyproject.toml services/credential-broker/pyproject.toml api/python/pyproject.toml examples/pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt
-	$(MAKE) --no-print-directory $(GEN_STAMP)
-	$(PY) -m pip install --quiet --no-deps -e api/python
-	$(PY) -m pip install --quiet -e api/python -e sdk/python -e services/engine -e services/credential-broker -e services/agent-worker -e examples
-	touch $(STAMP)
+	@$(STEP) "python virtualenv (.venv)" bash -c 'test -x $(PY) || $(PYTHON) -m venv $(VENV)'
+	@$(STEP) "pip" $(PY) -m pip install --quiet --upgrade pip
+	@$(STEP) "build and test tools (requirements-dev.txt)" $(PY) -m pip install --quiet -r requirements-dev.txt
+	@$(MAKE) --no-print-directory $(GEN_STAMP)
+	@$(STEP) "generated stubs package (api/python)" $(PY) -m pip install --quiet --no-deps -e api/python
+	@$(STEP) "engine, broker, agent worker, SDK and demo parts" $(PY) -m pip install --quiet -e api/python -e sdk/python -e services/engine -e services/credential-broker -e services/agent-worker -e examples
+	@touch $(STAMP)
 
 venv: $(STAMP)
 
 $(GEN_STAMP): $(PROTOS)
-	rm -rf api/python/abada
-	$(PY) scripts/gen_protos.py
-	touch $(GEN_STAMP)
+	@rm -rf api/python/abada
+	@$(STEP) "gRPC stubs from proto/ (api/python/abada)" $(PY) scripts/gen_protos.py
+	@touch $(GEN_STAMP)
 
 proto: $(STAMP) $(GEN_STAMP)
 
@@ -35,12 +38,12 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 
 test: venv proto
-	$(VENV)/bin/buf lint
-	$(VENV)/bin/ruff check .
+	@$(STEP) "buf lint" $(VENV)/bin/buf lint
+	@$(STEP) "ruff check" $(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest
 
 demo: venv proto
-	$(PY) examples/demo.py
+	@$(PY) examples/demo.py
 
 # Benchmarks, with their bench-only dependencies (the pgqueuer peer, py-spy); not part of `make test`.
 BENCH_RUNS ?= 3
