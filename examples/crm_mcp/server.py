@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import uvicorn
+from abada_common.telemetry import configure_tracing
 
 from crm_mcp.app import MCP_PATH, build_app
 from crm_mcp.tools import Variant
@@ -105,6 +106,8 @@ class _AnnouncingServer(uvicorn.Server):
 
 def main(argv: Sequence[str] | None = None) -> None:
     arguments = parse_args(argv)
+    # The MCP SDK opens a span per request, continuing the caller's trace from `_meta.traceparent`.
+    configure_tracing("abada-demo-crm")
     logging.basicConfig(
         level=arguments.log_level.upper(),
         stream=sys.stderr,

@@ -85,6 +85,16 @@ async def broker(
         "VAULT_TOKEN": vault.create_token(ttl=3600, policies=["abada-broker"]),
         "ABADA_VAULT_TIMEOUT_SECONDS": "1",
         "ABADA_BROKER_HEALTH_INTERVAL_SECONDS": "0.2",
+        "ABADA_BROKER_METRICS_ADDRESS": f"127.0.0.1:{_free_port()}",
     }
     async with running_broker(tmp_path_factory.mktemp("broker"), settings) as process:
+        process.metrics_url = f"http://{settings['ABADA_BROKER_METRICS_ADDRESS']}/metrics"
         yield process
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

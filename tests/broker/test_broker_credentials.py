@@ -397,3 +397,36 @@ async def test_finished_held_and_re_leased_tasks_get_no_credential_and_vault_is_
     refusals = [e for e in broker.audit_events() if e.get("reason") == "NOT_LEASE_HOLDER"]
     # The audit blames the worker that asked, not the broker's own identity towards the engine.
     assert refusals and all(e["caller"] == POOL for e in refusals[-3:])
+
+
+def _credential_count(metrics_url: str, outcome: str) -> float:
+    with urllib.request.urlopen(metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if (
+            line.startswith("abada_broker_credentials_total{")
+            and f'outcome="{outcome}"' in line
+            and 'purpose="task"' in line
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_metrics_count_credentials_issued_and_refused(engine, broker, crm, dev_tokens):
+    issued_before = await asyncio.to_thread(_credential_count, broker.metrics_url, "issued")
+    task = await leased_task(engine, bundle(crm.url))
+    await broker.for_task(dev_tokens.worker_token, task)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await broker.tool_credential(dev_tokens.worker_token, task.id, WORKER, "not-the-lease-token")
+    assert await asyncio.to_thread(_credential_count, broker.metrics_url, "issued") == issued_before + 1
+    assert await asyncio.to_thread(broker_refusals, broker.metrics_url) >= 1
+
+
+def broker_refusals(metrics_url: str) -> float:
+    with urllib.request.urlopen(metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("abada_broker_credentials_total{") and 'outcome="issued"' not in line
+    )

@@ -167,6 +167,15 @@ async def health_of(port: int) -> tuple[int, dict[str, Any]]:
     return await asyncio.to_thread(get)
 
 
+async def metrics_of(port: int) -> str:
+    def get() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            assert response.headers["Content-Type"].startswith("text/plain")
+            return response.read().decode()
+
+    return await asyncio.to_thread(get)
+
+
 async def triage_task_id(engine, instance_id: str) -> str:  # type: ignore[no-untyped-def]
     return next(
         e.task_id for e in await history_of(engine, instance_id) if e.node_id == "triage" and e.task_id
@@ -248,6 +257,11 @@ async def test_alice_is_looked_up_a_ticket_opened_and_control_handed_back(
     ready = await worker.wait_for_log("worker ready")
     status, health = await health_of(ready["health_port"])
     assert (status, health["status"], health["worker_id"]) == (200, "ok", f"{POOL}/agent-worker-1")
+    metrics = await metrics_of(ready["health_port"])
+    assert 'abada_worker_model_call_seconds_count{model="gemini-3.6-flash",outcome="ok"} 3.0' in metrics
+    assert 'abada_worker_model_tokens_total{direction="input",model="gemini-3.6-flash"}' in metrics
+    assert 'abada_worker_tool_call_seconds_count{outcome="ok",tool="crm/create_ticket"} 1.0' in metrics
+    assert 'abada_worker_tool_call_seconds_count{outcome="ok",tool="crm/get_customer"} 1.0' in metrics
     assert await worker.terminate() == 0
     # The CRM's secret went to the CRM only: not into the journal, not into a log line.
     assert crm.token not in worker.log_text

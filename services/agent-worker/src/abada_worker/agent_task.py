@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from abada.engine.v1 import external_task_pb2
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from .answer import InvalidAnswer, parse_answer
 from .broker_client import BrokerClient
@@ -28,6 +30,7 @@ from .fault import FaultPlan
 from .interruption import TaskInterruption
 from .journal import Journal
 from .logs import TaskLog
+from .metrics import observe_model_call
 from .prompt import RenderedPrompt
 from .providers.base import ModelCallError, ModelProvider
 from .replay import Blocked, CallModel, Finish, PlannedCall, ReplayPlan, RunCalls, Usage, plan_replay
@@ -37,6 +40,7 @@ from .toolbox import Toolbox
 from .work import AGENT_PROFILE, AgentWork, agent_work_from_proto, journal_entry_from_proto
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("abada.worker")
 
 # A provider answering this has run out of its own quota for now: wait and ask again.
 PROVIDER_QUOTA_STATUS = 429
@@ -164,7 +168,7 @@ class AgentTask:
                 await self._wait_for_quota(wait)
         while True:
             try:
-                reply = await self._services.provider.generate(request)
+                reply = await self._generate(work, request, sequence)
                 break
             except ModelCallError as error:
                 if error.status == PROVIDER_QUOTA_STATUS:
@@ -212,6 +216,29 @@ class AgentTask:
         finally:
             self._quota_wait_ms += int((time.monotonic() - began) * 1000)
         self._interruption.checkpoint()
+
+    async def _generate(self, work: AgentWork, request: ModelRequest, sequence: int) -> ModelReply:
+        """One provider call in its GenAI span, its latency and tokens counted by model."""
+        began = time.monotonic()
+        try:
+            with tracer.start_as_current_span(
+                f"chat {work.model}",
+                kind=SpanKind.CLIENT,
+                attributes={
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.request.model": work.model,
+                    "gen_ai.provider.name": self._services.provider.name,
+                    "abada.journal.sequence": sequence,
+                },
+            ) as span:
+                reply = await self._services.provider.generate(request)
+                span.set_attribute("gen_ai.usage.input_tokens", reply.input_tokens)
+                span.set_attribute("gen_ai.usage.output_tokens", reply.output_tokens)
+        except ModelCallError:
+            observe_model_call(work.model, time.monotonic() - began, 0, 0, failed=True)
+            raise
+        observe_model_call(work.model, time.monotonic() - began, reply.input_tokens, reply.output_tokens)
+        return reply
 
     async def _run_calls(
         self, calls: tuple[PlannedCall, ...], toolbox: Toolbox, journal: Journal, tally: Tally

@@ -1,4 +1,4 @@
-"""`GET /healthz` over plain HTTP for the Kubernetes probes; nothing else is served."""
+"""`GET /healthz` for the Kubernetes probes and `GET /metrics` for Prometheus, over plain HTTP."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ class HealthServer:
             method, path = _method_and_path(request_line)
             if method not in ("GET", "HEAD"):
                 await _respond(writer, 405, {"error": "only GET"}, method == "HEAD")
+            elif path == "/metrics":
+                await _respond_bytes(writer, 200, generate_latest(), CONTENT_TYPE_LATEST, method == "HEAD")
             elif path != "/healthz":
                 await _respond(writer, 404, {"error": "not found"}, method == "HEAD")
             else:
@@ -69,10 +73,15 @@ def _method_and_path(request_line: bytes) -> tuple[str, str]:
 async def _respond(
     writer: asyncio.StreamWriter, status: int, body: dict[str, object], head_only: bool
 ) -> None:
+    await _respond_bytes(writer, status, json.dumps(body).encode(), "application/json", head_only)
+
+
+async def _respond_bytes(
+    writer: asyncio.StreamWriter, status: int, payload: bytes, content_type: str, head_only: bool
+) -> None:
     reasons = {200: "OK", 404: "Not Found", 405: "Method Not Allowed"}
-    payload = json.dumps(body).encode()
     head = (
-        f"HTTP/1.1 {status} {reasons[status]}\r\nContent-Type: application/json\r\n"
+        f"HTTP/1.1 {status} {reasons[status]}\r\nContent-Type: {content_type}\r\n"
         f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
     ).encode()
     writer.write(head if head_only else head + payload)

@@ -12,6 +12,10 @@ import logging
 import time
 
 from abada.engine.v1 import external_task_pb2
+from abada_common.telemetry import context_from_traceparent
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from .engine_client import EngineClient, LeaseRef
 from .errors import AttemptFailed, EngineUnavailable, Interrupted, LeaseLost
@@ -23,6 +27,7 @@ from .task_router import TaskRouter
 log = logging.getLogger(__name__)
 
 DRAIN_DEADLINE = "drain deadline"
+tracer = trace.get_tracer("abada.worker")
 
 
 class JobExecutor:
@@ -56,7 +61,15 @@ class JobExecutor:
 
     def submit(self, task: external_task_pb2.ExternalTask) -> None:
         interruption = TaskInterruption()
-        runner = asyncio.create_task(self._execute(task, interruption), name=f"task {task.id}")
+        # The attempt runs in the engine's trace for it (when tracing is on): every span and log line
+        # of the task, the lease keeper's included, joins that trace.
+        parent = context_from_traceparent(task.traceparent)
+        token = otel_context.attach(parent) if parent is not None else None
+        try:
+            runner = asyncio.create_task(self._execute(task, interruption), name=f"task {task.id}")
+        finally:
+            if token is not None:
+                otel_context.detach(token)
         self._running[task.id] = (runner, interruption)
         runner.add_done_callback(lambda _: self._release(task.id))
 
@@ -83,6 +96,20 @@ class JobExecutor:
         self._slot_freed.set()
 
     async def _execute(self, task: external_task_pb2.ExternalTask, interruption: TaskInterruption) -> None:
+        with tracer.start_as_current_span(
+            f"task {task.topic_name}",
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "abada.task.id": task.id,
+                "abada.task.attempt": task.attempt,
+                "abada.node.id": task.node_id,
+            },
+        ):
+            await self._execute_in_span(task, interruption)
+
+    async def _execute_in_span(
+        self, task: external_task_pb2.ExternalTask, interruption: TaskInterruption
+    ) -> None:
         lease = LeaseRef(task.id, task.lease_token, task.attempt)
         context = {"task_id": task.id, "attempt": task.attempt}
         try:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from .engine_client import EngineClient, LeaseRef
 from .errors import AttemptFailed, EngineUnavailable, LeaseLost
+from .metrics import LEASE_RENEWALS
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +26,14 @@ async def keep_lease_alive(
         started = time.monotonic()
         try:
             await engine.extend_lease(lease, lease_ms)
+            LEASE_RENEWALS.labels("ok").inc()
         except LeaseLost as lost:
+            LEASE_RENEWALS.labels("lost").inc()
             log.warning("lease lost", extra={"task_id": lease.task_id, "reason": lost.reason})
             on_lost(lost.reason)
             return
         except (EngineUnavailable, AttemptFailed) as error:
+            LEASE_RENEWALS.labels("failed").inc()
             if time.monotonic() >= expires_at:
                 on_lost("LEASE_EXPIRED")
                 return

@@ -16,6 +16,8 @@ from collections.abc import MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
+from abada_common.telemetry import TraceContextFilter
+
 SERVICE = "agent-worker"
 REDACTED = "[redacted]"
 _STANDARD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
@@ -91,6 +93,7 @@ class TaskLog(logging.LoggerAdapter[logging.Logger]):
 def configure_logging(level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(TraceContextFilter())  # trace_id and span_id inside a span
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

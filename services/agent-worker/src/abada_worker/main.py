@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import grpc
 from abada.engine.v1 import external_task_pb2
+from abada_common.telemetry import configure_tracing
 
 from .agent_task import AgentServices, AgentTask
 from .broker_client import BrokerClient, broker_channel_for
@@ -128,6 +129,7 @@ async def serve(settings: WorkerSettings) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     settings = load_settings(argv)
     configure_logging(settings.log_level)
+    configure_tracing("abada-worker")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(settings))
 

@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from .broker_client import BrokerClient, Secret
 from .conversation import FunctionSpec
 from .engine_client import LeaseRef
 from .errors import AttemptFailed
 from .fault import FaultPlan
+from .metrics import TOOL_CALL_SECONDS
 from .prompt import function_name
 from .step_payloads import error_result
 from .tool_session import ContractMismatch, ToolServer, check_contract, unsupported_transports
 from .work import AgentWork, ToolBinding
+
+tracer = trace.get_tracer("abada.worker")
 
 CONTRACT_MISMATCH = "TOOL_CONTRACT_MISMATCH"
 MAX_RESULT_BYTES = 512_000
@@ -58,9 +65,29 @@ class Toolbox:
     async def call(
         self, binding: ToolBinding, arguments: dict[str, Any], idempotency_key: str | None
     ) -> dict[str, Any]:
-        result = await self._servers[binding.server].call(
-            binding.tool, arguments, idempotency_key, self._timeout
-        )
+        with tracer.start_as_current_span(
+            f"execute_tool {binding.tool}",
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": binding.tool,
+                "abada.tool.ref": f"{binding.server}/{binding.tool}",
+                "abada.tool.keyed": idempotency_key is not None,
+            },
+        ) as span:
+            began = time.monotonic()
+            outcome = "failed"
+            try:
+                result = await self._servers[binding.server].call(
+                    binding.tool, arguments, idempotency_key, self._timeout
+                )
+                outcome = "tool_error" if result.get("isError") else "ok"
+            finally:
+                TOOL_CALL_SECONDS.labels(f"{binding.server}/{binding.tool}", outcome).observe(
+                    time.monotonic() - began
+                )
+            if outcome == "tool_error":
+                span.set_attribute("error.type", "tool_error")
         size = len(json.dumps(result, ensure_ascii=False).encode())
         if size > MAX_RESULT_BYTES:
             # The journal refuses payloads this big, and no model makes good use of them either.

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from .errors import BrokerError
+from .metrics import CREDENTIALS
 
 AUDIT_LOGGER = "abada_broker.audit"
 ISSUED = "credential.issued"
@@ -77,5 +78,6 @@ class AuditLog:
             name: _echo(value) if isinstance(value, str) else value for name, value in asdict(record).items()
         }
         fields.update(event=event, outcome=outcome, reason=reason, expire_time=expire_time)
+        CREDENTIALS.labels(record.purpose, outcome).inc()
         message = f"{event} ({record.purpose})" + (f": {reason}" if reason else "")
         self._logger.info(message, extra=fields)

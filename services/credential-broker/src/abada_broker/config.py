@@ -36,6 +36,8 @@ class BrokerSettings:
     tls_client_ca_file: Path | None = None
     # A second, plaintext listener serving grpc.health.v1 only, for probes that cannot speak TLS.
     health_address: str | None = None
+    # Plain HTTP `GET /metrics` for Prometheus; off when unset.
+    metrics_address: str | None = None
     engine_address: str = DEFAULT_ENGINE_ADDRESS
     engine_token: str | None = field(default=None, repr=False)
     engine_token_file: Path | None = None
@@ -92,6 +94,8 @@ class BrokerSettings:
                     )
         if self.health_address is not None and ":" not in self.health_address:
             raise ConfigError(f"ABADA_BROKER_HEALTH_ADDRESS must be HOST:PORT, got {self.health_address!r}")
+        if self.metrics_address is not None and ":" not in self.metrics_address:
+            raise ConfigError(f"ABADA_BROKER_METRICS_ADDRESS must be HOST:PORT, got {self.metrics_address!r}")
 
     @property
     def tls_enabled(self) -> bool:
@@ -143,6 +147,7 @@ class BrokerSettings:
             "tls_key_file": path("ABADA_BROKER_TLS_KEY_FILE"),
             "tls_client_ca_file": path("ABADA_BROKER_TLS_CLIENT_CA_FILE"),
             "health_address": text("ABADA_BROKER_HEALTH_ADDRESS"),
+            "metrics_address": text("ABADA_BROKER_METRICS_ADDRESS"),
             "engine_address": text("ABADA_ENGINE_ADDRESS") or DEFAULT_ENGINE_ADDRESS,
             "engine_token": text("ABADA_ENGINE_TOKEN"),
             "engine_token_file": path("ABADA_ENGINE_TOKEN_FILE"),

@@ -8,6 +8,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from abada_common.telemetry import TraceContextFilter
+
 from .audit import AUDIT_LOGGER
 
 SERVICE = "credential-broker"
@@ -38,6 +40,7 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(level: str = "INFO", stream: TextIO | None = None) -> None:
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(TraceContextFilter())  # trace_id and span_id inside a span
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
+from abada_common.telemetry import configure_tracing
+
 from .auth import CallersFileError, hash_token
 from .config import BrokerSettings, ConfigError
 from .dev_tokens import DEFAULT_ENGINE_IDENTITY, DEFAULT_WORKER_IDENTITY, DevTokensExist, write_dev_tokens
@@ -189,6 +191,7 @@ def _serve_command(arguments: argparse.Namespace) -> int:
         overrides["log_level"] = overrides["log_level"].upper()
     level = (overrides["log_level"] or os.environ.get("ABADA_LOG_LEVEL") or "INFO").upper()
     configure_logging(level if level in logging.getLevelNamesMapping() else "INFO")
+    configure_tracing("abada-broker")
     try:
         settings = BrokerSettings.from_env(overrides=overrides)
         asyncio.run(serve(settings))

@@ -31,6 +31,7 @@ from .auth import Callers, InsecureDevCallers, TokenFileCallers
 from .config import BrokerSettings, ConfigError
 from .engine_client import ClientTls, EngineLeaseClient, ServiceToken
 from .issuer import CredentialIssuer
+from .metrics import serve_metrics
 from .origins import CredentialOrigins
 from .secret_store import SecretStore, SecretStoreError, secret_store_from_env
 from .service import SERVICE_NAME, CredentialServicer
@@ -204,6 +205,11 @@ async def start_broker(settings: BrokerSettings) -> RunningBroker:
     await server.start()
     if health_server is not None:
         await health_server.start()
+    if settings.metrics_address is not None:
+        metrics_port = serve_metrics(settings.metrics_address)
+        log.info(
+            "broker metrics at /metrics", extra={"address": settings.metrics_address, "port": metrics_port}
+        )
     watcher = asyncio.get_running_loop().create_task(
         _watch_secret_store(store, health_servicer, settings.health_interval_seconds),
         name="secret-store-health",

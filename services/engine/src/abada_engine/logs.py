@@ -8,6 +8,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from abada_common.telemetry import TraceContextFilter
+
 _STANDARD = set(vars(logging.makeLogRecord({})))
 
 
@@ -33,6 +35,7 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(service: str, level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service))
+    handler.addFilter(TraceContextFilter())  # trace_id and span_id inside a span
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -15,6 +15,8 @@ from collections.abc import Coroutine
 from importlib import metadata
 from typing import Any
 
+from abada_common.telemetry import configure_tracing
+
 from .api.guard import Guard
 from .api.http import HttpServer, build_app
 from .api.server import EngineCore, ServerTls, start_grpc_server
@@ -174,6 +176,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = EngineSettings.from_env()
     configure_logging("engine", settings.log_level)
+    configure_tracing("abada-engine")
     with contextlib.suppress(KeyboardInterrupt):
         run(serve(settings) if args.command == "serve" else migrate_only(settings))
 

@@ -6,6 +6,8 @@ import json
 
 import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
+from abada_common.telemetry import inject_traceparent
+from opentelemetry import trace
 
 from abada_engine.auth import require_worker
 from abada_engine.errors import invalid
@@ -44,6 +46,24 @@ def _metadata(message: external_task_pb2.AttemptMetadata) -> AttemptMetadata:
         tool_calls=message.tool_calls,
         quota_wait_ms=message.quota_wait_ms,
     )
+
+
+_tracer = trace.get_tracer("abada.engine")
+
+
+def _traced(task: external_task_pb2.ExternalTask) -> external_task_pb2.ExternalTask:
+    """Opens the attempt's span, so the worker's spans for this attempt join the same trace."""
+    with _tracer.start_as_current_span(
+        f"lease {task.topic_name}",
+        attributes={
+            "abada.task.id": task.id,
+            "abada.task.attempt": task.attempt,
+            "abada.instance.id": task.instance_id,
+            "abada.node.id": task.node_id,
+        },
+    ):
+        task.traceparent = inject_traceparent()
+    return task
 
 
 @translates_errors
@@ -100,7 +120,9 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         locked = await self._leases.fetch_and_lock(
             request.worker_id, subscriptions, request.max_tasks, request.wait_ms
         )
-        return external_task_pb2.FetchAndLockResponse(tasks=[messages.locked_task(t) for t in locked])
+        return external_task_pb2.FetchAndLockResponse(
+            tasks=[_traced(messages.locked_task(t)) for t in locked]
+        )
 
     async def ExtendLease(
         self, request: external_task_pb2.ExtendLeaseRequest, context: grpc.aio.ServicerContext

@@ -1,0 +1,1 @@
+"""Shared by Abada's services."""
