@@ -7,6 +7,7 @@ import json
 import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
 from abada_common.telemetry import inject_traceparent
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from abada_engine.auth import require_worker
@@ -51,10 +52,17 @@ def _metadata(message: external_task_pb2.AttemptMetadata) -> AttemptMetadata:
 _tracer = trace.get_tracer("abada.engine")
 
 
-def _traced(task: external_task_pb2.ExternalTask) -> external_task_pb2.ExternalTask:
-    """Opens the attempt's span, so the worker's spans for this attempt join the same trace."""
+def _traced(task: external_task_pb2.ExternalTask, new_trace: bool = False) -> external_task_pb2.ExternalTask:
+    """Opens the attempt's span, so the worker's spans for this attempt join the same trace.
+
+    Under FetchAndLock it is a child of that call. A task handed out with a Complete (eager dispatch)
+    starts its own trace instead, linked to the call that handed it out: one trace per attempt.
+    """
+    links = [trace.Link(trace.get_current_span().get_span_context())] if new_trace else None
     with _tracer.start_as_current_span(
         f"lease {task.topic_name}",
+        context=otel_context.Context() if new_trace else None,
+        links=links,
         attributes={
             "abada.task.id": task.id,
             "abada.task.attempt": task.attempt,
@@ -175,7 +183,7 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
             next_node_id=result.next_node_id,
             incident_id=str(result.incident_id) if result.incident_id else "",
             reason=result.reason,
-            next_tasks=[messages.locked_task(t) for t in next_tasks],
+            next_tasks=[_traced(messages.locked_task(t), new_trace=True) for t in next_tasks],
         )
 
     async def Fail(
