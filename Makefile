@@ -14,13 +14,13 @@ STEP := scripts/step.sh $(SETUP_LOG)
 
 all: test
 
-$(STAMP): requirements-dev.txt common/python/pyproject.toml sdk/python/pyproject.toml services/engine/pyproject.toml services/agent-worker/pyproject.toml services/credential-broker/pyproject.toml api/python/pyproject.toml examples/pyproject.toml
+$(STAMP): requirements-dev.txt services/common/pyproject.toml sdk/python/pyproject.toml services/engine/pyproject.toml services/agent-worker/pyproject.toml services/credential-broker/pyproject.toml api/python/pyproject.toml examples/pyproject.toml
 	@$(STEP) "python virtualenv (.venv)" bash -c 'test -x $(PY) || $(PYTHON) -m venv $(VENV)'
 	@$(STEP) "pip" $(PY) -m pip install --quiet --upgrade pip
 	@$(STEP) "build and test tools (requirements-dev.txt)" $(PY) -m pip install --quiet -r requirements-dev.txt
 	@$(MAKE) --no-print-directory $(GEN_STAMP)
 	@$(STEP) "generated stubs package (api/python)" $(PY) -m pip install --quiet --no-deps -e api/python
-	@$(STEP) "services, shared library, SDK and demo parts" $(PY) -m pip install --quiet -e api/python -e common/python -e sdk/python -e services/engine -e services/credential-broker -e services/agent-worker -e examples
+	@$(STEP) "services, shared library, SDK and demo parts" $(PY) -m pip install --quiet -e api/python -e services/common -e sdk/python -e services/engine -e services/credential-broker -e services/agent-worker -e examples
 	@touch $(STAMP)
 
 venv: $(STAMP)
