@@ -29,6 +29,7 @@ from abada.engine.v1 import (
     process_pb2,
     process_pb2_grpc,
 )
+from abada_engine.store import model_quotas
 from common import EngineProcess, bare_grpc_rate, engine_process, percentile, scratch_database
 from google.protobuf import struct_pb2
 
@@ -134,8 +135,8 @@ async def deploy(replica: EngineProcess) -> None:
 
 
 async def admission_ceiling(database_url: str, connections: int = 16, seconds: float = 3.0) -> float:
-    """Admissions per second of one model straight through the database function, from many
-    connections at once (what every replica together can reach at most), then settled."""
+    """Admissions per second of one model straight through the database function, each followed by
+    its settlement, from many connections at once: what every replica together can reach at most."""
     pools = [await asyncpg.connect(database_url) for _ in range(connections)]
     admitted = 0
     stop_at = time.perf_counter() + seconds
@@ -144,12 +145,21 @@ async def admission_ceiling(database_url: str, connections: int = 16, seconds: f
         nonlocal admitted
         while time.perf_counter() < stop_at:
             task = uuid.uuid4()
-            row = await conn.fetchrow(
-                "SELECT admitted FROM abada_admit_model_call('ceiling-model', $1, 1, 1, 100000000, "
-                "100000000000, 1000000, 400, 62)",
-                task,
+            # The engine's own statements: the admission, then the settlement every call ends with.
+            admission = await model_quotas.admit(
+                conn,
+                model="ceiling-model",
+                task_id=task,
+                sequence=1,
+                attempt=1,
+                requests_per_minute=100_000_000,
+                tokens_per_minute=100_000_000_000,
+                max_concurrent=1_000_000,
+                tokens=400,
+                span_seconds=62,
             )
-            admitted += bool(row["admitted"])
+            admitted += admission.admitted
+            await model_quotas.settle(conn, task, 1, 470)
 
     began = time.perf_counter()
     try:
