@@ -19,6 +19,7 @@ import grpc
 import pytest
 import yaml
 from abada.engine.v1 import (
+    approval_pb2_grpc,
     definition_pb2_grpc,
     external_task_pb2_grpc,
     incident_pb2_grpc,
@@ -125,11 +126,12 @@ class EngineTokens:
     broker: str
     worker_pool: str  # identity "agent-pool": worker ids "agent-pool/...", topic abada:agent only
     callers_file: pathlib.Path
+    approver: str = ""  # identity "carol": role approver only
 
 
 @pytest.fixture(scope="session")
 def engine_tokens(tmp_path_factory: pytest.TempPathFactory) -> EngineTokens:
-    tokens = {name: secrets.token_urlsafe(24) for name in ("suite", "operator", "broker", "pool")}
+    tokens = {name: secrets.token_urlsafe(24) for name in ("suite", "operator", "broker", "pool", "approver")}
     callers = [
         {
             "identity": "test-suite",
@@ -139,6 +141,7 @@ def engine_tokens(tmp_path_factory: pytest.TempPathFactory) -> EngineTokens:
             "token_sha256": token_sha256(tokens["suite"]),
         },
         {"identity": "ops", "roles": ["operator"], "token_sha256": token_sha256(tokens["operator"])},
+        {"identity": "carol", "roles": ["approver"], "token_sha256": token_sha256(tokens["approver"])},
         {"identity": "abada-broker", "roles": ["broker"], "token_sha256": token_sha256(tokens["broker"])},
         {
             "identity": "agent-pool",
@@ -149,7 +152,9 @@ def engine_tokens(tmp_path_factory: pytest.TempPathFactory) -> EngineTokens:
     ]
     path = tmp_path_factory.mktemp("auth") / "callers.yaml"
     path.write_text(yaml.safe_dump({"callers": callers}))
-    return EngineTokens(tokens["suite"], tokens["operator"], tokens["broker"], tokens["pool"], path)
+    return EngineTokens(
+        tokens["suite"], tokens["operator"], tokens["broker"], tokens["pool"], path, tokens["approver"]
+    )
 
 
 @pytest.fixture(scope="session")
@@ -168,6 +173,7 @@ class EngineClients:
     processes: process_pb2_grpc.ProcessServiceStub
     tasks: external_task_pb2_grpc.ExternalTaskServiceStub
     incidents: incident_pb2_grpc.IncidentServiceStub
+    approvals: approval_pb2_grpc.ApprovalServiceStub
 
 
 @pytest.fixture(scope="session")
@@ -187,7 +193,7 @@ async def empty_tables(db: AsyncEngine) -> None:
             async with db.begin() as conn:
                 await conn.execute(
                     text(
-                        "TRUNCATE tasks, instances, definitions, journal_steps, incidents, history, model_quota_usage, "
+                        "TRUNCATE approvals, tasks, instances, definitions, journal_steps, incidents, history, model_quota_usage, "
                         "model_quota_calls, model_quota_waiters "
                         "RESTART IDENTITY CASCADE"
                     )
@@ -212,4 +218,5 @@ async def engine(
         processes=process_pb2_grpc.ProcessServiceStub(channel),
         tasks=external_task_pb2_grpc.ExternalTaskServiceStub(channel),
         incidents=incident_pb2_grpc.IncidentServiceStub(channel),
+        approvals=approval_pb2_grpc.ApprovalServiceStub(channel),
     )

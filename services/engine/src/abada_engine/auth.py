@@ -16,8 +16,9 @@ no more than once a second, not on every request):
         token_sha256: <hex>
 
 Roles: `worker` (fetch, lease, journal and finish tasks of its topics), `operator` (deploy,
-instances, incidents, journals), `broker` (VerifyLease), `metrics` (the HTTP queue-depth endpoint,
-for autoscalers). Tokens are stored only hashed.
+instances, incidents, journals, approvals), `approver` (list and decide approvals of tool calls,
+nothing else), `broker` (VerifyLease), `metrics` (the HTTP queue-depth endpoint, for autoscalers).
+Tokens are stored only hashed.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from abada_engine.private_files import write_private
 
 log = logging.getLogger(__name__)
 
-ROLES = ("worker", "operator", "broker", "metrics")
+ROLES = ("worker", "operator", "approver", "broker", "metrics")
 
 
 @dataclass(frozen=True)
@@ -149,13 +150,15 @@ def _parse(path: pathlib.Path) -> tuple[dict[str, Caller], dict[str, Caller]]:
     return by_token, by_certificate
 
 
-def require_role(caller: Caller, role: str, what: str) -> None:
-    if role not in caller.roles:
+def require_role(caller: Caller, role: str | tuple[str, ...], what: str) -> None:
+    """The caller has `role` (or, given several, any one of them)."""
+    accepted = (role,) if isinstance(role, str) else role
+    if not caller.roles & set(accepted):
         raise EngineError(
             Category.PERMISSION_DENIED,
             "ROLE_REQUIRED",
-            f"{caller.identity!r} may not call {what}: it needs the {role} role",
-            metadata={"role": role},
+            f"{caller.identity!r} may not call {what}: it needs the {' or '.join(accepted)} role",
+            metadata={"role": accepted[0]},
         )
 
 
@@ -181,7 +184,7 @@ def require_worker(caller: Caller | None, worker_id: str, topics: list[str] | No
 
 
 def write_dev_callers(directory: pathlib.Path) -> pathlib.Path:
-    """Development callers: an operator, a worker pool and the broker, with their tokens in files."""
+    """Development callers: an operator, an approver, a worker pool and the broker, with their tokens in files."""
     directory.mkdir(parents=True, exist_ok=True)
     registry = directory / "callers.yaml"
     if registry.exists():
@@ -189,6 +192,7 @@ def write_dev_callers(directory: pathlib.Path) -> pathlib.Path:
     entries = []
     for name, identity, roles, topics in (
         ("operator", "dev-operator", ["operator"], []),
+        ("approver", "dev-approver", ["approver"], []),
         ("worker", "dev-worker", ["worker"], ["*"]),
         ("broker", "dev-broker", ["broker"], []),
     ):

@@ -12,6 +12,7 @@ from opentelemetry import trace
 
 from abada_engine.auth import require_worker
 from abada_engine.errors import invalid
+from abada_engine.runtime.approvals import Approvals
 from abada_engine.runtime.completion import AttemptMetadata, Completions
 from abada_engine.runtime.contract import Verdict
 from abada_engine.runtime.instances import MAX_VARIABLES_BYTES
@@ -79,10 +80,13 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
     SERVICE = "abada.engine.v1.ExternalTaskService"
     guard: Guard | None = None
 
-    def __init__(self, leases: Leases, completions: Completions, journal: Journal) -> None:
+    def __init__(
+        self, leases: Leases, completions: Completions, journal: Journal, approvals: Approvals
+    ) -> None:
         self._leases = leases
         self._completions = completions
         self._journal = journal
+        self._approvals = approvals
 
     async def AppendStep(
         self, request: external_task_pb2.AppendStepRequest, context: grpc.aio.ServicerContext
@@ -93,7 +97,9 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
             raise invalid("INVALID_ARGUMENT", "kind", "must be STEP_KIND_MODEL_CALL or STEP_KIND_TOOL_CALL")
         state = _STATE_NAMES.get(request.state)
         if state is None:
-            raise invalid("INVALID_ARGUMENT", "state", "must be STARTED, COMPLETED or FAILED")
+            raise invalid(
+                "INVALID_ARGUMENT", "state", "must be STARTED, COMPLETED, FAILED or AWAITING_APPROVAL"
+            )
         result = await self._journal.append(
             StepRequest(
                 task_id=parse_uuid(request.task_id, "task_id"),
@@ -204,3 +210,12 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
             retry_at=timestamp(result.retry_at),
             incident_id=str(result.incident_id) if result.incident_id else "",
         )
+
+    async def AwaitApproval(
+        self, request: external_task_pb2.AwaitApprovalRequest, context: grpc.aio.ServicerContext
+    ) -> external_task_pb2.AwaitApprovalResponse:
+        require_worker(current_caller.get(), request.worker_id)
+        opened = await self._approvals.park(
+            parse_uuid(request.task_id, "task_id"), request.worker_id, request.lease_token
+        )
+        return external_task_pb2.AwaitApprovalResponse(approval_ids=[str(i) for i in opened])

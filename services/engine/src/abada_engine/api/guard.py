@@ -19,14 +19,22 @@ _SERVICE_ROLES = {
     "abada.engine.v1.LeaseService": "broker",
     "abada.engine.v1.QueueService": "operator",
 }
+# Deciding a tool call is a person's job: an approver's, and an operator may too.
+_SERVICE_ANY_ROLE: dict[str, tuple[str, ...]] = {
+    "abada.engine.v1.ApprovalService": ("approver", "operator"),
+}
 _METHOD_ROLES = {
     "abada.engine.v1.ExternalTaskService/GetJournal": "operator",
 }
 
 
-def required_role(method: str) -> str:
+def required_role(method: str) -> str | tuple[str, ...]:
     service, _, name = method.strip("/").partition("/")
-    return _METHOD_ROLES.get(f"{service}/{name}") or _SERVICE_ROLES.get(service, "worker")
+    return (
+        _METHOD_ROLES.get(f"{service}/{name}")
+        or _SERVICE_ANY_ROLE.get(service)
+        or _SERVICE_ROLES.get(service, "worker")
+    )
 
 
 class Guard:

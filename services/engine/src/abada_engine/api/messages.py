@@ -40,6 +40,8 @@ STEP_STATES = {
     StepState.COMPLETED: external_task_pb2.STEP_STATE_COMPLETED,
     StepState.FAILED: external_task_pb2.STEP_STATE_FAILED,
     StepState.OUTCOME_UNKNOWN: external_task_pb2.STEP_STATE_OUTCOME_UNKNOWN,
+    StepState.AWAITING_APPROVAL: external_task_pb2.STEP_STATE_AWAITING_APPROVAL,
+    StepState.APPROVED: external_task_pb2.STEP_STATE_APPROVED,
 }
 
 
@@ -53,6 +55,7 @@ def binding(value: ToolBinding) -> common_pb2.ToolBinding:
         transport=value.transport,
         credential=value.credential,
         input_schema_sha256=value.input_schema_sha256,
+        approval_required=value.approval_required,
     )
 
 

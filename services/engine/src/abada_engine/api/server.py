@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import grpc
 from abada.engine.v1 import (
+    approval_pb2,
+    approval_pb2_grpc,
     definition_pb2,
     definition_pb2_grpc,
     external_task_pb2,
@@ -26,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import plain_url
 from abada_engine.definitions.catalog import ContractCheck, DefinitionCatalog
+from abada_engine.runtime.approvals import APPROVAL_TIMEOUT, Approvals
 from abada_engine.runtime.completion import Completions
 from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
 from abada_engine.runtime.handed_out import HandedOut
@@ -38,6 +41,7 @@ from abada_engine.runtime.reaper import Periodic
 from abada_engine.runtime.wakeups import TaskWakeups
 from abada_engine.store.hand_written import HotPath
 
+from .approval_handler import ApprovalHandler
 from .definition_handler import DefinitionHandler
 from .external_task_handler import ExternalTaskHandler
 from .guard import Guard
@@ -55,6 +59,7 @@ SERVICE_NAMES = (
     incident_pb2.DESCRIPTOR.services_by_name["IncidentService"].full_name,
     lease_pb2.DESCRIPTOR.services_by_name["LeaseService"].full_name,
     queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
+    approval_pb2.DESCRIPTOR.services_by_name["ApprovalService"].full_name,
 )
 
 
@@ -72,6 +77,8 @@ class EngineCore:
     journal: Journal
     takeover: Takeover
     reaper: Periodic
+    approvals: Approvals
+    approval_reaper: Periodic
     # What this replica remembers of the tasks it handed out (see `runtime/handed_out.py`).
     handed_out: HandedOut
     # asyncpg's own pool, for the hand-written hot statements (see `store/hand_written.py`).
@@ -107,6 +114,12 @@ class EngineCore:
             "outcome-unknown reaper", takeover.hold_expired_unkeyed_writes, reaper_interval_seconds
         )
         reaper.start()
+        approvals = Approvals(db, catalog, journal.sealer)
+        incidents.register(APPROVAL_TIMEOUT, "RETRY", approvals.ask_again)
+        approval_reaper = Periodic(
+            "approval-timeout reaper", approvals.expire_overdue, reaper_interval_seconds
+        )
+        approval_reaper.start()
         return EngineCore(
             db=db,
             catalog=catalog,
@@ -118,11 +131,14 @@ class EngineCore:
             takeover=takeover,
             wakeups=wakeups,
             reaper=reaper,
+            approvals=approvals,
+            approval_reaper=approval_reaper,
             handed_out=handed_out,
             hot=hot,
         )
 
     async def close(self) -> None:
+        await self.approval_reaper.stop()
         await self.reaper.stop()
         await self.wakeups.stop()
         await self.hot.close()
@@ -165,8 +181,9 @@ async def start_grpc_server(
         (process_pb2_grpc.add_ProcessServiceServicer_to_server, ProcessHandler(core.instances)),
         (
             external_task_pb2_grpc.add_ExternalTaskServiceServicer_to_server,
-            ExternalTaskHandler(core.leases, core.completions, core.journal),
+            ExternalTaskHandler(core.leases, core.completions, core.journal, core.approvals),
         ),
+        (approval_pb2_grpc.add_ApprovalServiceServicer_to_server, ApprovalHandler(core.approvals)),
         (incident_pb2_grpc.add_IncidentServiceServicer_to_server, IncidentHandler(core.incidents)),
         (lease_pb2_grpc.add_LeaseServiceServicer_to_server, LeaseHandler(core.leases)),
         (queue_pb2_grpc.add_QueueServiceServicer_to_server, QueueHandler(QueueStats(core.db))),

@@ -150,3 +150,22 @@ model_quota_waiters = Table(
     Column("arrived_at", DateTime(timezone=True), nullable=False),
     Column("expires_at", DateTime(timezone=True), nullable=False),
 )
+
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("task_id", Uuid, ForeignKey("tasks.id"), nullable=False),
+    Column("sequence", Integer, nullable=False),
+    Column("instance_id", Uuid, ForeignKey("instances.id"), nullable=False),
+    Column("node_id", Text, nullable=False),
+    Column("tool_ref", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True)),
+    Column("decided_by", Text),
+    Column("decided_at", DateTime(timezone=True)),
+    Column("comment", Text),
+    Column("key_id", Text),
+    Column("approved_request_digest", LargeBinary),
+)

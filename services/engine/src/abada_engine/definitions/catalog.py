@@ -80,6 +80,7 @@ def _binding(server: ToolServerSpec, tool: ToolSpec, schema_sha256: str) -> Tool
         transport=server.transport,
         credential=server.credential,
         input_schema_sha256=schema_sha256,
+        approval=tool.approval,
     )
 
 

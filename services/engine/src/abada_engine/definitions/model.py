@@ -21,6 +21,7 @@ class ToolSpec:
     policy: Literal["read", "write"]
     idempotency: Literal["key", "none"]
     input_schema_sha256: str | None = None
+    approval: Literal["required", "none"] = "none"
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,23 @@ class ToolBinding:
     transport: str
     credential: str
     input_schema_sha256: str
+    # "required": a person approves every call before it runs. Versions frozen before approvals
+    # existed have no such key and read back as "none".
+    approval: str = "none"
 
     @property
     def ref(self) -> str:
         return f"{self.server}/{self.tool}"
 
+    @property
+    def approval_required(self) -> bool:
+        return self.approval == "required"
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if data["approval"] == "none":
+            del data["approval"]  # so a bundle without approvals freezes exactly as it did before
+        return data
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> ToolBinding:
@@ -130,13 +141,18 @@ class Node:
     limits: Limits = field(default_factory=Limits)
     on_invalid_output: str | None = None
     on_low_confidence: str | None = None
+    # How long a proposed call may wait for a person (seconds; parsed from an ISO-8601 duration),
+    # and where the token goes when nobody decided in time (else an APPROVAL_TIMEOUT incident).
+    approval_timeout_seconds: float | None = None
+    on_approval_timeout: str | None = None
     # exclusive nodes
     branches: tuple[Branch, ...] = ()
     default: str | None = None
 
     def successors(self) -> list[str]:
         """Every node the token can move to from here, for reachability checks."""
-        targets = [self.next, self.on_invalid_output, self.on_low_confidence, self.default]
+        targets = [self.next, self.on_invalid_output, self.on_low_confidence, self.on_approval_timeout]
+        targets.append(self.default)
         targets += [branch.next for branch in self.branches]
         return [t for t in targets if t]
 

@@ -50,7 +50,7 @@ _PRICE_KEYS = {"input_per_million_usd", "output_per_million_usd"}
 PROVIDERS = ("gemini", "openai", "anthropic")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}$")
 _SERVER_KEYS = {"name", "transport", "url", "credential", "tools"}
-_TOOL_KEYS = {"policy", "idempotency", "input_schema_sha256"}
+_TOOL_KEYS = {"policy", "idempotency", "input_schema_sha256", "approval"}
 _PROCESS_KEYS = {"id", "start", "nodes", "limits"}
 _PROCESS_LIMIT_KEYS = {"max_cost_usd"}
 _LIMIT_KEYS = {"max_model_calls", "max_tool_calls", "max_tokens", "max_cost_usd"}
@@ -68,6 +68,8 @@ _NODE_KEYS: dict[str, set[str]] = {
         "limits",
         "on_invalid_output",
         "on_low_confidence",
+        "approval_timeout",
+        "on_approval_timeout",
         "retries",
         "retry_backoff_ms",
     },
@@ -394,11 +396,15 @@ def _check_tools(checker: _Checker, raw: Any, path: tuple[str | int, ...]) -> di
             pattern=_SHA256,
             what="lower-case hex SHA-256",
         )
+        approval = checker.string(data, "approval", tool_path, required=False) or "none"
+        if approval not in ("required", "none"):
+            checker.report((*tool_path, "approval"), f"{approval!r} is not required or none")
         tools[tool_name] = ToolSpec(
             tool_name,
             policy if policy in ("read", "write") else "read",  # type: ignore[arg-type]
             idempotency if idempotency in ("key", "none") else "none",  # type: ignore[arg-type]
             pinned,
+            "required" if approval == "required" else "none",
         )
     return tools
 
@@ -463,7 +469,7 @@ def _check_process(
 
 
 def _targets(node: Node, path: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], str]]:
-    for key in ("next", "on_invalid_output", "on_low_confidence", "default"):
+    for key in ("next", "on_invalid_output", "on_low_confidence", "on_approval_timeout", "default"):
         target = getattr(node, key)
         if target:
             yield (*path, key), target
@@ -585,7 +591,39 @@ def _check_agent(
     )
     values["on_invalid_output"] = checker.string(data, "on_invalid_output", path, required=False)
     values["on_low_confidence"] = checker.string(data, "on_low_confidence", path, required=False)
+    timeout = checker.string(data, "approval_timeout", path, required=False)
+    if timeout is not None:
+        seconds = iso_duration_seconds(timeout)
+        if seconds is None or seconds <= 0:
+            checker.report(
+                (*path, "approval_timeout"),
+                f"{timeout!r} is not a positive ISO-8601 duration (for example PT30M, P2D, PT1H30M)",
+            )
+        else:
+            values["approval_timeout_seconds"] = seconds
+    values["on_approval_timeout"] = checker.string(data, "on_approval_timeout", path, required=False)
+    if values["on_approval_timeout"] and timeout is None:
+        checker.report((*path, "on_approval_timeout"), "needs an approval_timeout to ever be taken")
     return values
+
+
+_ISO_DURATION = re.compile(
+    r"^P(?:(?P<weeks>\d+(?:\.\d+)?)W)?(?:(?P<days>\d+(?:\.\d+)?)D)?"
+    r"(?:T(?:(?P<hours>\d+(?:\.\d+)?)H)?(?:(?P<minutes>\d+(?:\.\d+)?)M)?(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?$"
+)
+_DURATION_UNITS = {"weeks": 604_800, "days": 86_400, "hours": 3_600, "minutes": 60, "seconds": 1}
+
+
+def iso_duration_seconds(text: str) -> float | None:
+    """Seconds in an ISO-8601 duration of weeks, days, hours, minutes and seconds (no years or
+    months: their length depends on the calendar); None if it is not one."""
+    match = _ISO_DURATION.match(text.strip())
+    if match is None or text.strip() in ("P", "PT") or text.strip().endswith("T"):
+        return None
+    parts = {name: value for name, value in match.groupdict().items() if value is not None}
+    if not parts:
+        return None
+    return sum(float(value) * _DURATION_UNITS[name] for name, value in parts.items())
 
 
 def _check_branches(

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.store import approvals as approval_store
 from abada_engine.store import history as history_store
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
@@ -174,6 +175,9 @@ async def cancel_instance(conn: AsyncConnection, instance_id: uuid.UUID, reason:
         )
     await task_store.cancel_open_tasks(conn, instance_id)
     await incident_store.close_all_of_instance(conn, instance_id)
+    await approval_store.cancel_pending_of_instance(
+        conn, instance_id, f"the instance was cancelled: {reason}"
+    )
     await instance_store.mark_canceled(conn, instance_id)
     await write_history(
         conn, [history_record(instance_id, HistoryEntry("INSTANCE_CANCELED", None, {"reason": reason}))]

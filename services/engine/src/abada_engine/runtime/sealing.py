@@ -42,10 +42,16 @@ class StepSealer:
 
     def open(self, row: StepRow, field: str) -> dict[str, Any] | None:
         blob = row.request_ciphertext if field == "request" else row.response_ciphertext
+        return self.open_sealed(row.key_id, row.task_id, row.sequence, field, blob)
+
+    def open_sealed(
+        self, key_id: str, task_id: uuid.UUID, sequence: int, field: str, blob: bytes | None
+    ) -> dict[str, Any] | None:
+        """One sealed payload of the step at (task, sequence), opened; None for no payload."""
         if blob is None:
             return None
         try:
-            return json.loads(self._keys.open(row.key_id, bytes(blob), row.task_id, row.sequence, field))
+            return json.loads(self._keys.open(key_id, bytes(blob), task_id, sequence, field))
         except JournalIntegrityError as error:
             raise EngineError(Category.DATA_LOSS, "JOURNAL_INTEGRITY", str(error), field="task_id") from None
 

@@ -105,7 +105,8 @@ APPEND_CONTEXT = HandWritten(
     CROSS JOIN LATERAL (
         SELECT count(*) AS steps,
                count(*) FILTER (WHERE kind = '{StepKind.MODEL_CALL}' AND NOT abandoned) AS model_calls,
-               count(*) FILTER (WHERE kind = '{StepKind.TOOL_CALL}' AND NOT abandoned) AS tool_calls,
+               count(*) FILTER (WHERE kind = '{StepKind.TOOL_CALL}' AND NOT abandoned
+                                        AND state <> '{StepState.APPROVED}') AS tool_calls,
                COALESCE(sum(input_tokens + output_tokens), 0) AS tokens
         FROM journal_steps WHERE task_id = t.id
     ) agg
@@ -169,7 +170,8 @@ INSERT_CHECKED = HandWritten(
     counts AS (
         SELECT count(*) AS steps,
                count(*) FILTER (WHERE kind = '{StepKind.MODEL_CALL}' AND NOT abandoned) AS model_calls,
-               count(*) FILTER (WHERE kind = '{StepKind.TOOL_CALL}' AND NOT abandoned) AS tool_calls,
+               count(*) FILTER (WHERE kind = '{StepKind.TOOL_CALL}' AND NOT abandoned
+                                        AND state <> '{StepState.APPROVED}') AS tool_calls,
                COALESCE(sum(input_tokens + output_tokens), 0) AS tokens
         FROM journal_steps WHERE task_id = CAST(:task_id AS uuid)
     ),
@@ -267,6 +269,39 @@ async def complete_with_response(
             updated_at=func.now(),
         )
     )
+
+
+async def awaiting_approval_count(conn: AsyncConnection, task_id: uuid.UUID) -> int:
+    """How many tool calls of the task wait for a person's approval."""
+    return (
+        await conn.execute(
+            select(func.count()).where(
+                journal_steps.c.task_id == task_id,
+                journal_steps.c.state == StepState.AWAITING_APPROVAL,
+                ~journal_steps.c.abandoned,
+            )
+        )
+    ).scalar_one()
+
+
+async def decide_awaiting(
+    conn: AsyncConnection,
+    task_id: uuid.UUID,
+    sequence: int,
+    state: StepState,
+    sealed_response: bytes,
+    digest: bytes,
+) -> bool:
+    """A person decided a call awaiting approval: APPROVED (the response holds the arguments as
+    approved) or COMPLETED (the response is the rejection as a tool error). False if it was not waiting."""
+    result = await conn.execute(
+        update(journal_steps)
+        .where(_at(task_id, sequence), journal_steps.c.state == StepState.AWAITING_APPROVAL)
+        .values(
+            state=state, response_ciphertext=sealed_response, response_digest=digest, updated_at=func.now()
+        )
+    )
+    return result.rowcount == 1
 
 
 async def set_aside(conn: AsyncConnection, task_id: uuid.UUID, sequence: int) -> None:

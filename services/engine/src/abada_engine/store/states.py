@@ -17,6 +17,9 @@ class TaskState(StrEnum):
     LEASED = "LEASED"  # under a lease; fetchable again once the lease runs out
     WAITING = "WAITING"  # a user task, waiting for a person
     INCIDENT = "INCIDENT"  # held by an incident until a person resolves it
+    # Parked: its journal holds tool calls waiting for a person's approval. No lease, not fetchable
+    # (so the broker can issue no credential for it) until every approval is decided.
+    AWAITING_APPROVAL = "AWAITING_APPROVAL"
     COMPLETED = "COMPLETED"
     CANCELED = "CANCELED"
 
@@ -24,7 +27,13 @@ class TaskState(StrEnum):
 # The queue: the states a fetcher can take a task from (the partial index `tasks_fetchable` covers them).
 FETCHABLE = (TaskState.READY, TaskState.LEASED)
 # A task in one of these still belongs to a live instance: cancelling the instance cancels it.
-OPEN_TASK_STATES = (TaskState.READY, TaskState.LEASED, TaskState.WAITING, TaskState.INCIDENT)
+OPEN_TASK_STATES = (
+    TaskState.READY,
+    TaskState.LEASED,
+    TaskState.WAITING,
+    TaskState.INCIDENT,
+    TaskState.AWAITING_APPROVAL,
+)
 
 
 class TaskKind(StrEnum):
@@ -42,10 +51,17 @@ class StepState(StrEnum):
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # the engine's: a write's lease ran out while it was in flight
+    # A proposed call of a tool under approval, never sent; a person's decision moves it on:
+    # APPROVED (the engine's; the worker then runs the call at a new sequence), or COMPLETED with
+    # the rejection as a tool error.
+    AWAITING_APPROVAL = "AWAITING_APPROVAL"
+    APPROVED = "APPROVED"
 
 
-# What a worker may journal; OUTCOME_UNKNOWN is only ever set by the engine.
-WORKER_STEP_STATES = (StepState.STARTED, StepState.COMPLETED, StepState.FAILED)
+# What a worker may journal; OUTCOME_UNKNOWN and APPROVED are only ever set by the engine.
+WORKER_STEP_STATES = (StepState.STARTED, StepState.COMPLETED, StepState.FAILED, StepState.AWAITING_APPROVAL)
+# Tool steps that stand for a call without being one: they do not count against max_tool_calls.
+PROPOSED_STEP_STATES = (StepState.AWAITING_APPROVAL, StepState.APPROVED)
 FINISHED_STEP_STATES = (StepState.COMPLETED, StepState.FAILED)
 
 
@@ -53,6 +69,14 @@ class InstanceState(StrEnum):
     ACTIVE = "ACTIVE"
     COMPLETED = "COMPLETED"
     CANCELED = "CANCELED"
+
+
+class ApprovalState(StrEnum):
+    PENDING = "PENDING"
+    APPROVED = "APPROVED"
+    REJECTED = "REJECTED"
+    EXPIRED = "EXPIRED"  # nobody decided within the node's approval_timeout
+    CANCELED = "CANCELED"  # the instance was cancelled while the call waited
 
 
 class IncidentState(StrEnum):

@@ -241,6 +241,46 @@ async def offer_again(conn: AsyncConnection, task_id: uuid.UUID, retries_left: i
     return True
 
 
+async def lock_state(conn: AsyncConnection, task_id: uuid.UUID) -> str | None:
+    """The task's state, its row locked for the caller's transaction (serialises decisions on one task)."""
+    return (
+        await conn.execute(select(tasks.c.state).where(tasks.c.id == task_id).with_for_update())
+    ).scalar_one_or_none()
+
+
+async def park_for_approval(conn: AsyncConnection, task_id: uuid.UUID) -> None:
+    """The task waits for a person's approval: no lease (so no credential), not fetchable."""
+    await conn.execute(
+        update(tasks).where(tasks.c.id == task_id).values(state=TaskState.AWAITING_APPROVAL, **_NO_LEASE)
+    )
+
+
+async def offer_after_approval(conn: AsyncConnection, task_id: uuid.UUID) -> bool:
+    """Every approval of a parked task is decided: fetchable again at once; False if it is not parked."""
+    topic = (
+        await conn.execute(
+            update(tasks)
+            .where(tasks.c.id == task_id, tasks.c.state == TaskState.AWAITING_APPROVAL)
+            .values(state=TaskState.READY, due_at=func.now())
+            .returning(tasks.c.topic)
+        )
+    ).scalar_one_or_none()
+    if topic is None:
+        return False
+    await announce_work(conn, topic)
+    return True
+
+
+async def park_again(conn: AsyncConnection, task_id: uuid.UUID) -> bool:
+    """A task an incident held goes back to waiting for its approvals; False if no incident held it."""
+    result = await conn.execute(
+        update(tasks)
+        .where(tasks.c.id == task_id, tasks.c.state == TaskState.INCIDENT)
+        .values(state=TaskState.AWAITING_APPROVAL)
+    )
+    return result.rowcount == 1
+
+
 async def announce_work(conn: AsyncConnection, topic: str) -> None:
     """Wake fetchers waiting on `topic`, on every replica, when the transaction commits."""
     await conn.execute(select(func.pg_notify(TASK_CHANNEL, topic)))

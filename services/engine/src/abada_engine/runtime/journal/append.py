@@ -18,6 +18,7 @@ from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.model import ModelProfile, Node, ToolBinding
 from abada_engine.errors import Category, EngineError, not_found
+from abada_engine.store import approvals as approval_store
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.hand_written import Executor, HotPath
@@ -149,8 +150,8 @@ class Journal:
         # A step this node may not journal goes the careful way, which says why.
         if step.kind == StepKind.TOOL_CALL:
             binding = bindings.get(step.tool_ref)
-            if binding is None:
-                return None
+            if binding is None or binding.approval_required or step.state == StepState.AWAITING_APPROVAL:
+                return None  # a call under approval is checked against the approvals: the careful path
         else:
             binding = None
             if step.tool_ref:
@@ -234,6 +235,8 @@ class Journal:
                 field="sequence",
             )
         binding = binding_for(step, bindings)
+        if binding is not None and binding.approval_required and step.state != StepState.AWAITING_APPROVAL:
+            await self._check_approved(conn, step)
         check_limits(step, context, node.limits)
         inserted = await step_store.insert_guarded(conn, self._write_params(step, self.sealer.primary_key_id))
         if inserted is None:
@@ -241,6 +244,20 @@ class Journal:
         return AppendResult(
             self.sealer.view(inserted, step.request, step.response), self.sealer.key_for(inserted, binding)
         )
+
+    async def _check_approved(self, conn: AsyncConnection, step: StepRequest) -> None:
+        """A call under approval runs only as a person approved it: these very arguments, this call."""
+        approved = await approval_store.approved_digests(conn, step.task_id)
+        if step.request is None or not any(
+            self.sealer.digest(key_id, step.request) == digest for key_id, digest in approved
+        ):
+            raise EngineError(
+                Category.FAILED_PRECONDITION,
+                "APPROVAL_REQUIRED",
+                f"{step.tool_ref} needs a person's approval of exactly this call: "
+                "journal it AWAITING_APPROVAL and hand the task back",
+                field="state",
+            )
 
     async def _revisit(
         self,

@@ -40,8 +40,10 @@ def check_shape(step: StepRequest) -> None:
         raise invalid(
             "INVALID_ARGUMENT",
             "state",
-            "must be STARTED, COMPLETED or FAILED (OUTCOME_UNKNOWN is the engine's)",
+            "must be STARTED, COMPLETED, FAILED or AWAITING_APPROVAL (OUTCOME_UNKNOWN and APPROVED are the engine's)",
         )
+    if step.state == StepState.AWAITING_APPROVAL and step.kind != StepKind.TOOL_CALL:
+        raise invalid("INVALID_ARGUMENT", "state", "only a tool call awaits approval")
     if step.sequence < 1:
         raise invalid("INVALID_ARGUMENT", "sequence", "starts at 1")
     if step.attempt < 1:
@@ -66,6 +68,17 @@ def binding_for(step: StepRequest, bindings: dict[str, ToolBinding]) -> ToolBind
             f"{step.tool_ref!r} is not a tool bound to this node (bound: {', '.join(sorted(bindings)) or 'none'})",
             field="tool_ref",
         )
+    if step.state == StepState.AWAITING_APPROVAL:
+        if not binding.approval_required:
+            raise EngineError(
+                Category.FAILED_PRECONDITION,
+                "APPROVAL_NOT_REQUIRED",
+                f"{step.tool_ref} is not under approval: call it instead of proposing it",
+                field="state",
+            )
+        if step.request is None:
+            raise invalid("INVALID_ARGUMENT", "request", "say which call awaits approval")
+        return binding
     if binding.policy == "write" and step.state != StepState.STARTED:
         raise EngineError(
             Category.FAILED_PRECONDITION,

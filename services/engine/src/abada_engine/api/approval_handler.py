@@ -1,0 +1,91 @@
+"""ApprovalService: thin translation onto approvals."""
+
+from __future__ import annotations
+
+import grpc
+from abada.engine.v1 import approval_pb2, approval_pb2_grpc
+
+from abada_engine.errors import invalid
+from abada_engine.runtime.approvals import Approvals, ApprovalView
+from abada_engine.store.states import ApprovalState
+
+from .convert import from_struct, parse_uuid, timestamp, to_struct
+from .errors import translates_errors
+from .guard import Guard, current_caller
+
+_STATES = {
+    ApprovalState.PENDING: approval_pb2.APPROVAL_STATE_PENDING,
+    ApprovalState.APPROVED: approval_pb2.APPROVAL_STATE_APPROVED,
+    ApprovalState.REJECTED: approval_pb2.APPROVAL_STATE_REJECTED,
+    ApprovalState.EXPIRED: approval_pb2.APPROVAL_STATE_EXPIRED,
+    ApprovalState.CANCELED: approval_pb2.APPROVAL_STATE_CANCELED,
+}
+_STATE_NAMES = {value: name for name, value in _STATES.items()}
+_DECISIONS = {
+    approval_pb2.APPROVAL_DECISION_APPROVE: "APPROVE",
+    approval_pb2.APPROVAL_DECISION_REJECT: "REJECT",
+}
+
+
+def approval_message(value: ApprovalView) -> approval_pb2.Approval:
+    message = approval_pb2.Approval(
+        id=str(value.id),
+        state=_STATES[ApprovalState(value.state)],
+        instance_id=str(value.instance_id),
+        process_id=value.process_id,
+        business_key=value.business_key,
+        node_id=value.node_id,
+        task_id=str(value.task_id),
+        sequence=value.sequence,
+        tool_ref=value.tool_ref,
+        arguments=to_struct(value.arguments),
+        model_text=value.model_text,
+        create_time=timestamp(value.created_at),
+        expire_time=timestamp(value.expires_at),
+        decided_by=value.decided_by,
+        decide_time=timestamp(value.decided_at),
+        comment=value.comment,
+    )
+    if value.approved_arguments is not None:
+        message.approved_arguments.CopyFrom(to_struct(value.approved_arguments))
+    return message
+
+
+@translates_errors
+class ApprovalHandler(approval_pb2_grpc.ApprovalServiceServicer):
+    SERVICE = "abada.engine.v1.ApprovalService"
+    guard: Guard | None = None
+
+    def __init__(self, approvals: Approvals) -> None:
+        self._approvals = approvals
+
+    async def ListApprovals(
+        self, request: approval_pb2.ListApprovalsRequest, context: grpc.aio.ServicerContext
+    ) -> approval_pb2.ListApprovalsResponse:
+        state = _STATE_NAMES.get(request.state, ApprovalState.PENDING)
+        found = await self._approvals.list(request.process_id, request.business_key, request.tool_ref, state)
+        return approval_pb2.ListApprovalsResponse(approvals=[approval_message(a) for a in found])
+
+    async def GetApproval(
+        self, request: approval_pb2.GetApprovalRequest, context: grpc.aio.ServicerContext
+    ) -> approval_pb2.GetApprovalResponse:
+        found = await self._approvals.get(parse_uuid(request.approval_id, "approval_id"))
+        return approval_pb2.GetApprovalResponse(approval=approval_message(found))
+
+    async def DecideApproval(
+        self, request: approval_pb2.DecideApprovalRequest, context: grpc.aio.ServicerContext
+    ) -> approval_pb2.DecideApprovalResponse:
+        decision = _DECISIONS.get(request.decision)
+        if decision is None:
+            raise invalid(
+                "INVALID_ARGUMENT", "decision", "say APPROVAL_DECISION_APPROVE or APPROVAL_DECISION_REJECT"
+            )
+        caller = current_caller.get()
+        decided = await self._approvals.decide(
+            parse_uuid(request.approval_id, "approval_id"),
+            decision,
+            caller.identity if caller is not None else "anonymous",
+            request.comment,
+            from_struct(request.arguments) if request.HasField("arguments") else None,
+        )
+        return approval_pb2.DecideApprovalResponse(approval=approval_message(decided))

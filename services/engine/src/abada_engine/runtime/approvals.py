@@ -1,0 +1,403 @@
+"""Approvals: a tool call under `approval: required` waits for a person before it runs.
+
+The worker journals the proposed call AWAITING_APPROVAL and hands the task back (`park`): the task
+loses its lease (so the broker can issue no credential for it) and is not fetchable, and one
+approval is opened per call. A person decides each (`decide`): approved, the step becomes
+APPROVED with the arguments as approved (edited or not) and the journal will only accept that very
+call; rejected, the step is COMPLETED with a tool error the model reads. Once every approval of the
+task is decided the task is offered again, and the worker replays its journal: no model turn is
+paid twice. Past the node's `approval_timeout` (`expire_overdue`, run by the reaper) the token
+takes `on_approval_timeout`, or an APPROVAL_TIMEOUT incident holds the task.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from abada_engine.db.database import autocommit
+from abada_engine.definitions.catalog import DefinitionCatalog
+from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.store import approvals as approval_store
+from abada_engine.store import incidents as incident_store
+from abada_engine.store import instances as instance_store
+from abada_engine.store import journal_steps as step_store
+from abada_engine.store import tasks as task_store
+from abada_engine.store.approvals import ApprovalRow, ListedApproval
+from abada_engine.store.incidents import IncidentRow
+from abada_engine.store.states import ApprovalState, InstanceState, StepState, TaskState
+
+from .leases import hold_lease
+from .navigator import HistoryEntry, advance
+from .sealing import StepSealer
+from .tokens import apply_advance, history_record, write_history
+
+APPROVAL_TIMEOUT = "APPROVAL_TIMEOUT"
+MAX_COMMENT_CHARS = 4_000
+DECISIONS = ("APPROVE", "REJECT")
+
+
+@dataclass(frozen=True)
+class ApprovalView:
+    id: uuid.UUID
+    state: str
+    instance_id: uuid.UUID
+    process_id: str
+    business_key: str
+    node_id: str
+    task_id: uuid.UUID
+    sequence: int
+    tool_ref: str
+    arguments: dict[str, Any]
+    model_text: str
+    created_at: datetime
+    expires_at: datetime | None
+    decided_by: str
+    decided_at: datetime | None
+    comment: str
+    approved_arguments: dict[str, Any] | None
+
+
+def rejection_result(reason: str) -> dict[str, Any]:
+    """What the model reads for a rejected call: a tool error (MCP CallToolResult shape) with the reason."""
+    return {"content": [{"type": "text", "text": f"rejected by a person: {reason}"}], "isError": True}
+
+
+class Approvals:
+    def __init__(self, engine: AsyncEngine, catalog: DefinitionCatalog, sealer: StepSealer) -> None:
+        self._engine = engine
+        self._reads = autocommit(engine)
+        self._catalog = catalog
+        self._sealer = sealer
+
+    async def park(self, task_id: uuid.UUID, worker_id: str, lease_token: str) -> list[uuid.UUID]:
+        """The lease holder hands the task back to wait for approvals; returns the pending approvals."""
+        async with self._engine.begin() as conn:
+            held = await hold_lease(conn, task_id, worker_id, lease_token)
+            if await step_store.awaiting_approval_count(conn, task_id) == 0:
+                raise EngineError(
+                    Category.FAILED_PRECONDITION,
+                    "NOTHING_TO_APPROVE",
+                    f"task {task_id} has no tool call awaiting approval: journal one AWAITING_APPROVAL first",
+                    field="task_id",
+                )
+            definition = await self._catalog.get(held.definition_id)
+            node = definition.process.node(held.node_id)
+            await approval_store.open_for_awaiting_steps(
+                conn, task_id, held.instance_id, node.id, node.approval_timeout_seconds
+            )
+            await task_store.park_for_approval(conn, task_id)
+            pending = await approval_store.listed_of_task(conn, task_id, ApprovalState.PENDING)
+            await write_history(
+                conn,
+                [
+                    history_record(
+                        held.instance_id,
+                        HistoryEntry(
+                            "APPROVAL_REQUESTED",
+                            node.id,
+                            {
+                                "approval_id": str(a.id),
+                                "tool_ref": a.tool_ref,
+                                "sequence": a.sequence,
+                                "attempt": held.attempt,
+                                "worker_id": worker_id,
+                            },
+                        ),
+                        task_id,
+                    )
+                    for a in pending
+                ],
+            )
+        return [a.id for a in pending]
+
+    async def list(
+        self,
+        process_id: str = "",
+        business_key: str = "",
+        tool_ref: str = "",
+        state: str = ApprovalState.PENDING,
+    ) -> list[ApprovalView]:
+        async with self._reads.connect() as conn:
+            rows = await approval_store.listed(
+                conn, process_id=process_id, business_key=business_key, tool_ref=tool_ref, state=state
+            )
+        return [self._view(r) for r in rows]
+
+    async def get(self, approval_id: uuid.UUID) -> ApprovalView:
+        async with self._reads.connect() as conn:
+            rows = await approval_store.listed(conn, approval_id=approval_id)
+        if not rows:
+            raise not_found("approval", str(approval_id), "approval_id")
+        return self._view(rows[0])
+
+    async def decide(
+        self,
+        approval_id: uuid.UUID,
+        decision: str,
+        decided_by: str,
+        comment: str = "",
+        arguments: dict[str, Any] | None = None,
+    ) -> ApprovalView:
+        if decision not in DECISIONS:
+            raise invalid("INVALID_ARGUMENT", "decision", "say APPROVE or REJECT")
+        comment = comment.strip()
+        if decision == "REJECT" and not comment:
+            raise invalid("INVALID_ARGUMENT", "comment", "say why the call is rejected: the model reads it")
+        if decision == "REJECT" and arguments is not None:
+            raise invalid("INVALID_ARGUMENT", "arguments", "only an approval carries arguments")
+        if len(comment) > MAX_COMMENT_CHARS:
+            raise invalid("INVALID_ARGUMENT", "comment", f"is longer than {MAX_COMMENT_CHARS} characters")
+        async with self._engine.begin() as conn:
+            found = await approval_store.listed(conn, approval_id=approval_id)
+            if not found:
+                raise not_found("approval", str(approval_id), "approval_id")
+            # Decisions on one task are serialised on its row, so exactly one of them sees the last
+            # pending approval go and offers the task again.
+            await task_store.lock_state(conn, found[0].task_id)
+            row = await approval_store.lock(conn, approval_id)
+            assert row is not None  # approvals are never deleted
+            _check_decidable(row)
+            request = self._request_of(row)
+            if decision == "APPROVE":
+                approved = request.get("arguments", {}) if arguments is None else arguments
+                await self._approve(conn, row, request, approved, decided_by, comment)
+            else:
+                await self._reject(conn, row, decided_by, comment)
+            await write_history(
+                conn,
+                [
+                    history_record(
+                        row.instance_id,
+                        HistoryEntry(
+                            "APPROVAL_DECIDED",
+                            row.node_id,
+                            {
+                                "approval_id": str(row.id),
+                                "tool_ref": row.tool_ref,
+                                "sequence": row.sequence,
+                                "decision": "APPROVED" if decision == "APPROVE" else "REJECTED",
+                                "decided_by": decided_by,
+                                "comment": comment,
+                                "arguments_edited": arguments is not None
+                                and arguments != request.get("arguments", {}),
+                            },
+                        ),
+                        row.task_id,
+                    )
+                ],
+            )
+            if await approval_store.count_pending(conn, row.task_id) == 0:
+                await task_store.offer_after_approval(conn, row.task_id)
+        return await self.get(approval_id)
+
+    async def _approve(
+        self,
+        conn: AsyncConnection,
+        row: ListedApproval,
+        request: dict[str, Any],
+        approved: dict[str, Any],
+        decided_by: str,
+        comment: str,
+    ) -> None:
+        response = {
+            "approval": {
+                "id": str(row.id),
+                "decision": "APPROVED",
+                "arguments": approved,
+                "decidedBy": decided_by,
+                "comment": comment,
+            }
+        }
+        sealed, digest = self._sealer.seal(row.step_key_id, row.task_id, row.sequence, "response", response)
+        assert sealed is not None and digest is not None
+        await step_store.decide_awaiting(conn, row.task_id, row.sequence, StepState.APPROVED, sealed, digest)
+        # The call the journal will accept: this call id, this function, these arguments.
+        key_id = self._sealer.primary_key_id
+        approved_request = {
+            "callId": request.get("callId", ""),
+            "name": request.get("name", ""),
+            "arguments": approved,
+        }
+        await approval_store.record_decision(
+            conn,
+            row.id,
+            ApprovalState.APPROVED,
+            decided_by,
+            comment,
+            key_id,
+            self._sealer.digest(key_id, approved_request),
+        )
+
+    async def _reject(self, conn: AsyncConnection, row: ListedApproval, decided_by: str, reason: str) -> None:
+        sealed, digest = self._sealer.seal(
+            row.step_key_id, row.task_id, row.sequence, "response", rejection_result(reason)
+        )
+        assert sealed is not None and digest is not None
+        await step_store.decide_awaiting(conn, row.task_id, row.sequence, StepState.COMPLETED, sealed, digest)
+        await approval_store.record_decision(conn, row.id, ApprovalState.REJECTED, decided_by, reason)
+
+    async def expire_overdue(self, limit: int = 100) -> int:
+        """Pending approvals past the node's approval_timeout: route the token or raise an incident.
+
+        Run periodically by every replica; SKIP LOCKED keeps them out of each other's way.
+        """
+        handled = 0
+        async with self._engine.begin() as conn:
+            overdue = await approval_store.lock_expired(conn, limit)
+            by_task: dict[uuid.UUID, list[ApprovalRow]] = defaultdict(list)
+            for row in overdue:
+                by_task[row.task_id].append(row)
+            for task_id, rows in by_task.items():
+                await self._time_out(conn, task_id, rows)
+                handled += 1
+        return handled
+
+    async def _time_out(self, conn: AsyncConnection, task_id: uuid.UUID, overdue: list[ApprovalRow]) -> None:
+        first = overdue[0]
+        state = await task_store.lock_state(conn, task_id)
+        reason = "nobody decided within the node's approval_timeout"
+        await approval_store.close_pending_of_task(conn, task_id, ApprovalState.EXPIRED, reason)
+        instance = await instance_store.lock(conn, first.instance_id)
+        if state != TaskState.AWAITING_APPROVAL or instance is None or instance.state != InstanceState.ACTIVE:
+            return  # the task moved on meanwhile (cancelled, say): nothing left to route
+        definition = await self._catalog.get(instance.definition_id)
+        node = definition.process.node(first.node_id)
+        details = {
+            "task_id": str(task_id),
+            "approval_ids": [str(r.id) for r in overdue],
+            "tool_refs": [r.tool_ref for r in overdue],
+            "approval_timeout_seconds": node.approval_timeout_seconds,
+        }
+        timed_out = HistoryEntry("APPROVAL_TIMED_OUT", node.id, details)
+        if node.on_approval_timeout:
+            moved = advance(
+                definition.process,
+                instance.variables,
+                node.on_approval_timeout,
+                context={"approval_timeout": details},
+            )
+            await apply_advance(
+                conn,
+                instance_id=first.instance_id,
+                advance=moved,
+                variables=None,
+                preceding=[timed_out],
+                preceding_task_id=task_id,
+                finished_task_id=task_id,
+                finished_state=TaskState.CANCELED,
+            )
+            return
+        message = (
+            f"{', '.join(sorted(set(details['tool_refs'])))} waited for approval longer than the node's "
+            "approval_timeout and the node has no on_approval_timeout: retry to ask again, or cancel"
+        )
+        await task_store.hold_as_incident(conn, task_id)
+        incident_id = await incident_store.raise_incident(
+            conn,
+            instance_id=first.instance_id,
+            node_id=node.id,
+            type_=APPROVAL_TIMEOUT,
+            message=message,
+            details=details,
+            task_id=task_id,
+        )
+        raised = HistoryEntry(
+            "INCIDENT_RAISED",
+            node.id,
+            {"incident_id": str(incident_id), "type": APPROVAL_TIMEOUT, "message": message},
+        )
+        await write_history(
+            conn,
+            [
+                history_record(first.instance_id, timed_out, task_id),
+                history_record(first.instance_id, raised, task_id),
+            ],
+        )
+
+    async def ask_again(
+        self, conn: AsyncConnection, incident: IncidentRow, comment: str, result: dict[str, Any] | None
+    ) -> None:
+        """RETRY on an APPROVAL_TIMEOUT incident: the expired approvals are pending again, with a fresh
+        timeout, and the task waits for them (the incident service closes the incident)."""
+        assert incident.task_id is not None  # an APPROVAL_TIMEOUT incident always names its task
+        instance = await instance_store.lock(conn, incident.instance_id)
+        assert instance is not None
+        definition = await self._catalog.get(instance.definition_id)
+        node = definition.process.node(incident.node_id)
+        if not await task_store.park_again(conn, incident.task_id):
+            raise EngineError(
+                Category.FAILED_PRECONDITION,
+                "RESOLUTION_NOT_APPLICABLE",
+                f"task {incident.task_id} is no longer held by this incident",
+                field="incident_id",
+            )
+        await approval_store.reopen_expired_of_task(conn, incident.task_id, node.approval_timeout_seconds)
+
+    def _request_of(self, row: ListedApproval) -> dict[str, Any]:
+        return (
+            self._sealer.open_sealed(
+                row.step_key_id, row.task_id, row.sequence, "request", row.request_ciphertext
+            )
+            or {}
+        )
+
+    def _view(self, row: ListedApproval) -> ApprovalView:
+        request = self._request_of(row)
+        approved: dict[str, Any] | None = None
+        if row.state == ApprovalState.APPROVED:
+            response = self._sealer.open_sealed(
+                row.step_key_id, row.task_id, row.sequence, "response", row.response_ciphertext
+            )
+            approved = ((response or {}).get("approval") or {}).get("arguments")
+        return ApprovalView(
+            id=row.id,
+            state=row.state,
+            instance_id=row.instance_id,
+            process_id=row.process_id,
+            business_key=row.business_key,
+            node_id=row.node_id,
+            task_id=row.task_id,
+            sequence=row.sequence,
+            tool_ref=row.tool_ref,
+            arguments=dict(request.get("arguments") or {}),
+            model_text=str(request.get("modelText") or ""),
+            created_at=row.created_at,
+            expires_at=row.expires_at,
+            decided_by=row.decided_by or "",
+            decided_at=row.decided_at,
+            comment=row.comment or "",
+            approved_arguments=approved,
+        )
+
+
+def _check_decidable(row: ListedApproval) -> None:
+    if row.instance_state != InstanceState.ACTIVE or row.state == ApprovalState.CANCELED:
+        raise EngineError(
+            Category.FAILED_PRECONDITION,
+            "INSTANCE_NOT_ACTIVE",
+            f"instance {row.instance_id} is {row.instance_state.lower()}: approval {row.id} can no longer be decided",
+            field="approval_id",
+        )
+    if row.state == ApprovalState.EXPIRED:
+        raise EngineError(
+            Category.FAILED_PRECONDITION,
+            "APPROVAL_EXPIRED",
+            f"approval {row.id} expired at {row.decided_at.isoformat() if row.decided_at else 'its timeout'}: "
+            "nobody decided within the node's approval_timeout",
+            field="approval_id",
+        )
+    if row.state != ApprovalState.PENDING:
+        when = row.decided_at.isoformat() if row.decided_at else "earlier"
+        raise EngineError(
+            Category.FAILED_PRECONDITION,
+            "APPROVAL_ALREADY_DECIDED",
+            f"approval {row.id} was already {row.state.lower()} by {row.decided_by or 'someone'} at {when}",
+            field="approval_id",
+            metadata={"state": row.state, "decided_by": row.decided_by or ""},
+        )
