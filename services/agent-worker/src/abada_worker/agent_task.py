@@ -5,6 +5,11 @@
 3. Alternate model turns and the function calls they ask for, journaling each step.
 4. A turn without function calls is the answer: Complete with the result variable and metadata.
 
+A call of a tool under `approval: required` is journaled AWAITING_APPROVAL instead of sent; once
+the turn's other calls ran, the task is handed back to wait for a person (the engine parks it and
+takes the lease). Offered again after every call of the turn is decided, the journal replays up to
+that turn (no model turn paid twice) and the approved calls run with the arguments as approved.
+
 Every way the attempt can end early is an exception from `errors`; the executor reports it.
 """
 
@@ -120,10 +125,13 @@ class AgentTask:
         tally = Tally.of(plan.usage)
         action = plan.next_action
         answer = action.text if isinstance(action, Finish) else await self._converse(work, plan, tally)
+        if answer is None:
+            return  # handed back to wait for a person's approval
         await self._complete(work, plan.prompt, answer, tally)
 
-    async def _converse(self, work: AgentWork, plan: ReplayPlan, tally: Tally) -> str:
-        """Model turns and the calls they ask for, from where the journal left off, to the answer's text."""
+    async def _converse(self, work: AgentWork, plan: ReplayPlan, tally: Tally) -> str | None:
+        """Model turns and the calls they ask for, from where the journal left off, to the answer's text
+        (None: the task was handed back to wait for approvals)."""
         journal = Journal(self._services.engine, self._lease, plan.next_sequence)
         history = list(plan.history)
         action = plan.next_action
@@ -137,7 +145,12 @@ class AgentTask:
         ) as toolbox:
             while not isinstance(action, Finish):
                 if isinstance(action, RunCalls):
-                    results = await self._run_calls(action.calls, toolbox, journal, tally)
+                    turn = history[-1]
+                    turn_text = turn.text if isinstance(turn, ModelTurn) else ""
+                    results, waiting = await self._run_calls(action.calls, toolbox, journal, tally, turn_text)
+                    if waiting:
+                        await self._hand_back_for_approval(waiting)
+                        return None
                     history.append(ToolResults(results))
                     action = CallModel()
                 else:
@@ -241,19 +254,29 @@ class AgentTask:
         return reply
 
     async def _run_calls(
-        self, calls: tuple[PlannedCall, ...], toolbox: Toolbox, journal: Journal, tally: Tally
-    ) -> tuple[FunctionResult, ...]:
+        self, calls: tuple[PlannedCall, ...], toolbox: Toolbox, journal: Journal, tally: Tally, turn_text: str
+    ) -> tuple[tuple[FunctionResult, ...], tuple[int, ...]]:
+        """The turn's results, in call order, and the sequences of its calls waiting for approval."""
         batch = ToolBatch(
             toolbox,
             journal,
             self._interruption,
             self._log,
             concurrency=self._services.tool_call_concurrency,
+            fault=self._services.fault,
         )
-        outcome = await batch.run(calls)
+        outcome = await batch.run(calls, turn_text)
         for ref in outcome.tools_called:
             tally.add_tool(ref)
-        return outcome.results
+        return outcome.results, outcome.waiting
+
+    async def _hand_back_for_approval(self, waiting: tuple[int, ...]) -> None:
+        """The engine parks the task (no lease, not fetchable) and opens one approval per waiting call."""
+        reply = await self._services.engine.await_approval(self._lease)
+        self._log.info(
+            "task handed back to wait for approval",
+            extra={"waiting_sequences": list(waiting), "approval_ids": list(reply.approval_ids)},
+        )
 
     async def _complete(self, work: AgentWork, prompt: RenderedPrompt, text: str, tally: Tally) -> None:
         invalid_reason = ""

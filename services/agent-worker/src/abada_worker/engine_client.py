@@ -133,6 +133,13 @@ class EngineClient:
                 eager.deliver(task)
         return reply
 
+    async def await_approval(self, lease: LeaseRef) -> external_task_pb2.AwaitApprovalResponse:
+        """Hands the task back to wait for a person's approval of the calls journaled AWAITING_APPROVAL."""
+        request = external_task_pb2.AwaitApprovalRequest(
+            task_id=lease.task_id, worker_id=self.worker_id, lease_token=lease.lease_token
+        )
+        return await self._call(self._stub.AwaitApproval, request, self._timeout)
+
     async def fail(self, lease: LeaseRef, failure: AttemptFailed) -> external_task_pb2.FailResponse:
         request = external_task_pb2.FailRequest(
             task_id=lease.task_id,

@@ -3,6 +3,8 @@
 `ABADA_WORKER_FAULT=kill-after-send:<server>/<tool>` makes the worker SIGKILL itself once the
 request for that tool has been sent and the server's answer has arrived, before the worker reads
 or journals it: the crash in the middle of a write that the scenario's takeover rests on.
+`ABADA_WORKER_FAULT=kill-after-propose:<server>/<tool>` makes it SIGKILL itself right after the
+engine journaled a call of that tool AWAITING_APPROVAL, before the task is handed back.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ log = logging.getLogger(__name__)
 
 ENV = "ABADA_WORKER_FAULT"
 _KILL_AFTER_SEND = "kill-after-send:"
+_KILL_AFTER_PROPOSE = "kill-after-propose:"
 
 ResponseHook = Callable[[httpx2.Response], Awaitable[None]]
 
@@ -27,15 +30,26 @@ ResponseHook = Callable[[httpx2.Response], Awaitable[None]]
 @dataclass(frozen=True)
 class FaultPlan:
     kill_after_send: tuple[str, str] | None = None
+    kill_after_propose: str | None = None  # server/tool
 
     @classmethod
     def parse(cls, value: str | None) -> FaultPlan:
         if not value:
             return cls()
+        if value.startswith(_KILL_AFTER_PROPOSE) and "/" in value:
+            return cls(kill_after_propose=value.removeprefix(_KILL_AFTER_PROPOSE))
         if not value.startswith(_KILL_AFTER_SEND) or "/" not in value:
-            raise ValueError(f"{ENV} must look like 'kill-after-send:<server>/<tool>', not {value!r}")
+            raise ValueError(
+                f"{ENV} must look like 'kill-after-send:<server>/<tool>' or "
+                f"'kill-after-propose:<server>/<tool>', not {value!r}"
+            )
         server, _, tool = value.removeprefix(_KILL_AFTER_SEND).partition("/")
         return cls(kill_after_send=(server, tool))
+
+    def after_proposed(self, tool_ref: str) -> None:
+        if self.kill_after_propose == tool_ref:
+            log.warning("test fault: killing the worker after proposing %s", tool_ref)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def response_hook(self, server: str) -> ResponseHook | None:
         if self.kill_after_send is None or self.kill_after_send[0] != server:

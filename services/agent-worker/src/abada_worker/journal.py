@@ -88,6 +88,18 @@ class Journal:
     async def finish_read(self, sequence: int, tool_ref: str, result: dict[str, Any]) -> None:
         await self._append(sequence, StepKind.TOOL_CALL, _finished_state(result), tool_ref, response=result)
 
+    async def propose_call(self, call: FunctionCall, tool_ref: str, model_text: str) -> int:
+        """Journals a call of a tool under approval as AWAITING_APPROVAL: proposed, not sent."""
+        sequence = self._take()
+        await self._append(
+            sequence,
+            StepKind.TOOL_CALL,
+            StepState.AWAITING_APPROVAL,
+            tool_ref,
+            request=step_payloads.proposed_call_request(call, model_text),
+        )
+        return sequence
+
     async def start_write(self, call: FunctionCall, tool_ref: str) -> tuple[int, str]:
         """Journals the write before it happens; returns its sequence and the engine's idempotency key ("" if none)."""
         sequence = self._take()

@@ -7,8 +7,10 @@ the latest non-abandoned tool step carrying that call id decides:
 - COMPLETED or FAILED: its stored result goes back to the model (FAILED as a tool error);
 - STARTED, a read (a batch of parallel calls starts its reads to keep call order): run it again
   and finish the step at its own sequence;
-- STARTED, a write whose server honours an idempotency key: re-send with the same key and
-  complete the step at its own sequence;
+- STARTED, a write whose server honours an idempotency key: re-send with the same key (and the
+  arguments it was journaled with) and complete the step at its own sequence;
+- AWAITING_APPROVAL: proposed and handed to a person, not decided yet: wait again;
+- APPROVED: run it now, with the arguments as approved (a rejection is a COMPLETED tool error);
 - OUTCOME_UNKNOWN and abandoned (a person said it did not happen), or no step at all: call it now;
 - anything else (an unresolved OUTCOME_UNKNOWN, a STARTED write without a key): stop; only a
   person may decide whether that write happened.
@@ -20,7 +22,7 @@ again at the next free sequence, and the engine marks the orphan abandoned.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import step_payloads
@@ -40,10 +42,15 @@ class Resend:
 
 @dataclass(frozen=True)
 class PlannedCall:
+    # The call as it is to run: a re-sent or approved call carries the arguments of its journal step.
     call: FunctionCall
     # Known from the journal; None means the call still has to happen.
     result: FunctionResult | None = None
     resend: Resend | None = None
+    # A call of a tool under approval: a person approved it (its arguments are the approved ones),
+    # or it already waits for a decision at this sequence.
+    approved: bool = False
+    awaiting_at: int | None = None
 
 
 @dataclass(frozen=True)
@@ -173,7 +180,19 @@ def _plan_call(
         failed = step.state is StepState.FAILED or bool(step.response.get("isError"))
         return PlannedCall(call, FunctionResult(call.id, call.name, step.response, is_error=failed))
     binding = by_ref.get(step.tool_ref) or functions[call.name]
+    if step.state is StepState.AWAITING_APPROVAL:
+        return PlannedCall(call, awaiting_at=step.sequence)
+    if step.state is StepState.APPROVED:
+        approved = step_payloads.approved_arguments_of(step.response)
+        if approved is None:
+            return Blocked(
+                f"the approval of {step.tool_ref} at sequence {step.sequence} carries no arguments"
+            )
+        return PlannedCall(replace(call, args=approved), approved=True)
     if step.state is StepState.STARTED:
+        # Run again with the arguments it was journaled with (a person may have edited them).
+        journaled = step.request.get("arguments")
+        call = replace(call, args=dict(journaled)) if isinstance(journaled, dict) else call
         if not binding.is_write:
             # A read a parallel batch had started: run it again and finish it at its own sequence.
             return PlannedCall(call, resend=Resend(step.sequence, ""))

@@ -6,6 +6,11 @@ MODEL_CALL  request  {"turn": n, "model": m}
                       the worker when the model gave none), `providerId` the model's own when it differs
 TOOL_CALL   request  {"callId", "name" (server__tool), "arguments"}
             response the MCP CallToolResult as JSON {"content": [...], "structuredContent": ..., "isError"}
+            AWAITING_APPROVAL (a call of a tool under approval, proposed, never sent): the request
+            also carries "modelText", what the model said in that turn, for the person deciding.
+            The engine then writes APPROVED with response {"approval": {"arguments", ...}} (the
+            call runs at a new sequence with those arguments) or COMPLETED with the rejection as
+            a CallToolResult error ("rejected by a person: <reason>").
 
 Tool errors are stored as FAILED steps with the same CallToolResult shape, so a replay hands the
 model the same error it saw the first time.
@@ -50,6 +55,18 @@ def model_turn_of(response: dict[str, Any]) -> ModelTurn:
 
 def tool_request(call: FunctionCall) -> dict[str, Any]:
     return {"callId": call.id, "name": call.name, "arguments": call.args}
+
+
+def proposed_call_request(call: FunctionCall, model_text: str) -> dict[str, Any]:
+    return {**tool_request(call), "modelText": model_text}
+
+
+def approved_arguments_of(response: dict[str, Any]) -> dict[str, Any] | None:
+    """The arguments a person approved, from an APPROVED step's response (None if it has none)."""
+    approval = response.get("approval")
+    if not isinstance(approval, dict) or not isinstance(approval.get("arguments"), dict):
+        return None
+    return dict(approval["arguments"])
 
 
 def call_id_of(request: dict[str, Any]) -> str:

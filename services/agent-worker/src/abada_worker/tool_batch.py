@@ -17,6 +17,11 @@ call is replayed from the journal, a read left STARTED is run again and finished
 sequence, a keyed write left STARTED is re-sent with its key, and an unkeyed one is never re-sent
 (the engine holds the task for a person).
 
+A call of a tool under `approval: required` that no person approved yet is not run: it is journaled
+AWAITING_APPROVAL (with the model's text of the turn) after the turn's other calls ran, and the
+outcome lists it as waiting; the caller then hands the task back. An approved call runs like any
+other, with the approved arguments.
+
 A batch containing a write is one side effect: once its writes are journaled STARTED, all of them
 are sent and journaled even if the worker is asked to stop meanwhile. A batch of reads may be cut off
 at any moment; the reads are cheap to run again.
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .conversation import FunctionResult
+from .fault import FaultPlan
 from .interruption import TaskInterruption
 from .journal import Journal
 from .logs import TaskLog
@@ -52,9 +58,12 @@ class _Reserved:
 
 @dataclass(frozen=True)
 class BatchOutcome:
+    # In call order; empty while calls wait for approval (the model hears back once all are decided).
     results: tuple[FunctionResult, ...]
     # The bound tools called in this batch, in call order (for the attempt metadata).
     tools_called: tuple[str, ...]
+    # The journal sequences of the calls waiting for a person's approval.
+    waiting: tuple[int, ...] = ()
 
 
 class ToolBatch:
@@ -66,19 +75,26 @@ class ToolBatch:
         log: TaskLog,
         *,
         concurrency: int,
+        fault: FaultPlan | None = None,
     ) -> None:
+        self._fault = fault if fault is not None else FaultPlan()
         self._toolbox = toolbox
         self._journal = journal
         self._interruption = interruption
         self._log = log
         self._concurrency = max(1, concurrency)
 
-    async def run(self, calls: tuple[PlannedCall, ...]) -> BatchOutcome:
+    async def run(self, calls: tuple[PlannedCall, ...], turn_text: str = "") -> BatchOutcome:
         results: dict[int, FunctionResult] = {}
         due: list[tuple[int, PlannedCall, ToolBinding]] = []
+        waiting: list[int] = []
+        to_propose: list[tuple[PlannedCall, ToolBinding]] = []
         for index, planned in enumerate(calls):
             if planned.result is not None:
                 results[index] = planned.result
+                continue
+            if planned.awaiting_at is not None:
+                waiting.append(planned.awaiting_at)
                 continue
             binding = self._toolbox.binding_for(planned.call.name)
             if binding is None:
@@ -86,14 +102,30 @@ class ToolBatch:
                 unknown = unknown_function_result(planned.call.name, offered)
                 results[index] = _function_result(planned, unknown)
                 continue
+            if binding.needs_approval and not planned.approved and planned.resend is None:
+                to_propose.append((planned, binding))
+                continue
             due.append((index, planned, binding))
         if len(due) == 1 or self._concurrency == 1:
             for index, planned, binding in due:
                 results[index] = await self._run_alone(planned, binding)
         elif due:
             results.update(await self._run_together(due))
+        called = tuple(binding.ref for _, _, binding in due)
+        for planned, binding in to_propose:
+            waiting.append(await self._propose(planned, binding, turn_text))
+        if waiting:
+            return BatchOutcome((), called, tuple(sorted(waiting)))
         ordered = tuple(results[index] for index in range(len(calls)))
-        return BatchOutcome(ordered, tuple(binding.ref for _, _, binding in due))
+        return BatchOutcome(ordered, called)
+
+    async def _propose(self, planned: PlannedCall, binding: ToolBinding, turn_text: str) -> int:
+        """Journals the call AWAITING_APPROVAL: a person decides before it is ever sent."""
+        self._interruption.checkpoint()
+        sequence = await self._journal.propose_call(planned.call, binding.ref, turn_text)
+        self._log.info("tool call awaits approval", extra={"sequence": sequence, "tool": binding.ref})
+        self._fault.after_proposed(binding.ref)
+        return sequence
 
     async def _run_alone(self, planned: PlannedCall, binding: ToolBinding) -> FunctionResult:
         """One call: a read journaled once finished (or at its own sequence if an earlier attempt
@@ -183,6 +215,7 @@ class ToolBatch:
                 "tool": binding.ref,
                 "write": binding.is_write,
                 "resent": planned.resend is not None,
+                "approved": planned.approved,
                 "is_error": bool(result.get("isError")),
                 "batch": batch,
             },

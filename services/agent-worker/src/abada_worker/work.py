@@ -23,6 +23,8 @@ class StepState(enum.Enum):
     COMPLETED = external_task_pb2.STEP_STATE_COMPLETED
     FAILED = external_task_pb2.STEP_STATE_FAILED
     OUTCOME_UNKNOWN = external_task_pb2.STEP_STATE_OUTCOME_UNKNOWN
+    AWAITING_APPROVAL = external_task_pb2.STEP_STATE_AWAITING_APPROVAL
+    APPROVED = external_task_pb2.STEP_STATE_APPROVED
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class ToolBinding:
     transport: str
     credential: str
     input_schema_sha256: str
+    # A person approves every call before it runs (`approval: required`).
+    needs_approval: bool = False
 
     @property
     def ref(self) -> str:
@@ -94,6 +98,7 @@ def binding_from_proto(message: common_pb2.ToolBinding) -> ToolBinding:
         transport=message.transport,
         credential=message.credential,
         input_schema_sha256=message.input_schema_sha256,
+        needs_approval=message.approval_required,
     )
 
 
