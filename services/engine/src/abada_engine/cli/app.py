@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from abada.engine.v1 import definition_pb2, external_task_pb2, incident_pb2, process_pb2, queue_pb2
+from abada.engine.v1 import (
+    approval_pb2,
+    definition_pb2,
+    external_task_pb2,
+    incident_pb2,
+    process_pb2,
+    queue_pb2,
+)
 from google.protobuf.message import Message
 from typer.core import TyperGroup
 
@@ -553,6 +560,83 @@ def topics(ctx: typer.Context) -> None:
     if response.models:
         text += "\n\n" + views.models_table(response.models)
     _emit(ctx, response, text)
+
+
+class ApprovalStateChoice(enum.StrEnum):
+    pending = "pending"
+    approved = "approved"
+    rejected = "rejected"
+    expired = "expired"
+    canceled = "canceled"
+
+
+@app.command()
+def approvals(
+    ctx: typer.Context,
+    process: Annotated[str | None, typer.Option(help="Only calls of instances of this process.")] = None,
+    business_key: Annotated[
+        str | None, typer.Option(help="Only calls of instances with this business key.")
+    ] = None,
+    tool: Annotated[str | None, typer.Option(metavar="SERVER/TOOL", help="Only calls of this tool.")] = None,
+    state: Annotated[
+        ApprovalStateChoice, typer.Option(help="Calls in this state (pending: waiting for a decision).")
+    ] = ApprovalStateChoice.pending,
+) -> None:
+    """List tool calls waiting for a person's approval (or, with --state, decided ones)."""
+    client = _client(ctx)
+    response = client.call(
+        client.approvals.ListApprovals,
+        approval_pb2.ListApprovalsRequest(
+            process_id=process or "",
+            business_key=business_key or "",
+            tool_ref=tool or "",
+            state=approval_pb2.ApprovalState.Value(f"APPROVAL_STATE_{state.value.upper()}"),
+        ),
+    )
+    found = list(response.approvals)
+    _emit(ctx, response, views.approvals_list(found) if found else f"no {state.value} approvals")
+
+
+@app.command()
+def approve(
+    ctx: typer.Context,
+    approval: Annotated[str, typer.Argument(help="The approval id.")],
+    args: Annotated[
+        str | None,
+        typer.Option(
+            "--args", metavar="JSON", help="Run the call with these arguments instead of the proposed ones."
+        ),
+    ] = None,
+    comment: Annotated[str | None, typer.Option(help="Why; kept in the instance's history.")] = None,
+) -> None:
+    """Approve a tool call: it runs (with --args, as edited) when the task is offered again."""
+    request = approval_pb2.DecideApprovalRequest(
+        approval_id=approval, decision=approval_pb2.APPROVAL_DECISION_APPROVE, comment=comment or ""
+    )
+    if args is not None:
+        request.arguments.CopyFrom(to_struct(json_object(args, "--args")))
+    client = _client(ctx)
+    response = client.call(client.approvals.DecideApproval, request)
+    _emit(ctx, response, "approved\n" + views.approval_card(response.approval))
+
+
+@app.command()
+def reject(
+    ctx: typer.Context,
+    approval: Annotated[str, typer.Argument(help="The approval id.")],
+    reason: Annotated[str, typer.Option(help="Why; the model reads it as the call's error.")],
+) -> None:
+    """Reject a tool call: it never runs; the model reads "rejected by a person: REASON" and goes on."""
+    if not reason.strip():
+        raise invalid_input("--reason must say why: the model reads it")
+    client = _client(ctx)
+    response = client.call(
+        client.approvals.DecideApproval,
+        approval_pb2.DecideApprovalRequest(
+            approval_id=approval, decision=approval_pb2.APPROVAL_DECISION_REJECT, comment=reason
+        ),
+    )
+    _emit(ctx, response, "rejected\n" + views.approval_card(response.approval))
 
 
 def main() -> None:

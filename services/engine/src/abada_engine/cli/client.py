@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import grpc
 from abada.engine.v1 import (
+    approval_pb2_grpc,
     definition_pb2_grpc,
     external_task_pb2_grpc,
     incident_pb2_grpc,
@@ -79,6 +80,7 @@ class EngineClient:
         self.tasks = external_task_pb2_grpc.ExternalTaskServiceStub(self._channel)
         self.incidents = incident_pb2_grpc.IncidentServiceStub(self._channel)
         self.queue = queue_pb2_grpc.QueueServiceStub(self._channel)
+        self.approvals = approval_pb2_grpc.ApprovalServiceStub(self._channel)
 
     def call(self, method: Callable[..., Response], request: Any) -> Response:
         metadata = (("authorization", f"Bearer {self._settings.token}"),) if self._settings.token else None

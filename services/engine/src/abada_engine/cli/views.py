@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from abada.engine.v1 import (
+    approval_pb2,
     common_pb2,
     definition_pb2,
     external_task_pb2,
@@ -20,6 +21,7 @@ from .render import (
     age,
     enum_label,
     fields,
+    is_set,
     message_dict,
     moment,
     pretty_json,
@@ -410,3 +412,39 @@ def completed_cost(events: Sequence[process_pb2.HistoryEvent]) -> float:
             metadata = struct_value(event.data).get("metadata") or {}
             total += float(metadata.get("cost_usd") or 0)
     return total
+
+
+def approval_card(approval: approval_pb2.Approval) -> str:
+    """One tool call waiting for (or given) a person's decision, with what the model said and asked."""
+    pairs = [
+        ("approval", approval.id),
+        ("state", enum_label(approval_pb2.ApprovalState.Name(approval.state), "APPROVAL_STATE_")),
+        ("tool", approval.tool_ref),
+        ("instance", approval.instance_id),
+        ("process", approval.process_id),
+        ("business key", approval.business_key or EMPTY),
+        ("node", approval.node_id),
+        ("asked", f"{moment(approval.create_time)} ({age(approval.create_time)} ago)"),
+    ]
+    if is_set(approval.expire_time):
+        pairs.append(("expires", moment(approval.expire_time)))
+    if approval.model_text:
+        pairs.append(("model said", " ".join(approval.model_text.split())))
+    pairs.append(("arguments", pretty_json(struct_value(approval.arguments))))
+    if approval.decided_by:
+        pairs.append(("decided by", f"{approval.decided_by} at {moment(approval.decide_time)}"))
+    if approval.HasField("approved_arguments"):
+        pairs.append(("approved arguments", pretty_json(struct_value(approval.approved_arguments))))
+    if approval.comment:
+        pairs.append(("comment", approval.comment))
+    lines = [fields(pairs)]
+    if approval.state == approval_pb2.APPROVAL_STATE_PENDING:
+        lines.append(
+            f"decide with: abada approve {approval.id} [--args JSON] [--comment TEXT] | "
+            f"abada reject {approval.id} --reason TEXT"
+        )
+    return "\n".join(lines)
+
+
+def approvals_list(approvals: Sequence[approval_pb2.Approval]) -> str:
+    return "\n\n".join(approval_card(a) for a in approvals)
