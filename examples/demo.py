@@ -3,8 +3,10 @@
 Starts PostgreSQL (embedded, unless ABADA_DATABASE_URL is set), the engine, the credential broker
 (file backend), the demo CRM MCP server, the scripted Gemini endpoint (or Gemini itself when
 GEMINI_API_KEY is set) and one agent worker; deploys examples/support-triage.yaml; starts Alice's
-instance; prints the journal, the ticket, the `triage` variable and where the token went; then
-stops everything it started.
+instance; prints the journal, the ticket, the `triage` variable and where the token went. Then the
+same triage with create_ticket under a person's approval (examples/support-triage-approval.yaml):
+the task parks, `abada approvals` shows the proposed call, `abada approve` decides it (with an
+edited priority), and the ticket is opened as approved. Then it stops everything it started.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from typing import Any
 import grpc
 import yaml
 from abada.engine.v1 import (
+    approval_pb2,
+    approval_pb2_grpc,
     definition_pb2,
     definition_pb2_grpc,
     external_task_pb2,
@@ -44,6 +48,7 @@ from scripted_gemini.testing import running_scripted_gemini
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / "examples" / "support-triage.yaml"
+APPROVAL_BUNDLE = ROOT / "examples" / "support-triage-approval.yaml"
 BUNDLE_URL = "http://127.0.0.1:8765/mcp"
 WORKER_POOL = "demo-workers"
 NOTIFIER = "demo-notifier"
@@ -164,6 +169,7 @@ def run() -> int:
         tokens = state / "tokens"
         tokens.mkdir()
         operator, _ = token_file(tokens, "operator")
+        approver, approver_token_path = token_file(tokens, "approver")
         worker, worker_token_path = token_file(tokens, "worker")
         notifier, notifier_token_path = token_file(tokens, "notifier")
         broker_to_engine, broker_token_path = token_file(tokens, "broker-to-engine")
@@ -177,6 +183,11 @@ def run() -> int:
                             "identity": "demo-operator",
                             "roles": ["operator"],
                             "token_sha256": digest(operator),
+                        },
+                        {
+                            "identity": "demo-approver",
+                            "roles": ["approver"],
+                            "token_sha256": digest(approver),
                         },
                         {
                             "identity": WORKER_POOL,
@@ -303,7 +314,11 @@ def run() -> int:
             say(f"worker:    {NOTIFIER}/1, topic notify (examples/notify_worker.py, the Python SDK)")
             say()
             with grpc.insecure_channel(engine_address) as channel:
-                return triage(channel, operator, crm, logs)
+                outcome = triage(channel, operator, crm, logs)
+                if outcome != 0 or gemini_key:
+                    return outcome  # the approval part plays a scripted conversation
+                say()
+                return approved_triage(channel, operator, engine_address, approver_token_path, crm, logs)
 
 
 def triage(channel: grpc.Channel, operator: str, crm: Any, logs: pathlib.Path) -> int:
@@ -402,6 +417,117 @@ def triage(channel: grpc.Channel, operator: str, crm: Any, logs: pathlib.Path) -
             "demo finished: the model reasoned, the worker acted, the engine decided."
             if ok
             else f"demo did not complete at done; the logs are in {logs} until this exits"
+        )
+    )
+    return 0 if ok else 1
+
+
+def approved_triage(
+    channel: grpc.Channel,
+    operator: str,
+    engine_address: str,
+    approver_token: pathlib.Path,
+    crm: Any,
+    logs: pathlib.Path,
+) -> int:
+    """The same triage with create_ticket under approval: the task parks until a person decides."""
+    auth = (("authorization", f"Bearer {operator}"),)
+    definitions = definition_pb2_grpc.DefinitionServiceStub(channel)
+    processes = process_pb2_grpc.ProcessServiceStub(channel)
+    approvals = approval_pb2_grpc.ApprovalServiceStub(channel)
+    tasks = external_task_pb2_grpc.ExternalTaskServiceStub(channel)
+    bundle = APPROVAL_BUNDLE.read_text().replace(BUNDLE_URL, crm.url)
+    deployed = definitions.Deploy(
+        definition_pb2.DeployRequest(source_name=APPROVAL_BUNDLE.name, content=bundle), metadata=auth
+    ).definitions[0]
+    say(f"--- a person approves the write: deployed {deployed.process_id} v{deployed.version}")
+    for binding in deployed.tool_bindings:
+        approval = "  approval: required" if binding.approval_required else ""
+        say(f"  {binding.server}/{binding.tool:<14} {common_policy(binding)}{approval}")
+    tickets_before = len(crm.tickets())
+    variables = struct_pb2.Struct()
+    variables.update({"customerId": "C-42", "message": "My parcel never arrived"})
+    instance = processes.StartInstance(
+        process_pb2.StartInstanceRequest(
+            process_id=deployed.process_id, variables=variables, business_key="C-42/parcel"
+        ),
+        metadata=auth,
+    ).instance
+    say(f"\nstarted instance {instance.id} for C-42 (business key C-42/parcel)")
+
+    deadline = time.monotonic() + 90
+    pending: list[Any] = []
+    while not pending and time.monotonic() < deadline:
+        pending = list(
+            approvals.ListApprovals(
+                approval_pb2.ListApprovalsRequest(business_key="C-42/parcel"), metadata=auth
+            ).approvals
+        )
+        time.sleep(0.3)
+    if not pending:
+        say(f"no approval was asked for; the logs are in {logs} until this exits")
+        return 1
+    say(f"the model asked for {pending[0].tool_ref}; the task is parked (no lease, no credential) and waits.")
+    say(f"tickets opened meanwhile: {len(crm.tickets()) - tickets_before}")
+    cli = [
+        sys.executable,
+        "-m",
+        "abada_engine.cli",
+        "--engine",
+        engine_address,
+        "--token-file",
+        str(approver_token),
+    ]
+    say("\n$ abada approvals")
+    say(subprocess.run([*cli, "approvals"], capture_output=True, text=True, check=True).stdout.rstrip())
+    edited = {**plain(pending[0].arguments), "priority": "urgent"}
+    say(f"\n$ abada approve {pending[0].id} --args '{json.dumps(edited)}' --comment 'gold customer: urgent'")
+    approve = [
+        *cli,
+        "approve",
+        pending[0].id,
+        "--args",
+        json.dumps(edited),
+        "--comment",
+        "gold customer: urgent",
+    ]
+    say(subprocess.run(approve, capture_output=True, text=True, check=True).stdout.rstrip())
+
+    while time.monotonic() < deadline:
+        instance = processes.GetInstance(
+            process_pb2.GetInstanceRequest(instance_id=instance.id), metadata=auth
+        ).instance
+        if instance.current_node_id != "triage" or instance.open_incidents:
+            break
+        time.sleep(0.3)
+    history = processes.GetHistory(
+        process_pb2.GetHistoryRequest(instance_id=instance.id), metadata=auth
+    ).events
+    agent_task = next((e.task_id for e in history if e.type == "TASK_CREATED" and e.node_id == "triage"), "")
+    say(f"\njournal of task {agent_task}:")
+    for step in tasks.GetJournal(
+        external_task_pb2.GetJournalRequest(task_id=agent_task), metadata=auth
+    ).steps:
+        kind = external_task_pb2.StepKind.Name(step.kind).removeprefix("STEP_KIND_")
+        state = external_task_pb2.StepState.Name(step.state).removeprefix("STEP_STATE_")
+        say(f"  {step.sequence}. attempt {step.attempt} {kind:<10} {state:<17} {step.tool_ref or 'model'}")
+    for event in history:
+        if event.type.startswith("APPROVAL_"):
+            data = plain(event.data)
+            who = f" by {data['decided_by']}: {data.get('comment', '')!r}" if "decided_by" in data else ""
+            say(f"history: {event.type} {data.get('tool_ref', '')}{who}")
+    new = crm.tickets()[tickets_before:]
+    for ticket in new:
+        say(f"CRM ticket: {ticket.get('ticketId')}  {ticket.get('priority')}  {ticket.get('subject')!r}")
+    say(f"triage = {json.dumps(plain(instance.variables).get('triage'), ensure_ascii=False)}")
+    say(f"the token is at: {instance.current_node_id} ({process_pb2.InstanceState.Name(instance.state)})")
+    ok = len(new) == 1 and new[0].get("priority") == "urgent" and instance.current_node_id == "done"
+    say(
+        "\n"
+        + (
+            "demo finished: the call waited for a person, ran once as approved, and the engine decided."
+            if ok
+            else f"the approval part did not finish as expected; the logs are in {logs} until this exits"
         )
     )
     return 0 if ok else 1
