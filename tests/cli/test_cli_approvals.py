@@ -5,34 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from abada.engine.v1 import external_task_pb2, process_pb2
-from cli_support import abada, fetch_one
+from approval_helpers import parked_with_proposed_calls
+from cli_support import abada
 from crm_mcp.testing import RunningCrmServer, running_crm_server
-from engine_helpers import append, deploy, struct
-
-BUNDLE = """
-tool_servers:
-  - name: crm
-    transport: streamable-http
-    url: {url}
-    credential: crm-token
-    tools:
-      create_ticket: {{ policy: write, idempotency: key, approval: required }}
-processes:
-  - id: guarded_triage
-    start: triage
-    nodes:
-      - id: triage
-        type: agent
-        model: gemini-3.6-flash
-        prompt: Open a ticket for ${{customerId}}.
-        inputs: {{ customerId: "${{customerId}}" }}
-        tools: [crm/create_ticket]
-        result_variable: triage
-        next: done
-      - {{ id: done, type: end }}
-"""
-PROPOSED = {"customerId": "C-42", "subject": "Parcel not received", "priority": "high"}
 
 
 @pytest.fixture(scope="module")
@@ -44,47 +19,7 @@ def crm() -> Iterator[RunningCrmServer]:
 async def two_proposed_calls(engine, crm: RunningCrmServer, deploy_credentials) -> tuple[str, list[str]]:  # type: ignore[no-untyped-def]
     """An instance (business key C-42/parcel) whose model asked for two tickets, both awaiting a person."""
     deploy_credentials.write_text(f"crm-token: {crm.token}\n")
-    await deploy(engine, BUNDLE.format(url=crm.url))
-    started = await engine.processes.StartInstance(
-        process_pb2.StartInstanceRequest(
-            process_id="guarded_triage", variables=struct({"customerId": "C-42"}), business_key="C-42/parcel"
-        )
-    )
-    task = await fetch_one(engine, "abada:agent")
-    worker = "cli-test-worker"
-    await append(engine, task, 1, "MODEL_CALL", "STARTED", request={"turn": 0}, worker_id=worker)
-    calls = [{"id": f"c{n}", "name": "crm__create_ticket", "args": PROPOSED} for n in (1, 2)]
-    await append(
-        engine,
-        task,
-        1,
-        "MODEL_CALL",
-        "COMPLETED",
-        response={"text": "Opening a ticket.", "functionCalls": calls},
-        worker_id=worker,
-    )
-    for n in (1, 2):
-        await append(
-            engine,
-            task,
-            1 + n,
-            "TOOL_CALL",
-            "AWAITING_APPROVAL",
-            tool_ref="crm/create_ticket",
-            request={
-                "callId": f"c{n}",
-                "name": "crm__create_ticket",
-                "arguments": PROPOSED,
-                "modelText": "Opening a ticket.",
-            },
-            worker_id=worker,
-        )
-    parked = await engine.tasks.AwaitApproval(
-        external_task_pb2.AwaitApprovalRequest(
-            task_id=task.id, worker_id=worker, lease_token=task.lease_token
-        )
-    )
-    return started.instance.id, list(parked.approval_ids)
+    return await parked_with_proposed_calls(engine, crm.url)
 
 
 async def test_approvals_lists_what_a_person_must_decide(engine, crm, deploy_credentials) -> None:

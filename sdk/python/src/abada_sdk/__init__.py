@@ -15,6 +15,8 @@ from .errors import (
     Unauthenticated,
 )
 from .models import (
+    Approval,
+    ApprovalState,
     Definition,
     Deployment,
     HistoryEvent,
@@ -34,6 +36,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AbadaError",
     "AlreadyExists",
+    "Approval",
+    "ApprovalState",
     "AsyncEngineClient",
     "Definition",
     "Deployment",

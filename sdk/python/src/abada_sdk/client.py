@@ -11,6 +11,8 @@ from typing import Any, Literal, TypeVar, overload
 
 import grpc
 from abada.engine.v1 import (
+    approval_pb2,
+    approval_pb2_grpc,
     definition_pb2,
     definition_pb2_grpc,
     external_task_pb2,
@@ -24,6 +26,8 @@ from abada.engine.v1 import (
 from .connection import Connection
 from .errors import AbadaError, InstanceFailed, error_from_rpc
 from .models import (
+    Approval,
+    ApprovalState,
     Definition,
     Deployment,
     HistoryEvent,
@@ -89,6 +93,7 @@ class AsyncEngineClient:
         self._definitions: definition_pb2_grpc.DefinitionServiceStub
         self._processes: process_pb2_grpc.ProcessServiceStub
         self._incidents: incident_pb2_grpc.IncidentServiceStub
+        self._approvals: approval_pb2_grpc.ApprovalServiceStub
         self.tasks: external_task_pb2_grpc.ExternalTaskServiceStub
 
     async def __aenter__(self) -> AsyncEngineClient:
@@ -109,6 +114,7 @@ class AsyncEngineClient:
             self._definitions = definition_pb2_grpc.DefinitionServiceStub(self._channel)
             self._processes = process_pb2_grpc.ProcessServiceStub(self._channel)
             self._incidents = incident_pb2_grpc.IncidentServiceStub(self._channel)
+            self._approvals = approval_pb2_grpc.ApprovalServiceStub(self._channel)
             self.tasks = external_task_pb2_grpc.ExternalTaskServiceStub(self._channel)
 
     async def call(
@@ -316,6 +322,53 @@ class AsyncEngineClient:
             process_pb2.CompleteUserTaskRequest(user_task_id=user_task_id, variables=to_struct(variables)),
         )
         return Instance.from_proto(reply.instance)
+
+    # Approvals of tool calls (the approver or operator role)
+
+    async def list_approvals(
+        self,
+        *,
+        process_id: str = "",
+        business_key: str = "",
+        tool_ref: str = "",
+        state: ApprovalState = ApprovalState.PENDING,
+    ) -> list[Approval]:
+        """Tool calls waiting for a decision (or, with `state`, decided ones), oldest first."""
+        reply = await self.call(
+            lambda: self._approvals.ListApprovals,
+            approval_pb2.ListApprovalsRequest(
+                process_id=process_id, business_key=business_key, tool_ref=tool_ref, state=state.to_proto()
+            ),
+        )
+        return [Approval.from_proto(a) for a in reply.approvals]
+
+    async def get_approval(self, approval_id: str) -> Approval:
+        reply = await self.call(
+            lambda: self._approvals.GetApproval, approval_pb2.GetApprovalRequest(approval_id=approval_id)
+        )
+        return Approval.from_proto(reply.approval)
+
+    async def approve(
+        self, approval_id: str, *, arguments: dict[str, Any] | None = None, comment: str = ""
+    ) -> Approval:
+        """Approves a call: it runs when the task is offered again, with `arguments` if given (edited)."""
+        request = approval_pb2.DecideApprovalRequest(
+            approval_id=approval_id, decision=approval_pb2.APPROVAL_DECISION_APPROVE, comment=comment
+        )
+        if arguments is not None:
+            request.arguments.CopyFrom(to_struct(arguments))
+        reply = await self.call(lambda: self._approvals.DecideApproval, request)
+        return Approval.from_proto(reply.approval)
+
+    async def reject(self, approval_id: str, reason: str) -> Approval:
+        """Rejects a call: it never runs; the model reads "rejected by a person: <reason>" and goes on."""
+        reply = await self.call(
+            lambda: self._approvals.DecideApproval,
+            approval_pb2.DecideApprovalRequest(
+                approval_id=approval_id, decision=approval_pb2.APPROVAL_DECISION_REJECT, comment=reason
+            ),
+        )
+        return Approval.from_proto(reply.approval)
 
     async def journal(self, task_id: str) -> list[JournalStep]:
         reply = await self.call(

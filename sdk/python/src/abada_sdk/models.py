@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from abada.engine.v1 import definition_pb2, external_task_pb2, incident_pb2, process_pb2
+from abada.engine.v1 import approval_pb2, definition_pb2, external_task_pb2, incident_pb2, process_pb2
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 
@@ -60,6 +60,70 @@ class Resolution(enum.StrEnum):
 
     def to_proto(self) -> int:
         return int(incident_pb2.Resolution.Value(f"RESOLUTION_{self.value}"))
+
+
+class ApprovalState(enum.StrEnum):
+    PENDING = "PENDING"
+    APPROVED = "APPROVED"
+    REJECTED = "REJECTED"
+    EXPIRED = "EXPIRED"
+    CANCELED = "CANCELED"
+
+    @classmethod
+    def of(cls, value: int) -> ApprovalState:
+        return cls(approval_pb2.ApprovalState.Name(value).removeprefix("APPROVAL_STATE_"))
+
+    def to_proto(self) -> int:
+        return int(approval_pb2.ApprovalState.Value(f"APPROVAL_STATE_{self.value}"))
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A tool call under `approval: required`, waiting for (or given) a person's decision."""
+
+    id: str
+    state: ApprovalState
+    tool_ref: str
+    # What the model proposed, and what it said in that turn.
+    arguments: dict[str, Any]
+    model_text: str
+    instance_id: str
+    process_id: str
+    business_key: str
+    node_id: str
+    task_id: str
+    sequence: int
+    created_at: datetime.datetime | None
+    expires_at: datetime.datetime | None
+    decided_by: str
+    decided_at: datetime.datetime | None
+    comment: str
+    # The arguments the call runs with, once approved (edited or as proposed).
+    approved_arguments: dict[str, Any] | None
+
+    @classmethod
+    def from_proto(cls, message: approval_pb2.Approval) -> Approval:
+        return cls(
+            id=message.id,
+            state=ApprovalState.of(message.state),
+            tool_ref=message.tool_ref,
+            arguments=from_struct(message.arguments),
+            model_text=message.model_text,
+            instance_id=message.instance_id,
+            process_id=message.process_id,
+            business_key=message.business_key,
+            node_id=message.node_id,
+            task_id=message.task_id,
+            sequence=message.sequence,
+            created_at=_time(message.create_time),
+            expires_at=_time(message.expire_time),
+            decided_by=message.decided_by,
+            decided_at=_time(message.decide_time),
+            comment=message.comment,
+            approved_arguments=(
+                from_struct(message.approved_arguments) if message.HasField("approved_arguments") else None
+            ),
+        )
 
 
 @dataclass(frozen=True)

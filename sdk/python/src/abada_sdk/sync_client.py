@@ -14,6 +14,8 @@ from typing import Any, Literal, TypeVar, overload
 
 from .client import AsyncEngineClient, InstanceHandle
 from .models import (
+    Approval,
+    ApprovalState,
     Definition,
     Deployment,
     HistoryEvent,
@@ -185,6 +187,31 @@ class EngineClient:
 
     def complete_user_task(self, user_task_id: str, variables: dict[str, Any] | None = None) -> Instance:
         return self._runner.run(self._async.complete_user_task(user_task_id, variables))
+
+    def list_approvals(
+        self,
+        *,
+        process_id: str = "",
+        business_key: str = "",
+        tool_ref: str = "",
+        state: ApprovalState = ApprovalState.PENDING,
+    ) -> list[Approval]:
+        return self._runner.run(
+            self._async.list_approvals(
+                process_id=process_id, business_key=business_key, tool_ref=tool_ref, state=state
+            )
+        )
+
+    def get_approval(self, approval_id: str) -> Approval:
+        return self._runner.run(self._async.get_approval(approval_id))
+
+    def approve(
+        self, approval_id: str, *, arguments: dict[str, Any] | None = None, comment: str = ""
+    ) -> Approval:
+        return self._runner.run(self._async.approve(approval_id, arguments=arguments, comment=comment))
+
+    def reject(self, approval_id: str, reason: str) -> Approval:
+        return self._runner.run(self._async.reject(approval_id, reason))
 
     def journal(self, task_id: str) -> list[JournalStep]:
         return self._runner.run(self._async.journal(task_id))
