@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from abada_worker.conversation import ModelTurn, ToolResults
 from abada_worker.replay import Blocked, CallModel, Finish, RunCalls, plan_replay
-from abada_worker.work import StepState
+from abada_worker.work import JournalEntry, StepState
 from worker_support import CREATE_TICKET, GET_CUSTOMER, VARIABLES, agent_work, model_step, tool_step
 
 LOOKUP = ("call_0_0", "crm__get_customer", {"customerId": "C-42"})
@@ -155,3 +157,65 @@ def test_abandoned_model_calls_are_not_part_of_the_conversation() -> None:
     assert [type(turn) for turn in plan.history] == [ModelTurn, ToolResults]
     assert plan.usage.model_calls == 1
     assert plan.next_sequence == 4
+
+
+def _approval_steps(decided: JournalEntry) -> list[JournalEntry]:
+    return [
+        model_step(1, [LOOKUP]),
+        tool_step(2, "call_0_0", GET_CUSTOMER, result=ALICE),
+        model_step(3, [TICKET]),
+        decided,
+    ]
+
+
+def test_a_call_awaiting_approval_waits_again_and_pays_no_turn() -> None:
+    awaiting = replace(
+        tool_step(4, "call_1_0", CREATE_TICKET, state=StepState.AWAITING_APPROVAL), response={}
+    )
+    plan = plan_replay(agent_work(), VARIABLES, _approval_steps(awaiting))
+
+    assert isinstance(plan.next_action, RunCalls)
+    (planned,) = plan.next_action.calls
+    assert (planned.awaiting_at, planned.approved, planned.result) == (4, False, None)
+    assert plan.next_sequence == 5
+
+
+def test_an_approved_call_runs_with_the_approved_arguments() -> None:
+    edited = {"customerId": "C-42", "subject": "Lost parcel", "priority": "urgent"}
+    approved = replace(
+        tool_step(4, "call_1_0", CREATE_TICKET, state=StepState.APPROVED),
+        response={"approval": {"decision": "APPROVED", "arguments": edited}},
+    )
+    plan = plan_replay(agent_work(), VARIABLES, _approval_steps(approved))
+
+    (planned,) = plan.next_action.calls  # type: ignore[union-attr]
+    assert planned.approved and planned.resend is None and planned.result is None
+    assert (planned.call.id, planned.call.name, planned.call.args) == (
+        "call_1_0",
+        "crm__create_ticket",
+        edited,
+    )
+    # Once started at a later sequence, a re-send carries the approved arguments too.
+    started = tool_step(5, "call_1_0", CREATE_TICKET, state=StepState.STARTED, key="key-5")
+    started = replace(started, request={**started.request, "arguments": edited})
+    plan = plan_replay(agent_work(), VARIABLES, [*_approval_steps(approved), started])
+    (planned,) = plan.next_action.calls  # type: ignore[union-attr]
+    assert (planned.resend.sequence, planned.call.args) == (5, edited)  # type: ignore[union-attr]
+
+
+def test_a_rejected_call_gives_the_model_the_reason() -> None:
+    rejection = {"content": [{"type": "text", "text": "rejected by a person: no"}], "isError": True}
+    rejected = tool_step(4, "call_1_0", CREATE_TICKET, result=rejection)
+    plan = plan_replay(agent_work(), VARIABLES, _approval_steps(rejected))
+
+    assert plan.next_action == CallModel()
+    last = plan.history[-1]
+    assert isinstance(last, ToolResults) and last.results[0].is_error
+    assert last.results[0].result == rejection
+
+
+def test_an_approval_without_arguments_blocks_instead_of_guessing() -> None:
+    approved = replace(tool_step(4, "call_1_0", CREATE_TICKET, state=StepState.APPROVED), response={})
+    plan = plan_replay(agent_work(), VARIABLES, _approval_steps(approved))
+
+    assert isinstance(plan.next_action, Blocked)

@@ -254,13 +254,19 @@ class Approvals:
             for row in overdue:
                 by_task[row.task_id].append(row)
             for task_id, rows in by_task.items():
-                await self._time_out(conn, task_id, rows)
+                # A decision takes the task's row first: skip a task being decided on (no deadlock);
+                # if the decision leaves an approval pending, the next round sees it again.
+                state = await task_store.lock_state(conn, task_id, skip_locked=True)
+                if state is None:
+                    continue
+                await self._time_out(conn, task_id, state, rows)
                 handled += 1
         return handled
 
-    async def _time_out(self, conn: AsyncConnection, task_id: uuid.UUID, overdue: list[ApprovalRow]) -> None:
+    async def _time_out(
+        self, conn: AsyncConnection, task_id: uuid.UUID, state: str, overdue: list[ApprovalRow]
+    ) -> None:
         first = overdue[0]
-        state = await task_store.lock_state(conn, task_id)
         reason = "nobody decided within the node's approval_timeout"
         await approval_store.close_pending_of_task(conn, task_id, ApprovalState.EXPIRED, reason)
         instance = await instance_store.lock(conn, first.instance_id)

@@ -241,10 +241,13 @@ async def offer_again(conn: AsyncConnection, task_id: uuid.UUID, retries_left: i
     return True
 
 
-async def lock_state(conn: AsyncConnection, task_id: uuid.UUID) -> str | None:
-    """The task's state, its row locked for the caller's transaction (serialises decisions on one task)."""
+async def lock_state(conn: AsyncConnection, task_id: uuid.UUID, skip_locked: bool = False) -> str | None:
+    """The task's state, its row locked for the caller's transaction (serialises decisions on one task);
+    None if there is no such task, or with `skip_locked` if another transaction holds it."""
     return (
-        await conn.execute(select(tasks.c.state).where(tasks.c.id == task_id).with_for_update())
+        await conn.execute(
+            select(tasks.c.state).where(tasks.c.id == task_id).with_for_update(skip_locked=skip_locked)
+        )
     ).scalar_one_or_none()
 
 
