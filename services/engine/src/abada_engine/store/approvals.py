@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.db.schema import approvals, instances, journal_steps
 
-from .hand_written import typed
+from .hand_written import Executor, HandWritten, typed
 from .states import ApprovalState, StepKind, StepState, is_
 
 _SECOND = literal_column("interval '1 second'")
@@ -181,14 +181,20 @@ async def count_pending(conn: AsyncConnection, task_id: uuid.UUID) -> int:
     ).scalar_one()
 
 
-async def approved_digests(conn: AsyncConnection, task_id: uuid.UUID) -> list[tuple[str, bytes]]:
+# Hand-written: the journal's careful path runs it, on whichever connection it holds (asyncpg's own
+# pool or a SQLAlchemy connection), before a call under approval may start.
+APPROVED_DIGESTS = HandWritten(
+    f"""
+    SELECT key_id, approved_request_digest FROM approvals
+    WHERE task_id = CAST(:task_id AS uuid) AND state = '{ApprovalState.APPROVED}' AND key_id IS NOT NULL
+    """
+)
+
+
+async def approved_digests(conn: Executor, task_id: uuid.UUID) -> list[tuple[str, bytes]]:
     """The (key id, request digest) of every call of the task a person approved."""
-    rows = await conn.execute(
-        select(approvals.c.key_id, approvals.c.approved_request_digest).where(
-            approvals.c.task_id == task_id, is_(approvals.c.state, ApprovalState.APPROVED)
-        )
-    )
-    return [(r.key_id, bytes(r.approved_request_digest)) for r in rows.all() if r.key_id is not None]
+    rows = await APPROVED_DIGESTS.fetch(conn, {"task_id": str(task_id)})
+    return [(r.key_id, bytes(r.approved_request_digest)) for r in rows]
 
 
 async def lock_expired(conn: AsyncConnection, limit: int) -> list[ApprovalRow]:

@@ -245,7 +245,7 @@ class Journal:
             self.sealer.view(inserted, step.request, step.response), self.sealer.key_for(inserted, binding)
         )
 
-    async def _check_approved(self, conn: AsyncConnection, step: StepRequest) -> None:
+    async def _check_approved(self, conn: Executor, step: StepRequest) -> None:
         """A call under approval runs only as a person approved it: these very arguments, this call."""
         approved = await approval_store.approved_digests(conn, step.task_id)
         if step.request is None or not any(
