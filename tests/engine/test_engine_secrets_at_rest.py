@@ -46,7 +46,8 @@ def test_development_secrets_are_owner_only_from_the_first_byte(tmp_path):
     registry = write_dev_callers(tmp_path / "dev-tokens")
     written = [tmp_path / "journal-keys", tmp_path / "idempotency-secret", registry]
     written += sorted((tmp_path / "dev-tokens").glob("*.token"))
-    assert len(written) == 6
+    # journal keys, idempotency secret, the callers file, and the operator, approver, worker and broker tokens
+    assert len(written) == 7
     for path in written:
         assert _mode(path) == 0o600, path
 

@@ -142,7 +142,7 @@ def _callers_file(settings: EngineSettings, env: dict[str, str]) -> pathlib.Path
     registry = write_dev_callers(directory)
     log.warning(
         "ABADA_AUTH_TOKENS_FILE is not set: using development callers; their tokens are in %s "
-        "(operator.token, worker.token, broker.token)",
+        "(operator.token, approver.token, worker.token, broker.token)",
         directory,
     )
     return registry
