@@ -29,8 +29,9 @@ from worker_process import WorkerLauncher
 from worker_servers import RealBroker
 from worker_support import deploy_bundle, history_of
 
-# The reference scenario's collaborators: the CRM, the scripted Gemini endpoint, the real broker, the
-# worker launcher, and a fresh CRM and script before each test.
+# The reference scenario's collaborators: a CRM of its own per test, the scripted Gemini endpoint, the
+# real broker, the worker launcher, and a fresh script before each test.
+crm_token = reference.crm_token
 crm = reference.crm
 gemini_url = reference.gemini_url
 broker = reference.broker
@@ -121,18 +122,9 @@ async def decide(
     return (await engine.approvals.DecideApproval(request)).approval
 
 
-@pytest.fixture(autouse=True)
-def tickets_before(crm: RunningCrmServer) -> None:
-    """The CRM outlives a test: only tickets opened during this one count."""
-    global _TICKETS_BEFORE
-    _TICKETS_BEFORE = len(crm.tickets())
-
-
-_TICKETS_BEFORE = 0
-
-
 def new_tickets(crm: RunningCrmServer) -> list[dict[str, Any]]:
-    return crm.tickets()[_TICKETS_BEFORE:]
+    """Every ticket of this test's own CRM (each test gets a fresh one)."""
+    return crm.tickets()
 
 
 def model_turns(gemini_url: str) -> list[int]:
