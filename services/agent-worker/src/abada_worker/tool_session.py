@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import ssl
 from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Sequence
 from contextvars import ContextVar
@@ -20,6 +18,7 @@ from functools import cache
 from typing import Any
 
 import httpx2
+from abada_common.tool_schemas import schema_sha256
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -63,11 +62,6 @@ class ContractMismatch:
             "expected_sha256": self.expected_sha256,
             "observed_sha256": self.observed_sha256,
         }
-
-
-def schema_sha256(schema: dict[str, Any]) -> str:
-    """SHA-256 of the canonical JSON (sorted keys, no spaces) of a tool's inputSchema, as the engine pins it."""
-    return hashlib.sha256(json.dumps(schema, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def check_contract(bindings: Iterable[ToolBinding], listed: dict[str, Tool]) -> list[ContractMismatch]:

@@ -9,8 +9,6 @@ that changed after deploy.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import pathlib
 from collections.abc import Generator
@@ -21,6 +19,7 @@ import grpc
 import httpx2
 import yaml
 from abada.broker.v1 import credential_pb2, credential_pb2_grpc
+from abada_common.tool_schemas import schema_sha256
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import PaginatedRequestParams
@@ -31,11 +30,6 @@ from .catalog import ObservedSchemas
 from .model import Bundle, ToolServerSpec
 
 log = logging.getLogger(__name__)
-
-
-def schema_sha256(schema: Any) -> str:
-    """SHA-256 of the canonical JSON (sorted keys, no spaces) of a tool's inputSchema."""
-    return hashlib.sha256(json.dumps(schema, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 class CredentialSource(Protocol):
