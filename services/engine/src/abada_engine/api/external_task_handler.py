@@ -46,6 +46,8 @@ def _metadata(message: external_task_pb2.AttemptMetadata) -> AttemptMetadata:
         confidence=message.confidence if message.HasField("confidence") else None,
         model_calls=message.model_calls,
         tool_calls=message.tool_calls,
+        cached_input_tokens=message.cached_input_tokens,
+        reasoning_tokens=message.reasoning_tokens,
         quota_wait_ms=message.quota_wait_ms,
     )
 

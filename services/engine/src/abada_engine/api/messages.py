@@ -179,6 +179,7 @@ def locked_task(value: LockedTask) -> external_task_pb2.ExternalTask:
         agent = external_task_pb2.AgentWork(
             profile_version="abada.agent/v1",
             model=work.model,
+            provider=work.provider,
             prompt=work.prompt,
             tool_bindings=[binding(b) for b in work.tool_bindings],
             limits=limits(work.limits),

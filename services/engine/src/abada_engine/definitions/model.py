@@ -133,6 +133,8 @@ class Node:
     retry_backoff_ms: int = 1000
     # agent nodes
     model: str | None = None
+    # Resolved at deploy (definitions.providers): gemini, openai or anthropic.
+    provider: str | None = None
     prompt: str | None = None
     tools: tuple[str, ...] = ()
     result_variable: str | None = None

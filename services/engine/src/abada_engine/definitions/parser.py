@@ -30,6 +30,7 @@ from .model import (
     ToolServerSpec,
     ToolSpec,
 )
+from .providers import PROVIDERS, ProviderUndecided, resolve_provider
 from .schemas import schema_problems
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}$")
@@ -59,6 +60,7 @@ _NODE_KEYS: dict[str, set[str]] = {
     "agent": _COMMON_NODE_KEYS
     | {
         "model",
+        "provider",
         "prompt",
         "inputs",
         "tools",
@@ -532,7 +534,9 @@ def _check_agent(
     checker: _Checker, data: dict[str, Any], path: tuple[str | int, ...], servers: dict[str, ToolServerSpec]
 ) -> dict[str, Any]:
     values: dict[str, Any] = {"topic": AGENT_TOPIC}
-    values["model"] = checker.string(data, "model", path)
+    model = checker.string(data, "model", path)
+    values["model"] = model
+    values["provider"] = _check_provider(checker, data, path, model)
     prompt = checker.string(data, "prompt", path)
     if prompt:
         for problem in reference_syntax_errors(prompt):
@@ -624,6 +628,26 @@ def iso_duration_seconds(text: str) -> float | None:
     if not parts:
         return None
     return sum(float(value) * _DURATION_UNITS[name] for name, value in parts.items())
+
+
+def _check_provider(
+    checker: _Checker, data: dict[str, Any], path: tuple[str | int, ...], model: str | None
+) -> str | None:
+    """The provider frozen into the version: the node's `provider:`, else the model name's family."""
+    explicit = checker.string(data, "provider", path, required=False)
+    if explicit is not None and explicit not in PROVIDERS:
+        checker.report(
+            (*path, "provider"), f"{explicit!r} is not a provider (one of: {', '.join(PROVIDERS)})"
+        )
+        return None
+    if model is None:
+        return explicit
+    try:
+        # Model profiles (not built yet) will pass their provider here as `profile_provider`.
+        return resolve_provider(model, explicit)
+    except ProviderUndecided as undecided:
+        checker.report((*path, "model"), str(undecided))
+        return None
 
 
 def _check_branches(

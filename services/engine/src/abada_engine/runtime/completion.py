@@ -48,6 +48,8 @@ class AttemptMetadata:
     quota_wait_ms: int = 0
     # Set by the engine, never taken from the worker: the profile's prices times the task's tokens.
     cost_usd: float = 0.0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "tools_used": list(self.tools_used)}

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.model import ToolBinding
+from abada_engine.definitions.providers import provider_of_model
 from abada_engine.errors import Category, EngineError, invalid, not_found
 from abada_engine.metrics import LEASE_EXPIRIES
 from abada_engine.store import tasks as task_store
@@ -146,6 +147,8 @@ class Leases:
             node = definition.process.node(row.node_id)
             agent_work = AgentWorkView(
                 model=node.model or "",
+                # Versions deployed before the field existed are read by the model name's family.
+                provider=node.provider or provider_of_model(node.model or "") or "",
                 prompt=payload.get("prompt", ""),
                 tool_bindings=definition.bindings_for(node.id),
                 limits=node.limits,

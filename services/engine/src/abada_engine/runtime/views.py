@@ -65,6 +65,9 @@ class UserTaskView:
 @dataclass(frozen=True)
 class AgentWorkView:
     model: str
+    # Which provider serves the model, frozen at deploy; "" when a version older than the field
+    # has a model of no known family (the worker then reports it cannot serve the node).
+    provider: str
     prompt: str
     tool_bindings: list[ToolBinding]
     limits: Limits
