@@ -67,7 +67,7 @@ def read_conversation(body: Any) -> Conversation:
         raise RequestError("'contents' holds no user content")
     first_user_text = _text_of(first_user)
 
-    inputs = {**_input_blocks(system_text), **_input_blocks(first_user_text)}
+    inputs = {**input_blocks(system_text), **input_blocks(first_user_text)}
     turn_index = sum(1 for content in contents if content.get("role") == "model")
     tools = body.get("tools") or []
     prompt_material = {
@@ -113,7 +113,8 @@ def _text_of(content: Any) -> str:
     )
 
 
-def _input_blocks(text: str) -> dict[str, str]:
+def input_blocks(text: str) -> dict[str, str]:
+    """The `<input name="...">` values in a text, unescaped (the worker escapes them)."""
     return {html.unescape(name): html.unescape(value).strip() for name, value in _INPUT_BLOCK.findall(text)}
 
 

@@ -14,7 +14,8 @@ class CallRecord:
     model: str
     script: str | None
     time: float
-    # HTTP status returned: 200 for a played turn, 400 for a script or request error.
+    # HTTP status returned: 200 for a played turn, 429 for a scripted rate limit, 400 for a
+    # script or request error.
     status: int
     function_calls: tuple[str, ...]
     error: str | None = None
@@ -53,6 +54,14 @@ class CallLedger:
         )
         self._records.append(entry)
         return entry
+
+    def count(self, conversation: str, turn: int, *, status: int) -> int:
+        """How many calls for this (conversation, turn) were answered with `status`."""
+        return sum(
+            1
+            for entry in self._records
+            if entry.conversation == conversation and entry.turn == turn and entry.status == status
+        )
 
     def reset(self) -> None:
         self._records.clear()

@@ -17,6 +17,10 @@ A script file (YAML or JSON) looks like::
           - json: {ticketId: "{{tool.crm__create_ticket.ticketId}}", priority: high}
             fenced: true
 
+A turn may also answer with `refusal: "text"` (the model declines), and may be rate limited:
+`rate_limit: {retry_after_seconds: 1, times: 1}` answers the first `times` requests for that turn
+with a 429 and that retry-after (each endpoint in its API's shape), then plays the turn.
+
 A file may also hold a single script (a mapping with `turns`) or just a list of turns.
 Every unknown key is an error, so a typo in a script fails at load time instead of silently
 playing something else.
@@ -93,7 +97,22 @@ class JsonReply:
     fenced: bool = False
 
 
-Reply = FunctionCallsReply | TextReply | JsonReply
+@dataclass(frozen=True)
+class RefusalReply:
+    """The model declines the task; each endpoint says so the way its API does."""
+
+    template: str
+
+
+Reply = FunctionCallsReply | TextReply | JsonReply | RefusalReply
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """The first `times` requests for the turn get a 429 with this retry-after."""
+
+    retry_after_seconds: float
+    times: int = 1
 
 
 @dataclass(frozen=True)
@@ -102,6 +121,9 @@ class UsageOverride:
 
     prompt_tokens: int | None = None
     candidates_tokens: int | None = None
+    # Of the prompt, served from cache; of the candidates, spent reasoning (0 when not given).
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +132,7 @@ class Turn:
     repeat: bool = False
     delay_ms: int = 0
     usage: UsageOverride = field(default_factory=UsageOverride)
+    rate_limit: RateLimit | None = None
 
 
 @dataclass(frozen=True)
@@ -232,12 +255,12 @@ def _phrases(value: Any, where: str) -> tuple[str, ...]:
     return tuple(items)
 
 
-_REPLY_KEYS = ("call", "calls", "text", "json")
+_REPLY_KEYS = ("call", "calls", "text", "json", "refusal")
 
 
 def _parse_turn(value: Any, where: str) -> Turn:
     value = _require_mapping(value, where)
-    _reject_unknown_keys(value, {*_REPLY_KEYS, "fenced", "repeat", "delay_ms", "usage"}, where)
+    _reject_unknown_keys(value, {*_REPLY_KEYS, "fenced", "repeat", "delay_ms", "usage", "rate_limit"}, where)
     given = [key for key in _REPLY_KEYS if key in value]
     if len(given) != 1:
         raise ScriptError(f"{where}: a turn needs exactly one of {', '.join(_REPLY_KEYS)}")
@@ -258,6 +281,10 @@ def _parse_turn(value: Any, where: str) -> Turn:
         if not isinstance(value["text"], str):
             raise ScriptError(f"{where}.text: must be a string")
         reply = TextReply(value["text"])
+    elif kind == "refusal":
+        if not isinstance(value["refusal"], str):
+            raise ScriptError(f"{where}.refusal: must be a string")
+        reply = RefusalReply(value["refusal"])
     else:
         _require_json_value(value["json"], f"{where}.json")
         reply = JsonReply(value["json"], fenced=_bool(value.get("fenced", False), f"{where}.fenced"))
@@ -266,7 +293,20 @@ def _parse_turn(value: Any, where: str) -> Turn:
         repeat=_bool(value.get("repeat", False), f"{where}.repeat"),
         delay_ms=_non_negative_int(value.get("delay_ms", 0), f"{where}.delay_ms"),
         usage=_parse_usage(value.get("usage"), f"{where}.usage"),
+        rate_limit=_parse_rate_limit(value.get("rate_limit"), f"{where}.rate_limit"),
     )
+
+
+def _parse_rate_limit(value: Any, where: str) -> RateLimit | None:
+    if value is None:
+        return None
+    value = _require_mapping(value, where)
+    _reject_unknown_keys(value, {"retry_after_seconds", "times"}, where)
+    seconds = value.get("retry_after_seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+        raise ScriptError(f"{where}.retry_after_seconds: must be a non-negative number")
+    times = _non_negative_int(value.get("times", 1), f"{where}.times")
+    return RateLimit(retry_after_seconds=float(seconds), times=times)
 
 
 def _parse_call(value: Any, where: str) -> ScriptedFunctionCall:
@@ -286,15 +326,13 @@ def _parse_usage(value: Any, where: str) -> UsageOverride:
     if value is None:
         return UsageOverride()
     value = _require_mapping(value, where)
-    _reject_unknown_keys(value, {"prompt_tokens", "candidates_tokens"}, where)
-    prompt = value.get("prompt_tokens")
-    candidates = value.get("candidates_tokens")
-    return UsageOverride(
-        prompt_tokens=None if prompt is None else _non_negative_int(prompt, f"{where}.prompt_tokens"),
-        candidates_tokens=None
-        if candidates is None
-        else _non_negative_int(candidates, f"{where}.candidates_tokens"),
-    )
+    keys = ("prompt_tokens", "candidates_tokens", "cached_tokens", "reasoning_tokens")
+    _reject_unknown_keys(value, set(keys), where)
+    counts = {
+        key: None if value.get(key) is None else _non_negative_int(value[key], f"{where}.{key}")
+        for key in keys
+    }
+    return UsageOverride(**counts)
 
 
 def _require_mapping(value: Any, where: str) -> Mapping[str, Any]:

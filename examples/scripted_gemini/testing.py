@@ -1,4 +1,4 @@
-"""Running the scripted Gemini endpoint as a subprocess, for tests and the offline demo.
+"""Running a scripted model endpoint (Gemini, OpenAI, Anthropic) as a subprocess, for tests and the demo.
 
     with running_scripted_gemini() as base_url:
         client = genai.Client(api_key="x", http_options=types.HttpOptions(base_url=base_url))
@@ -23,8 +23,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from scripted_gemini.endpoint import READY_MARKER
 from scripted_gemini.script import SUPPORT_TRIAGE_SCRIPT
-from scripted_gemini.server import READY_LINE_PREFIX
 
 ScriptSource = str | os.PathLike[str] | Mapping[str, Any] | Sequence[Any] | None
 
@@ -43,8 +43,24 @@ def running_scripted_gemini(
     turns) that is written to a temporary file; None plays `scripts/support_triage.yaml`.
     The process is terminated (then killed if it lingers) when the block exits.
     """
-    with tempfile.TemporaryDirectory(prefix="scripted-gemini-") as workdir:
-        server = _ServerProcess(_script_path(script, Path(workdir)), Path(workdir) / "stderr.log", log_level)
+    with running_scripted_endpoint(
+        "scripted_gemini.server", script, startup_timeout=startup_timeout, log_level=log_level
+    ) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def running_scripted_endpoint(
+    module: str, script: ScriptSource = None, *, startup_timeout: float = 15.0, log_level: str = "warning"
+) -> Iterator[str]:
+    """Any scripted endpoint (`scripted_gemini.server`, `scripted_openai.server`, ...) the same way.
+
+    The `fetch_calls`, `reset_calls` and `load_script` helpers work on every one of them.
+    """
+    with tempfile.TemporaryDirectory(prefix="scripted-endpoint-") as workdir:
+        server = _ServerProcess(
+            module, _script_path(script, Path(workdir)), Path(workdir) / "stderr.log", log_level
+        )
         try:
             yield server.wait_until_ready(startup_timeout)
         finally:
@@ -87,14 +103,15 @@ def _script_path(script: ScriptSource, workdir: Path) -> Path:
 
 
 class _ServerProcess:
-    def __init__(self, script_path: Path, stderr_path: Path, log_level: str) -> None:
+    def __init__(self, module: str, script_path: Path, stderr_path: Path, log_level: str) -> None:
+        self._module = module
         self._stderr_path = stderr_path
         with stderr_path.open("wb") as stderr_file:
             self._process = subprocess.Popen(
                 [
                     sys.executable,
                     "-m",
-                    "scripted_gemini.server",
+                    module,
                     "--host",
                     "127.0.0.1",
                     "--port",
@@ -119,7 +136,7 @@ class _ServerProcess:
         if not self._ready_line_seen.wait(timeout) or self._ready_url is None:
             self.stop()
             raise ScriptedGeminiStartError(
-                f"scripted Gemini did not start (exit code {self._process.returncode}): {self._stderr_tail()}"
+                f"{self._module} did not start (exit code {self._process.returncode}): {self._stderr_tail()}"
             )
         deadline = time.monotonic() + timeout
         while True:
@@ -130,7 +147,7 @@ class _ServerProcess:
                 if time.monotonic() > deadline or self._process.poll() is not None:
                     self.stop()
                     raise ScriptedGeminiStartError(
-                        f"scripted Gemini at {self._ready_url} is not answering: {error}; "
+                        f"{self._module} at {self._ready_url} is not answering: {error}; "
                         f"{self._stderr_tail()}"
                     ) from error
                 time.sleep(0.05)
@@ -153,8 +170,8 @@ class _ServerProcess:
         assert stdout is not None
         for raw in stdout:
             line = raw.decode(errors="replace").strip()
-            if self._ready_url is None and line.startswith(READY_LINE_PREFIX):
-                self._ready_url = line.removeprefix(READY_LINE_PREFIX)
+            if self._ready_url is None and READY_MARKER in line:
+                self._ready_url = line.split(READY_MARKER, 1)[1]
                 self._ready_line_seen.set()
         self._ready_line_seen.set()
 
