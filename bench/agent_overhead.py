@@ -580,7 +580,7 @@ class StepReplayer:
     async def append(self, step: RecordedStep) -> None:
         journal, began = self._journal, time.perf_counter()
         if step.reply is not None:
-            sequence = await self._clocked(journal.start_model_call(self._turn, self._model))
+            sequence = await self._clocked(journal.start_model_call(self._turn, self._model, "gemini"))
             await self._clocked(journal.finish_model_call(sequence, step.reply))
             self._turn += 1
             kind = "model"

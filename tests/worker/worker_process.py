@@ -83,7 +83,9 @@ class WorkerLauncher:
 
     async def start(self, **overrides: str) -> WorkerProcess:
         environment = {
-            key: value for key, value in os.environ.items() if not key.startswith(("ABADA_", "GEMINI_"))
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("ABADA_", "GEMINI_", "OPENAI_", "ANTHROPIC_"))
         }
         environment.update(self.env)
         environment.update(overrides)
@@ -98,7 +100,8 @@ class WorkerLauncher:
         )
         worker = WorkerProcess(process)
         self.started.append(worker)
-        await worker.wait_for_log("worker ready")
+        # Loading a provider SDK takes seconds on a busy machine.
+        await worker.wait_for_log("worker ready", timeout=45)
         return worker
 
     async def close(self) -> None:

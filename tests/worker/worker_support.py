@@ -33,6 +33,7 @@ def agent_work(*bindings: ToolBinding, output_schema: dict[str, Any] | None = No
     return AgentWork(
         profile_version="abada.agent/v1",
         model="gemini-3.6-flash",
+        provider="gemini",
         prompt="Read the message from C-42, look the customer up, open a ticket and answer in JSON.",
         bindings=bindings or (GET_CUSTOMER, CREATE_TICKET),
         limits=Limits(8, 8, 50_000),
@@ -65,7 +66,7 @@ def model_step(
         kind=StepKind.MODEL_CALL,
         state=state,
         tool_ref="",
-        request={"turn": 0, "model": "gemini-3.6-flash"},
+        request={"turn": 0, "model": "gemini-3.6-flash", "provider": "gemini"},
         response=response,
         input_tokens=tokens[0] if state is StepState.COMPLETED else 0,
         output_tokens=tokens[1] if state is StepState.COMPLETED else 0,

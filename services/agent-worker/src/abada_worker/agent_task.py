@@ -16,6 +16,7 @@ Every way the attempt can end early is an exception from `errors`; the executor 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -38,6 +39,7 @@ from .logs import TaskLog
 from .metrics import observe_model_call
 from .prompt import RenderedPrompt
 from .providers.base import ModelCallError, ModelProvider
+from .providers.registry import ProviderSet
 from .replay import Blocked, CallModel, Finish, PlannedCall, ReplayPlan, RunCalls, Usage, plan_replay
 from .struct_codec import from_struct
 from .tool_batch import ToolBatch
@@ -57,7 +59,7 @@ _MAX_INVALID_OUTPUT_CHARS = 8_000
 class AgentServices:
     engine: EngineClient
     broker: BrokerClient
-    provider: ModelProvider
+    providers: ProviderSet
     tool_timeout_seconds: float = 60.0
     # How many of one model turn's function calls run at once (per task).
     tool_call_concurrency: int = 4
@@ -73,6 +75,8 @@ class Tally:
     input_tokens: int = 0
     output_tokens: int = 0
     tools_used: list[str] = field(default_factory=list)
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
 
     @classmethod
     def of(cls, usage: Usage) -> Tally:
@@ -82,7 +86,16 @@ class Tally:
             usage.input_tokens,
             usage.output_tokens,
             list(usage.tools_used),
+            usage.cached_input_tokens,
+            usage.reasoning_tokens,
         )
+
+    def add_model_turn(self, reply: ModelReply) -> None:
+        self.model_calls += 1
+        self.input_tokens += reply.input_tokens
+        self.output_tokens += reply.output_tokens
+        self.cached_input_tokens += reply.cached_input_tokens
+        self.reasoning_tokens += reply.reasoning_tokens
 
     def add_tool(self, ref: str) -> None:
         self.tool_calls += 1
@@ -105,6 +118,7 @@ class AgentTask:
         self._started = time.monotonic()
         self._quota_wait_ms = 0
         self._log = TaskLog(log, {"task_id": task.id, "attempt": task.attempt})
+        self._provider: ModelProvider | None = None
 
     async def run(self) -> None:
         work = agent_work_from_proto(self._task.agent_work)
@@ -114,6 +128,7 @@ class AgentTask:
                 f"this worker runs agent profile {AGENT_PROFILE}, not {work.profile_version!r}",
                 no_retry=True,
             )
+        self._provider = self._services.providers.for_node(work.provider, work.model)
         variables = from_struct(self._task.variables)
         plan = plan_replay(work, variables, [journal_entry_from_proto(step) for step in self._task.steps])
         self._log.info(
@@ -124,13 +139,13 @@ class AgentTask:
             raise AttemptFailed("JOURNAL_BLOCKED", plan.next_action.reason, no_retry=True)
         tally = Tally.of(plan.usage)
         action = plan.next_action
-        answer = action.text if isinstance(action, Finish) else await self._converse(work, plan, tally)
+        answer = action if isinstance(action, Finish) else await self._converse(work, plan, tally)
         if answer is None:
             return  # handed back to wait for a person's approval
         await self._complete(work, plan.prompt, answer, tally)
 
-    async def _converse(self, work: AgentWork, plan: ReplayPlan, tally: Tally) -> str | None:
-        """Model turns and the calls they ask for, from where the journal left off, to the answer's text
+    async def _converse(self, work: AgentWork, plan: ReplayPlan, tally: Tally) -> Finish | None:
+        """Model turns and the calls they ask for, from where the journal left off, to the final turn
         (None: the task was handed back to wait for approvals)."""
         journal = Journal(self._services.engine, self._lease, plan.next_sequence)
         history = list(plan.history)
@@ -157,8 +172,8 @@ class AgentTask:
                     turn = await self._call_model(work, plan.prompt, history, toolbox, journal, tally)
                     history.append(turn)
                     calls = tuple(PlannedCall(call) for call in turn.function_calls)
-                    action = RunCalls(calls) if calls else Finish(turn.text)
-        return action.text
+                    action = RunCalls(calls) if calls else Finish(turn.text, turn.refusal)
+        return action
 
     async def _call_model(
         self,
@@ -171,23 +186,26 @@ class AgentTask:
     ) -> ModelTurn:
         self._interruption.checkpoint()
         turn_index = sum(1 for turn in history if isinstance(turn, ModelTurn))
+        provider = self._provider
+        assert provider is not None, "run() chooses the provider before any model turn"
         request = ModelRequest(work.model, prompt.system, prompt.user, tuple(history), toolbox.functions)
         estimate = estimated_tokens(request)
         while True:
             try:
-                sequence = await journal.start_model_call(turn_index, work.model, estimate)
+                sequence = await journal.start_model_call(turn_index, work.model, provider.name, estimate)
                 break
             except QuotaWait as wait:
                 await self._wait_for_quota(wait)
         while True:
             try:
-                reply = await self._generate(work, request, sequence)
+                reply = await self._generate(provider, work, request, sequence)
                 break
             except ModelCallError as error:
-                if error.status == PROVIDER_QUOTA_STATUS:
+                if error.status == PROVIDER_QUOTA_STATUS and error.retryable:
                     # The provider's own quota: the same wait, the same STARTED step, no failed attempt.
+                    # (OpenAI's insufficient_quota is a 429 too, but not retryable: no wait clears it.)
                     await self._wait_for_quota(
-                        QuotaWait(error.retry_after_seconds or 1.0, str(error), self._services.provider.name)
+                        QuotaWait(error.retry_after_seconds or 1.0, str(error), provider.name)
                     )
                     continue
                 await journal.fail_model_call(sequence, str(error))
@@ -195,13 +213,11 @@ class AgentTask:
                     "MODEL_CALL_FAILED",
                     str(error),
                     no_retry=not error.retryable,
-                    details={"status": error.status},
+                    details={"status": error.status, "provider": provider.name},
                 ) from None
         reply = assign_call_ids(reply, sequence)
         await journal.finish_model_call(sequence, reply)
-        tally.model_calls += 1
-        tally.input_tokens += reply.input_tokens
-        tally.output_tokens += reply.output_tokens
+        tally.add_model_turn(reply)
         self._log.info(
             "model turn",
             extra={
@@ -230,7 +246,9 @@ class AgentTask:
             self._quota_wait_ms += int((time.monotonic() - began) * 1000)
         self._interruption.checkpoint()
 
-    async def _generate(self, work: AgentWork, request: ModelRequest, sequence: int) -> ModelReply:
+    async def _generate(
+        self, provider: ModelProvider, work: AgentWork, request: ModelRequest, sequence: int
+    ) -> ModelReply:
         """One provider call in its GenAI span, its latency and tokens counted by model."""
         began = time.monotonic()
         try:
@@ -240,11 +258,11 @@ class AgentTask:
                 attributes={
                     "gen_ai.operation.name": "chat",
                     "gen_ai.request.model": work.model,
-                    "gen_ai.provider.name": self._services.provider.name,
+                    "gen_ai.provider.name": provider.name,
                     "abada.journal.sequence": sequence,
                 },
             ) as span:
-                reply = await self._services.provider.generate(request)
+                reply = await provider.generate(request)
                 span.set_attribute("gen_ai.usage.input_tokens", reply.input_tokens)
                 span.set_attribute("gen_ai.usage.output_tokens", reply.output_tokens)
         except ModelCallError:
@@ -278,19 +296,25 @@ class AgentTask:
             extra={"waiting_sequences": list(waiting), "approval_ids": list(reply.approval_ids)},
         )
 
-    async def _complete(self, work: AgentWork, prompt: RenderedPrompt, text: str, tally: Tally) -> None:
+    async def _complete(self, work: AgentWork, prompt: RenderedPrompt, finish: Finish, tally: Tally) -> None:
         invalid_reason = ""
         confidence: float | None = None
+        text = finish.text
         try:
+            if finish.refusal:
+                # A refusal is the model's last word, not an answer; a person reviews it.
+                text = finish.refusal
+                raise InvalidAnswer(f"the model refused: {finish.refusal[:500]}")
             answer = parse_answer(text)
             variables: dict[str, Any] = {work.result_variable: answer.value}
             confidence = answer.confidence
         except InvalidAnswer as invalid:
             invalid_reason = str(invalid)
             variables = {work.result_variable: text[:_MAX_INVALID_OUTPUT_CHARS]}
+        provider = self._provider
         metadata = external_task_pb2.AttemptMetadata(
             model=work.model,
-            provider=self._services.provider.name,
+            provider=provider.name if provider is not None else work.provider,
             input_tokens=tally.input_tokens,
             output_tokens=tally.output_tokens,
             tools_used=tally.tools_used,
@@ -299,6 +323,8 @@ class AgentTask:
             model_calls=tally.model_calls,
             tool_calls=tally.tool_calls,
             quota_wait_ms=self._quota_wait_ms,
+            cached_input_tokens=tally.cached_input_tokens,
+            reasoning_tokens=tally.reasoning_tokens,
         )
         if confidence is not None:
             metadata.confidence = confidence
@@ -333,9 +359,7 @@ def assign_call_ids(reply: ModelReply, sequence: int) -> ModelReply:
         calls.append(call)
     if not changed:
         return reply
-    return ModelReply(
-        reply.text, tuple(calls), reply.finish_reason, reply.input_tokens, reply.output_tokens, reply.extra
-    )
+    return dataclasses.replace(reply, function_calls=tuple(calls))
 
 
 def estimated_tokens(request: ModelRequest) -> int:

@@ -31,6 +31,9 @@ class FunctionCall:
 class ModelTurn:
     text: str
     function_calls: tuple[FunctionCall, ...] = ()
+    # What the model said instead of answering when it declined the task (OpenAI's `refusal`,
+    # Anthropic's `stop_reason: refusal`); "" when it did not.
+    refusal: str = ""
 
 
 @dataclass(frozen=True)
@@ -66,18 +69,35 @@ class ModelRequest:
     functions: tuple[FunctionSpec, ...]
 
 
+# Why a turn ended, in the journal's provider-neutral words; each provider maps its own reasons.
+FINISH_STOP = "stop"  # the model ended its turn: an answer (or text) with nothing else asked for
+FINISH_TOOL_CALLS = "tool_calls"  # it asked for function calls
+FINISH_LENGTH = "length"  # it ran out of output tokens (or context window)
+FINISH_REFUSAL = "refusal"  # it declined
+FINISH_FILTERED = "content_filter"  # the provider's safety filter stopped it
+FINISH_OTHER = "other"
+
+
 @dataclass(frozen=True)
 class ModelReply:
     text: str
     function_calls: tuple[FunctionCall, ...]
+    # The provider's own finish reason, as it said it (STOP, tool_calls, end_turn, ...).
     finish_reason: str
     input_tokens: int
+    # Output tokens including any reasoning the provider bills as output.
     output_tokens: int
     # What the provider said about the turn beyond the text, for the journal only.
     extra: dict[str, Any] = field(default_factory=dict)
+    # The same reason in provider-neutral words (FINISH_*); "" when the provider gave none.
+    finish: str = ""
+    refusal: str = ""
+    # Of input_tokens, served from the provider's prompt cache; of output_tokens, spent reasoning.
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
 
     def as_turn(self) -> ModelTurn:
-        return ModelTurn(text=self.text, function_calls=self.function_calls)
+        return ModelTurn(text=self.text, function_calls=self.function_calls, refusal=self.refusal)
 
 
 def result_for_model(result: dict[str, Any]) -> Any:

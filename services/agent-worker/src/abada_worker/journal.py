@@ -30,7 +30,7 @@ class Journal:
     def next_sequence(self) -> int:
         return self._next
 
-    async def start_model_call(self, turn: int, model: str, estimated_tokens: int = 0) -> int:
+    async def start_model_call(self, turn: int, model: str, provider: str, estimated_tokens: int = 0) -> int:
         """Journals the model call STARTED; the engine admits it against the model's quota there, given
         the request's estimated size. Refused for quota (QuotaWait), the sequence stays free for the
         same call to ask again."""
@@ -40,7 +40,7 @@ class Journal:
             StepKind.MODEL_CALL,
             StepState.STARTED,
             _MODEL_REF,
-            request=step_payloads.model_request(turn, model),
+            request=step_payloads.model_request(turn, model, provider),
             tokens=(estimated_tokens, 0) if estimated_tokens else None,
         )
         self._next += 1

@@ -21,8 +21,9 @@ from .health import HealthServer
 from .interruption import TaskInterruption
 from .job_executor import JobExecutor
 from .job_poller import Backoff, JobPoller
-from .logs import configure_logging
-from .providers.gemini import GeminiProvider
+from .logs import configure_logging, redactor
+from .providers.base import ModelProvider
+from .providers.registry import ProviderSet
 from .settings import WorkerSettings, load_settings
 from .task_router import TaskHandler, TaskRouter
 
@@ -34,6 +35,49 @@ def agent_handler(services: AgentServices) -> TaskHandler:
         await AgentTask(services, task, interruption).run()
 
     return handle
+
+
+def providers_for(settings: WorkerSettings) -> ProviderSet:
+    """Every provider this worker has a key or an endpoint for; the rest are named with what is missing.
+
+    Each SDK is imported only when its provider is configured: together they take seconds to load.
+    """
+    timeout = settings.model_timeout_seconds
+    configured: dict[str, ModelProvider] = {}
+    missing: dict[str, str] = {}
+    for key in (settings.gemini_api_key, settings.openai_api_key, settings.anthropic_api_key):
+        # Held for the worker's life: a key quoted by an SDK exception never reaches a log line.
+        if key:
+            redactor.hold(key)
+    if settings.gemini_api_key or settings.gemini_base_url:
+        from .providers.gemini import GeminiProvider
+
+        configured["gemini"] = GeminiProvider(
+            api_key=settings.gemini_api_key, base_url=settings.gemini_base_url, timeout_seconds=timeout
+        )
+    else:
+        missing["gemini"] = "set GEMINI_API_KEY (or --gemini-api-key-file), or --gemini-base-url"
+    if settings.openai_api_key or settings.openai_base_url:
+        from .providers.openai_chat import OpenAIChatProvider
+
+        configured["openai"] = OpenAIChatProvider(
+            api_key=settings.openai_api_key, base_url=settings.openai_base_url, timeout_seconds=timeout
+        )
+    else:
+        missing["openai"] = (
+            "set OPENAI_API_KEY (or --openai-api-key-file), or OPENAI_BASE_URL / --openai-base-url"
+        )
+    if settings.anthropic_api_key or settings.anthropic_base_url:
+        from .providers.anthropic_messages import AnthropicMessagesProvider
+
+        configured["anthropic"] = AnthropicMessagesProvider(
+            api_key=settings.anthropic_api_key, base_url=settings.anthropic_base_url, timeout_seconds=timeout
+        )
+    else:
+        missing["anthropic"] = (
+            "set ANTHROPIC_API_KEY (or --anthropic-api-key-file), or ANTHROPIC_BASE_URL / --anthropic-base-url"
+        )
+    return ProviderSet(configured, missing)
 
 
 def engine_channel_for(settings: WorkerSettings) -> grpc.aio.Channel:
@@ -52,11 +96,7 @@ async def serve(settings: WorkerSettings) -> None:
     token = CallerToken(settings.token, settings.token_file)
     engine_channel = engine_channel_for(settings)
     broker_channel = broker_channel_for(settings)
-    provider = GeminiProvider(
-        api_key=settings.gemini_api_key,
-        base_url=settings.gemini_base_url,
-        timeout_seconds=settings.model_timeout_seconds,
-    )
+    providers = providers_for(settings)
     # Retrying one journal write for longer than a third of the lease would outlive the lease itself.
     engine = EngineClient(
         engine_channel, settings.worker_id, token, retry_seconds=min(10.0, settings.lease_ms / 3000)
@@ -64,7 +104,7 @@ async def serve(settings: WorkerSettings) -> None:
     services = AgentServices(
         engine=engine,
         broker=BrokerClient(broker_channel, settings.worker_id, token),
-        provider=provider,
+        providers=providers,
         tool_timeout_seconds=settings.tool_timeout_seconds,
         tool_call_concurrency=settings.tool_call_concurrency,
         fault=settings.fault,
@@ -113,6 +153,7 @@ async def serve(settings: WorkerSettings) -> None:
             "concurrency": settings.concurrency,
             "engine": settings.engine_address,
             "health_port": health.port,
+            "providers": providers.names,
         },
     )
     try:
@@ -120,7 +161,7 @@ async def serve(settings: WorkerSettings) -> None:
         await executor.drain(stop_requested_at[0] + settings.drain_seconds)
     finally:
         await health.stop()
-        await provider.aclose()
+        await providers.aclose()
         await engine_channel.close()
         await broker_channel.close()
         log.info("worker stopped")

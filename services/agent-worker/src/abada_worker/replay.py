@@ -67,9 +67,10 @@ class RunCalls:
 
 @dataclass(frozen=True)
 class Finish:
-    """The last model turn asked for no function: its text is the answer."""
+    """The last model turn asked for no function: its text is the answer (unless it refused)."""
 
     text: str
+    refusal: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,8 @@ class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
     tools_used: tuple[str, ...] = ()
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ def plan_replay(work: AgentWork, variables: Mapping[str, Any], steps: Sequence[J
         last = index == len(model_steps) - 1
         if not turn.function_calls:
             if last:
-                next_action = Finish(turn.text)
+                next_action = Finish(turn.text, turn.refusal)
             continue
         window_end = model_steps[index + 1].sequence if not last else None
         tool_steps = _latest_tool_steps(ordered, model_step.sequence, window_end)
@@ -209,11 +212,15 @@ def _plan_call(
 
 
 def _usage(ordered: Sequence[JournalEntry]) -> Usage:
-    model_calls = tool_calls = input_tokens = output_tokens = 0
+    model_calls = tool_calls = input_tokens = output_tokens = cached = reasoning = 0
     tools_used: list[str] = []
     for step in ordered:
         input_tokens += step.input_tokens
         output_tokens += step.output_tokens
+        if step.kind is StepKind.MODEL_CALL and step.state is StepState.COMPLETED:
+            step_cached, step_reasoning = step_payloads.usage_of(step.response)
+            cached += step_cached
+            reasoning += step_reasoning
         if step.abandoned:
             continue
         if step.kind is StepKind.MODEL_CALL and step.state is StepState.COMPLETED:
@@ -222,4 +229,4 @@ def _usage(ordered: Sequence[JournalEntry]) -> Usage:
             tool_calls += 1
             if step.tool_ref not in tools_used:
                 tools_used.append(step.tool_ref)
-    return Usage(model_calls, tool_calls, input_tokens, output_tokens, tuple(tools_used))
+    return Usage(model_calls, tool_calls, input_tokens, output_tokens, tuple(tools_used), cached, reasoning)

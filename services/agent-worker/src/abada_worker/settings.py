@@ -1,7 +1,12 @@
 """Worker settings: every one from a command-line flag, else the environment, else a default.
 
-Secrets (the worker's bearer token, GEMINI_API_KEY) come from the environment or a file only,
-never from flags, so they do not show up in process listings.
+Secrets (the worker's bearer token, the model providers' API keys) come from the environment or
+a file only, never from flags, so they do not show up in process listings.
+
+Model providers: a provider is served when it has a key or an endpoint. Keys: GEMINI_API_KEY,
+OPENAI_API_KEY, ANTHROPIC_API_KEY, or a file named by `--<provider>-api-key-file`. Endpoints:
+`--<provider>-base-url` / ABADA_<PROVIDER>_BASE_URL, else the SDKs' own OPENAI_BASE_URL and
+ANTHROPIC_BASE_URL (any OpenAI-compatible server: Azure OpenAI, vLLM, Ollama, a gateway).
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ class WorkerSettings:
     health_address: str = "127.0.0.1:8081"
     gemini_api_key: str | None = None
     gemini_base_url: str | None = None
+    openai_api_key: str | None = None
+    openai_base_url: str | None = None
+    anthropic_api_key: str | None = None
+    anthropic_base_url: str | None = None
     poll_wait_ms: int = 10_000
     tool_timeout_seconds: float = 60.0
     # A model turn's function calls that run at once, per task.
@@ -118,6 +127,24 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=default("ABADA_GEMINI_BASE_URL", None),
         help="a Gemini-compatible endpoint, e.g. the scripted one (ABADA_GEMINI_BASE_URL); GEMINI_API_KEY is read from the environment",
     )
+    for provider, key_variable, sdk_base_variable in (
+        ("gemini", "GEMINI_API_KEY", None),
+        ("openai", "OPENAI_API_KEY", "OPENAI_BASE_URL"),
+        ("anthropic", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
+    ):
+        upper = provider.upper()
+        if provider != "gemini":
+            add(
+                f"--{provider}-base-url",
+                default=default(f"ABADA_{upper}_BASE_URL", None) or default(sdk_base_variable or "", None),
+                help=f"a {provider}-compatible endpoint (ABADA_{upper}_BASE_URL, else {sdk_base_variable})",
+            )
+        add(
+            f"--{provider}-api-key-file",
+            type=Path,
+            default=default(f"ABADA_{upper}_API_KEY_FILE", None),
+            help=f"file holding the {provider} API key (ABADA_{upper}_API_KEY_FILE); {key_variable} sets the key itself",
+        )
     add(
         "--poll-wait-ms",
         type=int,
@@ -223,8 +250,12 @@ def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | No
         lease_ms=args.lease_ms,
         drain_seconds=args.drain_seconds,
         health_address=args.health_address,
-        gemini_api_key=environment.get("GEMINI_API_KEY") or None,
+        gemini_api_key=_api_key(parser, environment, "GEMINI_API_KEY", args.gemini_api_key_file),
         gemini_base_url=args.gemini_base_url or None,
+        openai_api_key=_api_key(parser, environment, "OPENAI_API_KEY", args.openai_api_key_file),
+        openai_base_url=args.openai_base_url or None,
+        anthropic_api_key=_api_key(parser, environment, "ANTHROPIC_API_KEY", args.anthropic_api_key_file),
+        anthropic_base_url=args.anthropic_base_url or None,
         poll_wait_ms=args.poll_wait_ms,
         tool_timeout_seconds=args.tool_timeout_seconds,
         tool_call_concurrency=args.tool_call_concurrency,
@@ -239,3 +270,15 @@ def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | No
         broker_tls_key_file=Path(args.broker_tls_key_file) if args.broker_tls_key_file else None,
         fault=fault,
     )
+
+
+def _api_key(
+    parser: argparse.ArgumentParser, environment: Mapping[str, str], variable: str, file: Path | str | None
+) -> str | None:
+    """The key from its file when one is named (a mounted secret), else from the environment."""
+    if file:
+        try:
+            return Path(file).read_text(encoding="utf-8").strip() or None
+        except OSError as error:
+            parser.error(f"cannot read the API key file {file}: {error.strerror}")
+    return environment.get(variable) or None

@@ -1,9 +1,28 @@
 """The shapes of the journal's request and response payloads, which only the worker reads.
 
-MODEL_CALL  request  {"turn": n, "model": m}
-            response {"text": ..., "functionCalls": [{"id", "name", "args", "thoughtSignature"?,
-                      "providerId"?}], "finishReason": ...}; `id` is unique in its turn (assigned by
-                      the worker when the model gave none), `providerId` the model's own when it differs
+What the journal holds of a model turn is provider-neutral: enough to show the turn back to the
+same provider on any worker (the conversation is rebuilt from it, see `replay`), and nothing of
+any provider's wire format beyond the opaque state it asks to be handed back.
+
+MODEL_CALL  request  {"turn": n, "model": m, "provider": "gemini" | "openai" | "anthropic"}
+            response {
+              "text":          the model's text ("" when it only called functions),
+              "functionCalls": [{"id", "name" (server__tool), "args" (a JSON object),
+                                 "thoughtSignature"? (Gemini's opaque state, base64),
+                                 "providerId"? (the model's own id when the worker had to assign
+                                 `id`; Gemini often gives none)}], in the model's order: several
+                               in one turn are parallel calls, run in that order, their results
+                               shown back together,
+              "finishReason":  the provider's own word (STOP, tool_calls, end_turn, ...),
+              "finish":        the same in neutral words: stop | tool_calls | length | refusal |
+                               content_filter | other,
+              "refusal"?:      what the model said when it declined (OpenAI `refusal`, Anthropic
+                               `stop_reason: refusal`); such a turn ends the task as invalid output,
+              "usage"?:        {"cachedInputTokens", "reasoningTokens"} where the provider reports
+                               them (the step's own tokens hold input and output, reasoning included),
+              provider notes:  "blockReason" (Gemini), "systemFingerprint" (OpenAI), for people only
+            }
+            `id` is unique in its turn; tool steps name the call they answer by it.
 TOOL_CALL   request  {"callId", "name" (server__tool), "arguments"}
             response the MCP CallToolResult as JSON {"content": [...], "structuredContent": ..., "isError"}
             AWAITING_APPROVAL (a call of a tool under approval, proposed, never sent): the request
@@ -12,8 +31,10 @@ TOOL_CALL   request  {"callId", "name" (server__tool), "arguments"}
             call runs at a new sequence with those arguments) or COMPLETED with the rejection as
             a CallToolResult error ("rejected by a person: <reason>").
 
-Tool errors are stored as FAILED steps with the same CallToolResult shape, so a replay hands the
-model the same error it saw the first time.
+Never in the journal: API keys, request headers, the provider's raw response. Tool errors are
+stored as FAILED steps with the same CallToolResult shape, so a replay hands the model the same
+error it saw the first time. A rate-limited model call stays STARTED while the worker waits and
+is COMPLETED at the same sequence once the provider answers.
 """
 
 from __future__ import annotations
@@ -23,8 +44,8 @@ from typing import Any
 from .conversation import FunctionCall, ModelReply, ModelTurn
 
 
-def model_request(turn: int, model: str) -> dict[str, Any]:
-    return {"turn": turn, "model": model}
+def model_request(turn: int, model: str, provider: str) -> dict[str, Any]:
+    return {"turn": turn, "model": model, "provider": provider}
 
 
 def model_response(reply: ModelReply) -> dict[str, Any]:
@@ -36,7 +57,27 @@ def model_response(reply: ModelReply) -> dict[str, Any]:
         if call.provider_id is not None:
             entry["providerId"] = call.provider_id
         calls.append(entry)
-    return {**reply.extra, "text": reply.text, "functionCalls": calls, "finishReason": reply.finish_reason}
+    response: dict[str, Any] = {
+        **reply.extra,
+        "text": reply.text,
+        "functionCalls": calls,
+        "finishReason": reply.finish_reason,
+        "finish": reply.finish,
+    }
+    if reply.refusal:
+        response["refusal"] = reply.refusal
+    if reply.cached_input_tokens or reply.reasoning_tokens:
+        response["usage"] = {
+            "cachedInputTokens": reply.cached_input_tokens,
+            "reasoningTokens": reply.reasoning_tokens,
+        }
+    return response
+
+
+def usage_of(response: dict[str, Any]) -> tuple[int, int]:
+    """(cached input tokens, reasoning tokens) of a journaled model turn."""
+    usage = response.get("usage") or {}
+    return int(usage.get("cachedInputTokens") or 0), int(usage.get("reasoningTokens") or 0)
 
 
 def model_turn_of(response: dict[str, Any]) -> ModelTurn:
@@ -50,7 +91,9 @@ def model_turn_of(response: dict[str, Any]) -> ModelTurn:
         )
         for call in response.get("functionCalls") or []
     )
-    return ModelTurn(text=str(response.get("text") or ""), function_calls=calls)
+    return ModelTurn(
+        text=str(response.get("text") or ""), function_calls=calls, refusal=str(response.get("refusal") or "")
+    )
 
 
 def tool_request(call: FunctionCall) -> dict[str, Any]:

@@ -58,6 +58,8 @@ class Limits:
 class AgentWork:
     profile_version: str
     model: str
+    # Frozen by the engine with the definition version; "" from an engine older than the field.
+    provider: str
     prompt: str
     bindings: tuple[ToolBinding, ...]
     limits: Limits
@@ -106,6 +108,7 @@ def agent_work_from_proto(message: external_task_pb2.AgentWork) -> AgentWork:
     return AgentWork(
         profile_version=message.profile_version,
         model=message.model,
+        provider=message.provider,
         prompt=message.prompt,
         bindings=tuple(binding_from_proto(binding) for binding in message.tool_bindings),
         limits=Limits(

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import email.utils
+import time
+from collections.abc import Mapping
 from typing import Protocol
 
 from ..conversation import ModelReply, ModelRequest
 
+# Statuses another try may fix (timeout, conflict, rate limit, the provider's own trouble);
+# any other client error would fail the same way again.
+RETRYABLE_STATUSES = frozenset({408, 409, 429})
+
 
 class ModelCallError(Exception):
-    """The provider gave no reply. `retryable` says whether another attempt may get one."""
+    """The provider gave no reply. `retryable` says whether another attempt may get one.
+
+    `retry_after_seconds` is set when the provider said when to come back (a 429 with
+    `retry-after`): the worker waits that long and asks again within the same attempt.
+    """
 
     def __init__(
         self,
@@ -34,3 +45,33 @@ class ModelProvider(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+def status_is_retryable(status: int) -> bool:
+    return status >= 500 or status in RETRYABLE_STATUSES
+
+
+def retry_after_seconds(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """How long the provider asked us to wait: `retry-after-ms`, else `retry-after` (seconds or a date).
+
+    None when it said nothing usable; never negative.
+    """
+    lowered = {name.lower(): value for name, value in headers.items()}
+    milliseconds = lowered.get("retry-after-ms")
+    if milliseconds:
+        try:
+            return max(0.0, float(milliseconds) / 1000)
+        except ValueError:
+            pass
+    value = lowered.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))

@@ -14,6 +14,11 @@ from google import genai
 from google.genai import errors, types
 
 from ..conversation import (
+    FINISH_FILTERED,
+    FINISH_LENGTH,
+    FINISH_OTHER,
+    FINISH_STOP,
+    FINISH_TOOL_CALLS,
     FunctionCall,
     FunctionResult,
     FunctionSpec,
@@ -22,10 +27,13 @@ from ..conversation import (
     ModelTurn,
     result_for_model,
 )
-from .base import ModelCallError
+from .base import ModelCallError, status_is_retryable
 
-# Statuses another try may fix; any other client error would fail the same way again.
-_RETRYABLE_STATUSES = frozenset({408, 429})
+# The SDK retries these itself; a 429 is left to the worker, which waits out Gemini's RetryInfo.
+_SDK_RETRIED_STATUSES = [408, 500, 502, 503, 504]
+_FILTERED = frozenset(
+    {"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "MODEL_ARMOR"}
+)
 # A key the scripted endpoint ignores; the SDK refuses to start without one.
 _PLACEHOLDER_KEY = "scripted-endpoint"
 
@@ -46,7 +54,9 @@ class GeminiProvider:
         options = types.HttpOptions(
             base_url=base_url or None,
             timeout=int(timeout_seconds * 1000),
-            retry_options=types.HttpRetryOptions(attempts=retries, initial_delay=0.5, max_delay=8.0),
+            retry_options=types.HttpRetryOptions(
+                attempts=retries, initial_delay=0.5, max_delay=8.0, http_status_codes=_SDK_RETRIED_STATUSES
+            ),
         )
         self._client = genai.Client(api_key=api_key or _PLACEHOLDER_KEY, http_options=options).aio
 
@@ -63,12 +73,11 @@ class GeminiProvider:
                 model=request.model, contents=contents_of(request), config=config
             )
         except errors.APIError as error:
-            retryable = error.code >= 500 or error.code in _RETRYABLE_STATUSES
             raise ModelCallError(
                 f"Gemini answered {error.code} {error.status or ''}: {error.message or ''}".strip(),
-                retryable=retryable,
+                retryable=status_is_retryable(error.code),
                 status=error.code,
-                retry_after_seconds=retry_delay_of(error),
+                retry_after_seconds=retry_delay_of(error) if error.code == 429 else None,
             ) from None
         except Exception as error:
             # Whatever the transport raised, there is no reply; another attempt may well get one.
@@ -139,19 +148,37 @@ def reply_of(response: types.GenerateContentResponse) -> ModelReply:
             texts.append(part.text)
     usage = response.usage_metadata
     input_tokens = (usage.prompt_token_count or 0) if usage else 0
-    output_tokens = ((usage.candidates_token_count or 0) + (usage.thoughts_token_count or 0)) if usage else 0
-    finish = candidate.finish_reason if candidate else None
+    reasoning_tokens = (usage.thoughts_token_count or 0) if usage else 0
+    output_tokens = ((usage.candidates_token_count or 0) + reasoning_tokens) if usage else 0
+    finish = candidate.finish_reason.value if candidate and candidate.finish_reason is not None else ""
     extra: dict[str, Any] = {}
+    blocked = ""
     if response.prompt_feedback and response.prompt_feedback.block_reason:
-        extra["blockReason"] = str(response.prompt_feedback.block_reason.value)
+        blocked = str(response.prompt_feedback.block_reason.value)
+        extra["blockReason"] = blocked
     return ModelReply(
         text="".join(texts),
         function_calls=tuple(calls),
-        finish_reason=finish.value if finish is not None else "",
+        finish_reason=finish,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         extra=extra,
+        finish=FINISH_FILTERED if blocked else _neutral_finish(finish, bool(calls)),
+        cached_input_tokens=(usage.cached_content_token_count or 0) if usage else 0,
+        reasoning_tokens=reasoning_tokens,
     )
+
+
+def _neutral_finish(finish: str, called: bool) -> str:
+    if called:
+        return FINISH_TOOL_CALLS
+    if finish == "STOP":
+        return FINISH_STOP
+    if finish == "MAX_TOKENS":
+        return FINISH_LENGTH
+    if finish in _FILTERED:
+        return FINISH_FILTERED
+    return FINISH_OTHER if finish else ""
 
 
 def retry_delay_of(error: errors.APIError) -> float | None:

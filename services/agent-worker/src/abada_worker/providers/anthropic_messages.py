@@ -1,0 +1,178 @@
+"""Anthropic's Messages API with tool use, through the official `anthropic` SDK's async client.
+
+The SDK's own retries are off, as for OpenAI: a 429 with `retry-after` goes back to the worker,
+which waits it out within the attempt; a 529 (overloaded) or a 5xx ends the attempt, retryable.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+from anthropic.types import Message
+
+from ..conversation import (
+    FINISH_LENGTH,
+    FINISH_OTHER,
+    FINISH_REFUSAL,
+    FINISH_STOP,
+    FINISH_TOOL_CALLS,
+    FunctionCall,
+    FunctionResult,
+    FunctionSpec,
+    ModelReply,
+    ModelRequest,
+    ModelTurn,
+    result_for_model,
+)
+from .base import ModelCallError, retry_after_seconds, status_is_retryable
+from .schemas import anthropic_input_schema
+
+_PLACEHOLDER_KEY = "no-key"
+# The Messages API requires an output bound per turn; the node's token limit still caps the task.
+DEFAULT_MAX_OUTPUT_TOKENS = 4096
+_FINISHES = {
+    "end_turn": FINISH_STOP,
+    "stop_sequence": FINISH_STOP,
+    "pause_turn": FINISH_STOP,
+    "tool_use": FINISH_TOOL_CALLS,
+    "max_tokens": FINISH_LENGTH,
+    "model_context_window_exceeded": FINISH_LENGTH,
+    "refusal": FINISH_REFUSAL,
+}
+
+
+class AnthropicMessagesProvider:
+    name = "anthropic"
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None,
+        base_url: str | None = None,
+        timeout_seconds: float = 120.0,
+        max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
+    ) -> None:
+        if not api_key and not base_url:
+            raise ValueError("Anthropic needs ANTHROPIC_API_KEY, or a base URL for a compatible server")
+        self._client = anthropic.AsyncAnthropic(
+            api_key=api_key or _PLACEHOLDER_KEY,
+            base_url=base_url or None,
+            timeout=timeout_seconds,
+            max_retries=0,
+        )
+        self._max_output_tokens = max_output_tokens
+
+    async def generate(self, request: ModelRequest) -> ModelReply:
+        tools = [tool_of(function) for function in request.functions]
+        try:
+            message = await self._client.messages.create(
+                model=request.model,
+                max_tokens=self._max_output_tokens,
+                system=request.system,
+                messages=messages_of(request),  # type: ignore[arg-type]
+                tools=tools or anthropic.omit,  # type: ignore[arg-type]
+            )
+        except anthropic.APIStatusError as error:
+            raise _call_error(error) from None
+        except anthropic.APIError as error:
+            raise ModelCallError(f"Anthropic could not be reached: {error!r}", retryable=True) from None
+        return reply_of(message)
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+def _call_error(error: anthropic.APIStatusError) -> ModelCallError:
+    status = error.status_code
+    body = error.body if isinstance(error.body, dict) else {}
+    detail = body.get("error") if isinstance(body.get("error"), dict) else {}
+    kind = str(detail.get("type") or "")
+    return ModelCallError(
+        f"Anthropic answered {status}{f' {kind}' if kind else ''}: {detail.get('message') or error.message}",
+        retryable=status_is_retryable(status),
+        status=status,
+        retry_after_seconds=retry_after_seconds(error.response.headers) if status == 429 else None,
+    )
+
+
+def tool_of(function: FunctionSpec) -> dict[str, Any]:
+    return {
+        "name": function.name,
+        "description": function.description,
+        "input_schema": anthropic_input_schema(function.parameters),
+    }
+
+
+def messages_of(request: ModelRequest) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": request.user}]
+    wire_ids: dict[str, str] = {}
+    for turn in request.history:
+        if isinstance(turn, ModelTurn):
+            wire_ids.update((call.id, call.wire_id) for call in turn.function_calls)
+            messages.append({"role": "assistant", "content": _assistant_blocks(turn)})
+        else:
+            # Every result of a turn in the one user message right after it, as the API requires.
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        _result_block(result, wire_ids.get(result.call_id, result.call_id))
+                        for result in turn.results
+                    ],
+                }
+            )
+    return messages
+
+
+def _assistant_blocks(turn: ModelTurn) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    text = turn.text or turn.refusal
+    if text:
+        blocks.append({"type": "text", "text": text})
+    blocks += [
+        {"type": "tool_use", "id": call.wire_id, "name": call.name, "input": call.args}
+        for call in turn.function_calls
+    ]
+    # An assistant message may not be empty; a turn that said nothing is shown as such.
+    return blocks or [{"type": "text", "text": "(no reply)"}]
+
+
+def _result_block(result: FunctionResult, wire_id: str) -> dict[str, Any]:
+    value = result_for_model(result.result)
+    return {
+        "type": "tool_result",
+        "tool_use_id": wire_id,
+        "content": value if isinstance(value, str) else json.dumps(value, ensure_ascii=False),
+        "is_error": result.is_error,
+    }
+
+
+def reply_of(message: Message) -> ModelReply:
+    texts: list[str] = []
+    calls: list[FunctionCall] = []
+    for block in message.content:
+        if block.type == "text":
+            texts.append(block.text)
+        elif block.type == "tool_use":
+            calls.append(FunctionCall(id=block.id, name=block.name, args=dict(block.input or {})))
+    stop = str(message.stop_reason or "")
+    usage = message.usage
+    cache_read = usage.cache_read_input_tokens or 0
+    cache_write = usage.cache_creation_input_tokens or 0
+    refused = stop == "refusal"
+    text = "".join(texts)
+    details = getattr(usage, "output_tokens_details", None)
+    return ModelReply(
+        text="" if refused else text,
+        function_calls=() if refused else tuple(calls),
+        finish_reason=stop,
+        # Anthropic counts cached and cache-writing input apart from `input_tokens`; all were read.
+        input_tokens=usage.input_tokens + cache_read + cache_write,
+        output_tokens=usage.output_tokens,
+        finish=_FINISHES.get(stop, FINISH_OTHER if stop else ""),
+        refusal=(text or "the model declined to answer") if refused else "",
+        cached_input_tokens=cache_read,
+        reasoning_tokens=int(getattr(details, "thinking_tokens", 0) or 0) if details else 0,
+    )

@@ -1,0 +1,198 @@
+"""OpenAI's Chat Completions API with tools, through the official `openai` SDK's async client.
+
+One client serves OpenAI itself and every server speaking the same API (Azure OpenAI's v1
+endpoint, vLLM, Ollama, gateways): only `base_url` differs. The SDK's own retries are off:
+a rate limit goes back to the worker, which waits out `retry-after` with the lease kept alive
+and records the wait; any other failure ends the attempt for the engine's retry policy.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+from openai.types.chat import ChatCompletion
+
+from ..conversation import (
+    FINISH_FILTERED,
+    FINISH_LENGTH,
+    FINISH_OTHER,
+    FINISH_REFUSAL,
+    FINISH_STOP,
+    FINISH_TOOL_CALLS,
+    FunctionCall,
+    FunctionResult,
+    FunctionSpec,
+    ModelReply,
+    ModelRequest,
+    ModelTurn,
+    result_for_model,
+)
+from .base import ModelCallError, retry_after_seconds, status_is_retryable
+from .schemas import openai_parameters
+
+# A key for servers that need none (the scripted endpoint, a local vLLM); the SDK insists on one.
+_PLACEHOLDER_KEY = "no-key"
+# Where arguments the model produced that are not a JSON object go, so the tool's own input
+# validation answers the model (as an error it can correct) instead of the worker guessing.
+INVALID_ARGUMENTS_KEY = "_invalid_arguments"
+_FINISHES = {
+    "stop": FINISH_STOP,
+    "tool_calls": FINISH_TOOL_CALLS,
+    "function_call": FINISH_TOOL_CALLS,
+    "length": FINISH_LENGTH,
+    "content_filter": FINISH_FILTERED,
+}
+
+
+class OpenAIChatProvider:
+    name = "openai"
+
+    def __init__(
+        self, *, api_key: str | None, base_url: str | None = None, timeout_seconds: float = 120.0
+    ) -> None:
+        if not api_key and not base_url:
+            raise ValueError("OpenAI needs OPENAI_API_KEY, or a base URL for a compatible server")
+        self._client = openai.AsyncOpenAI(
+            api_key=api_key or _PLACEHOLDER_KEY,
+            base_url=base_url or None,
+            timeout=timeout_seconds,
+            max_retries=0,
+        )
+
+    async def generate(self, request: ModelRequest) -> ModelReply:
+        tools = [tool_of(function) for function in request.functions]
+        try:
+            completion = await self._client.chat.completions.create(
+                model=request.model,
+                messages=messages_of(request),  # type: ignore[arg-type]
+                tools=tools or openai.omit,  # type: ignore[arg-type]
+            )
+        except openai.APIStatusError as error:
+            raise _call_error(error) from None
+        except openai.APIError as error:
+            # Connection refused, timeout, a body that is not a completion: no reply, maybe next time.
+            raise ModelCallError(f"OpenAI could not be reached: {error!r}", retryable=True) from None
+        return reply_of(completion)
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+def _call_error(error: openai.APIStatusError) -> ModelCallError:
+    status = error.status_code
+    body = error.body if isinstance(error.body, dict) else {}
+    code = str(body.get("code") or "")
+    # A 429 for an exhausted billing quota will not clear by waiting; a rate limit will.
+    quota_gone = code == "insufficient_quota"
+    wait = retry_after_seconds(error.response.headers) if status == 429 and not quota_gone else None
+    return ModelCallError(
+        f"OpenAI answered {status}{f' {code}' if code else ''}: {body.get('message') or error.message}",
+        retryable=status_is_retryable(status) and not quota_gone,
+        status=status,
+        retry_after_seconds=wait,
+    )
+
+
+def tool_of(function: FunctionSpec) -> dict[str, Any]:
+    parameters, strict = openai_parameters(function.parameters)
+    return {
+        "type": "function",
+        "function": {
+            "name": function.name,
+            "description": function.description,
+            "parameters": parameters,
+            "strict": strict,
+        },
+    }
+
+
+def messages_of(request: ModelRequest) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": request.system},
+        {"role": "user", "content": request.user},
+    ]
+    wire_ids: dict[str, str] = {}
+    for turn in request.history:
+        if isinstance(turn, ModelTurn):
+            wire_ids.update((call.id, call.wire_id) for call in turn.function_calls)
+            messages.append(_assistant_message(turn))
+        else:
+            messages += [
+                _tool_message(result, wire_ids.get(result.call_id, result.call_id)) for result in turn.results
+            ]
+    return messages
+
+
+def _assistant_message(turn: ModelTurn) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": turn.text or None}
+    if turn.refusal:
+        message["refusal"] = turn.refusal
+    if turn.function_calls:
+        message["tool_calls"] = [
+            {
+                "id": call.wire_id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": _arguments_text(call.args)},
+            }
+            for call in turn.function_calls
+        ]
+    return message
+
+
+def _arguments_text(args: dict[str, Any]) -> str:
+    if set(args) == {INVALID_ARGUMENTS_KEY} and isinstance(args[INVALID_ARGUMENTS_KEY], str):
+        return args[INVALID_ARGUMENTS_KEY]  # what the model wrote, shown back unchanged
+    return json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+
+
+def _tool_message(result: FunctionResult, wire_id: str) -> dict[str, Any]:
+    # Chat Completions has no error flag on a tool message; the error is said in the content.
+    value = result_for_model(result.result)
+    content = {"error": value} if result.is_error else value
+    return {
+        "role": "tool",
+        "tool_call_id": wire_id,
+        "content": content if isinstance(content, str) else json.dumps(content, ensure_ascii=False),
+    }
+
+
+def reply_of(completion: ChatCompletion) -> ModelReply:
+    if not completion.choices:
+        raise ModelCallError("OpenAI answered without a choice", retryable=True)
+    choice = completion.choices[0]
+    message = choice.message
+    calls = tuple(
+        FunctionCall(id=call.id, name=call.function.name, args=_arguments_of(call.function.arguments))
+        for call in message.tool_calls or ()
+        if call.type == "function"
+    )
+    usage = completion.usage
+    prompt_details = usage.prompt_tokens_details if usage else None
+    completion_details = usage.completion_tokens_details if usage else None
+    refusal = message.refusal or ""
+    finish = str(choice.finish_reason or "")
+    extra: dict[str, Any] = {}
+    if completion.system_fingerprint:
+        extra["systemFingerprint"] = completion.system_fingerprint
+    return ModelReply(
+        text=message.content or "",
+        function_calls=calls,
+        finish_reason=finish,
+        input_tokens=usage.prompt_tokens if usage else 0,
+        output_tokens=usage.completion_tokens if usage else 0,
+        extra=extra,
+        finish=FINISH_REFUSAL if refusal else _FINISHES.get(finish, FINISH_OTHER if finish else ""),
+        refusal=refusal,
+        cached_input_tokens=(prompt_details.cached_tokens or 0) if prompt_details else 0,
+        reasoning_tokens=(completion_details.reasoning_tokens or 0) if completion_details else 0,
+    )
+
+
+def _arguments_of(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if text.strip() else {}
+    except ValueError:
+        value = None
+    return value if isinstance(value, dict) else {INVALID_ARGUMENTS_KEY: text}
