@@ -42,8 +42,10 @@ test: venv proto
 	@$(STEP) "ruff check" $(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest
 
+# make demo PROVIDER=openai | anthropic | gemini (the default)
+PROVIDER ?= gemini
 demo: venv proto
-	@$(PY) examples/demo.py
+	@$(PY) examples/demo.py --provider $(PROVIDER)
 
 # Benchmarks, with their bench-only dependencies (the pgqueuer peer, py-spy); not part of `make test`.
 BENCH_RUNS ?= 3

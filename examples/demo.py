@@ -1,18 +1,23 @@
 """`make demo`: Alice's support triage end to end, offline, printing what happened.
 
 Starts PostgreSQL (embedded, unless ABADA_DATABASE_URL is set), the engine, the credential broker
-(file backend), the demo CRM MCP server, the scripted Gemini endpoint (or Gemini itself when
-GEMINI_API_KEY is set) and one agent worker; deploys examples/support-triage.yaml; starts Alice's
-instance; prints the journal, the ticket, the `triage` variable and where the token went. Then the
-same triage with create_ticket under a person's approval (examples/support-triage-approval.yaml):
-the task parks, `abada approvals` shows the proposed call, `abada approve` decides it (with an
-edited priority), and the ticket is opened as approved. Then it stops everything it started.
+(file backend), the demo CRM MCP server, the scripted endpoint of the chosen provider (or the
+provider itself when its API key is set) and one agent worker; deploys examples/support-triage.yaml
+with that provider's model; starts Alice's instance; prints the journal, the ticket, the `triage`
+variable and where the token went. Then, on the scripted Gemini endpoint, the same triage with
+create_ticket under a person's approval (examples/support-triage-approval.yaml): the task parks,
+`abada approvals` shows the proposed call, `abada approve` decides it (with an edited priority),
+and the ticket is opened as approved. Then it stops everything it started.
+
+    python examples/demo.py [--provider gemini|openai|anthropic]     # make demo PROVIDER=openai
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -44,7 +49,7 @@ from abada.engine.v1 import (
 from crm_mcp.testing import running_crm_server
 from google.protobuf import json_format, struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from scripted_gemini.testing import running_scripted_gemini
+from scripted_gemini.testing import running_scripted_endpoint
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / "examples" / "support-triage.yaml"
@@ -53,6 +58,29 @@ BUNDLE_URL = "http://127.0.0.1:8765/mcp"
 WORKER_POOL = "demo-workers"
 NOTIFIER = "demo-notifier"
 NOTIFY_WORKER = ROOT / "examples" / "notify_worker.py"
+BUNDLE_MODEL = "model: gemini-3.6-flash"
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoProvider:
+    name: str
+    model: str
+    key_variable: str
+    # The base URL the worker is given for the scripted endpoint at `url`.
+    scripted_base: str
+
+    def worker_env(self, scripted_url: str | None) -> dict[str, str]:
+        if scripted_url is None:
+            return {}  # the real service: the key is already in the environment
+        base = self.scripted_base.format(url=scripted_url)
+        return {f"ABADA_{self.name.upper()}_BASE_URL": base, self.key_variable: "offline-demo"}
+
+
+PROVIDERS = {
+    "gemini": DemoProvider("gemini", "gemini-3.6-flash", "GEMINI_API_KEY", "{url}"),
+    "openai": DemoProvider("openai", "gpt-5-mini", "OPENAI_API_KEY", "{url}/v1"),
+    "anthropic": DemoProvider("anthropic", "claude-sonnet-4-5", "ANTHROPIC_API_KEY", "{url}"),
+}
 
 
 def say(text: str = "") -> None:
@@ -161,7 +189,7 @@ def summary(value: Any, width: int = 96) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def run() -> int:
+def run(provider: DemoProvider) -> int:
     with tempfile.TemporaryDirectory(prefix="abada-demo-") as scratch:
         state = pathlib.Path(scratch)
         logs = state / "logs"
@@ -232,7 +260,7 @@ def run() -> int:
         engine_address = f"127.0.0.1:{free_port()}"
         broker_address = f"127.0.0.1:{free_port()}"
         health_port = free_port()
-        gemini_key = os.environ.get("GEMINI_API_KEY")
+        real_key = os.environ.get(provider.key_variable)
 
         with contextlib.ExitStack() as stack:
             url = stack.enter_context(database(state))
@@ -275,13 +303,13 @@ def run() -> int:
             say(f"broker:    {broker_address} (file backend: crm-token)")
             crm = stack.enter_context(running_crm_server(token=crm_token))
             say(f"CRM MCP:   {crm.url}")
-            model_env = {"GEMINI_API_KEY": gemini_key} if gemini_key else {"GEMINI_API_KEY": "offline-demo"}
-            if not gemini_key:
-                model_url = stack.enter_context(running_scripted_gemini())
-                model_env["ABADA_GEMINI_BASE_URL"] = model_url
-                say(f"model:     scripted Gemini endpoint at {model_url}")
+            if real_key:
+                model_env = provider.worker_env(None)
+                say(f"model:     {provider.model} on {provider.name} itself ({provider.key_variable} is set)")
             else:
-                say("model:     Gemini (GEMINI_API_KEY is set)")
+                model_url = stack.enter_context(running_scripted_endpoint(f"scripted_{provider.name}.server"))
+                model_env = provider.worker_env(model_url)
+                say(f"model:     {provider.model} on the scripted {provider.name} endpoint at {model_url}")
             worker_process = stack.enter_context(
                 service(
                     "worker",
@@ -314,21 +342,21 @@ def run() -> int:
             say(f"worker:    {NOTIFIER}/1, topic notify (examples/notify_worker.py, the Python SDK)")
             say()
             with grpc.insecure_channel(engine_address) as channel:
-                outcome = triage(channel, operator, crm, logs)
-                if outcome != 0 or gemini_key:
-                    return outcome  # the approval part plays a scripted conversation
+                outcome = triage(channel, operator, crm, logs, provider)
+                if outcome != 0 or real_key or provider.name != "gemini":
+                    return outcome  # the approval part plays a scripted Gemini conversation
                 say()
                 return approved_triage(channel, operator, engine_address, approver_token_path, crm, logs)
 
 
-def triage(channel: grpc.Channel, operator: str, crm: Any, logs: pathlib.Path) -> int:
+def triage(channel: grpc.Channel, operator: str, crm: Any, logs: pathlib.Path, provider: DemoProvider) -> int:
     auth = (("authorization", f"Bearer {operator}"),)
     definitions = definition_pb2_grpc.DefinitionServiceStub(channel)
     processes = process_pb2_grpc.ProcessServiceStub(channel)
     tasks = external_task_pb2_grpc.ExternalTaskServiceStub(channel)
     incidents = incident_pb2_grpc.IncidentServiceStub(channel)
 
-    bundle = BUNDLE.read_text().replace(BUNDLE_URL, crm.url)
+    bundle = BUNDLE.read_text().replace(BUNDLE_URL, crm.url).replace(BUNDLE_MODEL, f"model: {provider.model}")
     deployed = definitions.Deploy(
         definition_pb2.DeployRequest(source_name=BUNDLE.name, content=bundle), metadata=auth
     ).definitions[0]
@@ -541,5 +569,16 @@ def common_policy(binding: Any) -> str:
     return f"{policy:<5} idempotency {idempotency}" if policy == "write" else f"{policy:<5}"
 
 
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Alice's support triage end to end, offline.")
+    parser.add_argument(
+        "--provider",
+        choices=sorted(PROVIDERS),
+        default=os.environ.get("PROVIDER") or "gemini",
+        help="which model provider serves the agent node (PROVIDER)",
+    )
+    return run(PROVIDERS[parser.parse_args().provider])
+
+
 if __name__ == "__main__":
-    raise SystemExit(run())
+    raise SystemExit(main())

@@ -383,3 +383,35 @@ async def test_a_node_on_a_provider_the_worker_has_no_credentials_for_fails_with
     assert "ANTHROPIC_API_KEY" in incident.message
     assert [e.type for e in await history_of(engine, instance_id)].count("TASK_FAILED") == 1
     assert await journal(engine, await task_of(engine, instance_id)) == []
+
+
+async def test_a_wait_longer_than_the_budget_fails_the_attempt_for_the_engine_to_retry_later(
+    engine, crm: RunningCrmServer, workers: WorkerLauncher
+) -> None:
+    with running_scripted_endpoint("scripted_openai.server", RATE_LIMITED_SECOND_TURN) as url:
+        await deploy_bundle(
+            engine,
+            bundle(crm.url, MODELS["openai"]).replace(
+                "next: notify_customer", "retry_backoff_ms: 100\n        next: notify_customer"
+            ),
+        )
+        instance_id = await start_instance(engine, "support_triage", customerId="C-42", message="Budget")
+        await workers.start(
+            ABADA_MAX_QUOTA_WAIT_SECONDS="1", **Provider("openai", MODELS["openai"], url).worker_env()
+        )
+
+        done = await settled(engine, instance_id)
+
+        assert done.current_node_id == "notify_customer"
+        events = await history_of(engine, instance_id)
+        (failed,) = [from_struct(e.data) for e in events if e.type == "TASK_FAILED"]
+        assert (failed["code"], failed["attempt"]) == ("MODEL_QUOTA_EXHAUSTED", 1)
+        assert failed["details"]["retry_after_ms"] == 2500
+        assert completed(events)["attempt"] == 2
+        # The rate-limited call ended FAILED in attempt 1; attempt 2 asked again and was answered.
+        steps = await journal(engine, await task_of(engine, instance_id))
+        assert [(names(steps)[i], s.attempt) for i, s in enumerate(steps)][-3:] == [
+            ("model", 2),
+            ("create_ticket", 2),
+            ("model", 2),
+        ]

@@ -97,3 +97,30 @@ def test_the_broker_is_dialed_over_tls_only_with_its_ca_and_a_lone_client_certif
         load_settings([], {"ABADA_BROKER_TLS_CERT_FILE": "/c.pem", "ABADA_BROKER_TLS_KEY_FILE": "/c.key"})
     with pytest.raises(SystemExit):
         load_settings([], {"ABADA_BROKER_TLS_CA_FILE": "/ca", "ABADA_BROKER_TLS_CERT_FILE": "/c.pem"})
+
+
+def test_provider_keys_come_from_the_environment_or_a_file_and_base_urls_from_flags_or_the_sdk_variables(
+    tmp_path: Path,
+) -> None:
+    key_file = tmp_path / "anthropic.key"
+    key_file.write_text("sk-ant-from-file\n")
+    env = {
+        "OPENAI_API_KEY": "sk-env",
+        "OPENAI_BASE_URL": "http://sdk-variable:8000/v1",
+        "ABADA_ANTHROPIC_API_KEY_FILE": str(key_file),
+        "ANTHROPIC_API_KEY": "sk-ant-env",
+        "ANTHROPIC_BASE_URL": "http://sdk-variable:9000",
+        "ABADA_ANTHROPIC_BASE_URL": "http://abada-variable:9000",
+    }
+    settings = load_settings(["--max-quota-wait-seconds", "30"], env)
+
+    assert (settings.openai_api_key, settings.openai_base_url) == ("sk-env", "http://sdk-variable:8000/v1")
+    # A mounted key file wins over the variable; Abada's own variable over the SDK's.
+    assert (settings.anthropic_api_key, settings.anthropic_base_url) == (
+        "sk-ant-from-file",
+        "http://abada-variable:9000",
+    )
+    assert settings.max_quota_wait_seconds == 30.0
+    assert load_settings(["--openai-base-url", "http://flag/v1"], env).openai_base_url == "http://flag/v1"
+    with pytest.raises(SystemExit):
+        load_settings(["--openai-api-key-file", str(tmp_path / "missing")], {})
