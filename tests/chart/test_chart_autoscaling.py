@@ -200,7 +200,7 @@ processes:
   - id: burst
     start: work
     nodes:
-      - { id: work, type: agent, model: m, prompt: p, result_variable: r, next: done }
+      - { id: work, type: agent, model: gemini-m, prompt: p, result_variable: r, next: done }
       - { id: done, type: end }
 """
 

@@ -72,7 +72,7 @@ async def test_profile_and_budgets_are_frozen_with_the_version(engine):
 
 
 async def test_profiles_a_process_does_not_use_are_not_frozen_into_it(engine):
-    unused = PROFILED.replace("model: gemini-3.6-flash", "model: some-other-model").replace(
+    unused = PROFILED.replace("model: gemini-3.6-flash", "model: gemini-other-model").replace(
         ", max_cost_usd: 0.05", ""
     )
     await deploy(engine, unused)
@@ -118,7 +118,7 @@ async def test_profiles_a_process_does_not_use_are_not_frozen_into_it(engine):
         ),
         (
             "        model: gemini-3.6-flash\n",
-            "        model: unpriced-model\n",
+            "        model: gemini-unpriced\n",
             "processes[0].nodes[0].limits.max_cost_usd",
             19,
             "needs prices",

@@ -8,8 +8,8 @@ import pytest
 from engine_helpers import deploy, error_info, fetch, start
 
 
-def bundle(model_lines: str) -> str:
-    return f"""
+def bundle(model_lines: str, models: str = "") -> str:
+    return f"""{models}
 processes:
   - id: ask
     start: agent
@@ -94,3 +94,30 @@ async def test_changing_only_the_provider_makes_a_new_version(engine):
 
     assert [d.version for d in first.definitions] == [1]
     assert [d.version for d in second.definitions] == [2]
+
+
+PROFILES = """
+models:
+  - { name: my-llama, provider: openai }
+  - { name: claude-sonnet-4-5, provider: anthropic }
+"""
+
+
+async def test_a_model_profile_decides_the_provider_of_the_nodes_that_name_it(engine):
+    await deploy(engine, bundle("        model: my-llama", PROFILES), "ask.yaml")
+    await start(engine, "ask")
+
+    [task] = await fetch(engine, "w", "abada:agent")
+
+    assert (task.agent_work.model, task.agent_work.provider) == ("my-llama", "openai")
+
+
+async def test_a_node_provider_contradicting_its_model_profile_is_refused(engine):
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await deploy(
+            engine, bundle("        model: claude-sonnet-4-5\n        provider: openai", PROFILES), "ask.yaml"
+        )
+
+    info = error_info(caught.value)
+    assert info.metadata["field"] == "processes[0].nodes[0].provider"
+    assert "contradicts the model profile" in caught.value.details()

@@ -20,7 +20,7 @@ processes:
   - id: job
     start: work
     nodes:
-      - { id: work, type: agent, model: m, prompt: p, result_variable: r, next: done }
+      - { id: work, type: agent, model: gemini-m, prompt: p, result_variable: r, next: done }
       - { id: done, type: end }
 """
 

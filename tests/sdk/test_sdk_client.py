@@ -129,7 +129,7 @@ async def test_refusals_are_sdk_errors_with_the_engine_reason(engine, engine_tok
 async def test_the_journal_of_a_task(engine, sdk_client):
     await sdk_client.deploy(
         "processes:\n  - id: thinker\n    start: think\n    nodes:\n"
-        "      - { id: think, type: agent, model: m, prompt: hi, result_variable: r, next: done }\n"
+        "      - { id: think, type: agent, model: gemini-m, prompt: hi, result_variable: r, next: done }\n"
         "      - { id: done, type: end }\n"
     )
     await sdk_client.start("thinker")

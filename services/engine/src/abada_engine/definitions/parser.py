@@ -48,7 +48,6 @@ _MODEL_KEYS = {
     "price",
 }
 _PRICE_KEYS = {"input_per_million_usd", "output_per_million_usd"}
-PROVIDERS = ("gemini", "openai", "anthropic")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}$")
 _SERVER_KEYS = {"name", "transport", "url", "credential", "tools"}
 _TOOL_KEYS = {"policy", "idempotency", "input_schema_sha256", "approval"}
@@ -433,7 +432,7 @@ def _check_process(
     problems_before = len(checker.problems)
     for index, raw_node in enumerate(raw_nodes):
         node_path = (*path, "nodes", index)
-        node = _check_node(checker, raw_node, node_path, servers)
+        node = _check_node(checker, raw_node, node_path, servers, models)
         if node is None:
             continue
         if node.id in nodes:
@@ -492,7 +491,11 @@ def _reachable(nodes: dict[str, Node], start: str) -> set[str]:
 
 
 def _check_node(
-    checker: _Checker, raw: Any, path: tuple[str | int, ...], servers: dict[str, ToolServerSpec]
+    checker: _Checker,
+    raw: Any,
+    path: tuple[str | int, ...],
+    servers: dict[str, ToolServerSpec],
+    models: dict[str, ModelProfile],
 ) -> Node | None:
     if not isinstance(raw, dict):
         checker.report(path, f"must be a mapping, not {_kind(raw)}")
@@ -524,19 +527,24 @@ def _check_node(
             checker.report((*path, "topic"), "topics starting with 'abada:' are reserved for the engine")
         values["topic"] = topic
     elif node_type == "agent":
-        values.update(_check_agent(checker, data, path, servers))
+        values.update(_check_agent(checker, data, path, servers, models))
     elif node_type == "exclusive":
         values["branches"], values["default"] = _check_branches(checker, data, path)
     return Node(**values)
 
 
 def _check_agent(
-    checker: _Checker, data: dict[str, Any], path: tuple[str | int, ...], servers: dict[str, ToolServerSpec]
+    checker: _Checker,
+    data: dict[str, Any],
+    path: tuple[str | int, ...],
+    servers: dict[str, ToolServerSpec],
+    models: dict[str, ModelProfile],
 ) -> dict[str, Any]:
     values: dict[str, Any] = {"topic": AGENT_TOPIC}
     model = checker.string(data, "model", path)
     values["model"] = model
-    values["provider"] = _check_provider(checker, data, path, model)
+    profile = models.get(model) if model else None
+    values["provider"] = _check_provider(checker, data, path, model, profile.provider if profile else None)
     prompt = checker.string(data, "prompt", path)
     if prompt:
         for problem in reference_syntax_errors(prompt):
@@ -631,9 +639,14 @@ def iso_duration_seconds(text: str) -> float | None:
 
 
 def _check_provider(
-    checker: _Checker, data: dict[str, Any], path: tuple[str | int, ...], model: str | None
+    checker: _Checker,
+    data: dict[str, Any],
+    path: tuple[str | int, ...],
+    model: str | None,
+    profile_provider: str | None,
 ) -> str | None:
-    """The provider frozen into the version: the node's `provider:`, else the model name's family."""
+    """The provider frozen into the version: the model profile's, else the node's `provider:`, else
+    the model name's family."""
     explicit = checker.string(data, "provider", path, required=False)
     if explicit is not None and explicit not in PROVIDERS:
         checker.report(
@@ -642,9 +655,14 @@ def _check_provider(
         return None
     if model is None:
         return explicit
+    if explicit and profile_provider and explicit != profile_provider:
+        checker.report(
+            (*path, "provider"),
+            f"{explicit!r} contradicts the model profile {model!r}, whose provider is {profile_provider!r}",
+        )
+        return None
     try:
-        # Model profiles (not built yet) will pass their provider here as `profile_provider`.
-        return resolve_provider(model, explicit)
+        return resolve_provider(model, explicit, profile_provider)
     except ProviderUndecided as undecided:
         checker.report((*path, "model"), str(undecided))
         return None

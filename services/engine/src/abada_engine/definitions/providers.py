@@ -1,8 +1,7 @@
 """Which model provider serves an agent node, decided once at deploy and frozen with the version.
 
-The order, first that applies: the node's model profile (not built yet: when model profiles
-exist, their `provider` is passed in as `profile_provider` and wins), the node's own `provider:`
-field, then the model name's family. A node nothing decides is refused at deploy, never guessed
+The order, first that applies: the model profile the node's `model` names (its `provider`), the
+node's own `provider:` field, then the model name's family. A node nothing decides is refused at deploy, never guessed
 at run time: a worker must not pick a wire protocol for a model it does not recognise.
 """
 
@@ -34,8 +33,7 @@ def provider_of_model(model: str) -> str | None:
 def resolve_provider(model: str, node_provider: str | None, profile_provider: str | None = None) -> str:
     """The provider serving a node; raises ProviderUndecided when nothing decides it.
 
-    `profile_provider` is the seam for model profiles (the many-instances issue): their provider
-    wins over the node's field, which wins over the model name.
+    The model profile's provider wins over the node's field, which wins over the model name.
     """
     for chosen in (profile_provider, node_provider):
         if chosen:
