@@ -112,7 +112,7 @@ def test_provider_keys_come_from_the_environment_or_a_file_and_base_urls_from_fl
         "ANTHROPIC_BASE_URL": "http://sdk-variable:9000",
         "ABADA_ANTHROPIC_BASE_URL": "http://abada-variable:9000",
     }
-    settings = load_settings(["--max-quota-wait-seconds", "30"], env)
+    settings = load_settings([], env)
 
     assert (settings.openai_api_key, settings.openai_base_url) == ("sk-env", "http://sdk-variable:8000/v1")
     # A mounted key file wins over the variable; Abada's own variable over the SDK's.
@@ -120,7 +120,6 @@ def test_provider_keys_come_from_the_environment_or_a_file_and_base_urls_from_fl
         "sk-ant-from-file",
         "http://abada-variable:9000",
     )
-    assert settings.max_quota_wait_seconds == 30.0
     assert load_settings(["--openai-base-url", "http://flag/v1"], env).openai_base_url == "http://flag/v1"
     with pytest.raises(SystemExit):
         load_settings(["--openai-api-key-file", str(tmp_path / "missing")], {})

@@ -97,6 +97,7 @@ def configure_logging(level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # The HTTP clients log every request at INFO; the worker logs what matters itself.
-    for chatty in ("httpx", "httpx2", "mcp", "google_genai"):
+    # The HTTP clients log every request at INFO, and the model SDKs their request options (headers
+    # included) at DEBUG; the worker logs what matters itself, and the redactor stays the backstop.
+    for chatty in ("httpx", "httpx2", "mcp", "google_genai", "openai", "anthropic"):
         logging.getLogger(chatty).setLevel(max(logging.WARNING, root.level))
