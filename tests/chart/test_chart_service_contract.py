@@ -151,6 +151,29 @@ def test_a_pool_can_use_a_gemini_compatible_endpoint() -> None:
     assert settings.worker_id == f"support-agents/{pod_name}"
 
 
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_pool_is_given_the_key_and_endpoint_of_its_provider(provider: str) -> None:
+    release = render(
+        {
+            "workers": [
+                {
+                    "topic": "abada:agent",
+                    "model": {
+                        "provider": provider,
+                        "baseUrl": "http://model-gateway.platform.svc:8080/v1",
+                        "apiKeySecret": {"name": f"abada-{provider}", "key": "api-key"},
+                    },
+                }
+            ]
+        }
+    )
+    (deployment,) = workers(release)
+    settings = load_settings([], kubelet_env(only_container(deployment), pod_name_of(deployment)))
+    assert getattr(settings, f"{provider}_api_key") == f"secret:abada-{provider}/api-key"
+    assert getattr(settings, f"{provider}_base_url") == "http://model-gateway.platform.svc:8080/v1"
+    assert (settings.gemini_api_key, settings.gemini_base_url) == (None, None)
+
+
 def test_the_broker_reads_its_settings(value_set: str, release: Release) -> None:
     broker = release.deployment_of("broker")
     settings = BrokerSettings.from_env(kubelet_env(only_container(broker), pod_name_of(broker)))
