@@ -95,7 +95,7 @@ processes:
     nodes:
       - id: agent
         type: agent
-        model: m
+        model: gemini-m
         prompt: decide
         result_variable: answer
         output_schema: {schema}

@@ -20,7 +20,7 @@ processes:
     nodes:
       - id: read
         type: agent
-        model: m
+        model: gemini-m
         prompt: Read the message from ${customerId} about ${order.id} and decide.
         inputs: { message: "${message}" }
         result_variable: answer
