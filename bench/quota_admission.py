@@ -128,7 +128,7 @@ async def run(replicas: list[EngineProcess], process_id: str, tasks: int, calls:
 async def deploy(replica: EngineProcess) -> None:
     async with replica.channel() as channel:
         stub = definition_pb2_grpc.DefinitionServiceStub(channel)
-        for process, model in (("quota", "quota-model"), ("unlimited", "no-profile-model")):
+        for process, model in (("quota", "quota-model"), ("unlimited", "gemini-no-profile-model")):
             content = BUNDLE.replace("{process}", process).replace("{model}", model)
             content = content.replace("{{", "{").replace("}}", "}")
             await stub.Deploy(definition_pb2.DeployRequest(source_name="bench.yaml", content=content))

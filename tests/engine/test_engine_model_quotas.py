@@ -210,7 +210,7 @@ async def test_a_process_budget_counts_every_agent_task_of_the_instance(engine) 
 
 
 async def test_without_a_profile_a_model_runs_unlimited(engine) -> None:
-    unprofiled = bundle("requests_per_minute: 1").replace("model: quota-model", "model: another-model")
+    unprofiled = bundle("requests_per_minute: 1").replace("model: quota-model", "model: gemini-another-model")
     await deploy(engine, unprofiled)
     tasks = await leased_tasks(engine, 3)
     for task in tasks:
