@@ -40,7 +40,7 @@ processes:
     nodes:
       - id: agent
         type: agent
-        model: bench-model
+        model: gemini-bench-model
         prompt: think
         result_variable: answer
         limits: { max_model_calls: 1000, max_tool_calls: 0, max_tokens: 1000000000 }

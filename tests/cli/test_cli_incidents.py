@@ -166,7 +166,7 @@ processes:
     nodes:
       - id: open
         type: agent
-        model: m
+        model: gemini-m
         prompt: Open a ticket.
         tools: [crm/create_ticket]
         result_variable: ticket

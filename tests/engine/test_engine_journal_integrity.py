@@ -21,7 +21,7 @@ processes:
     nodes:
       - id: agent
         type: agent
-        model: m
+        model: gemini-m
         prompt: decide
         result_variable: answer
         next: done

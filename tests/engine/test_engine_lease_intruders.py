@@ -20,7 +20,7 @@ processes:
     nodes:
       - id: agent
         type: agent
-        model: m
+        model: gemini-m
         prompt: decide
         result_variable: triage
         output_schema: { type: object, required: [priority] }
