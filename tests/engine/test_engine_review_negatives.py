@@ -167,7 +167,7 @@ processes:
   - id: p
     start: a
     nodes:
-      - {{ id: a, type: agent, model: m, prompt: p, tools: [crm/get_customer], result_variable: r, next: done }}
+      - {{ id: a, type: agent, model: gemini-m, prompt: p, tools: [crm/get_customer], result_variable: r, next: done }}
       - {{ id: done, type: end }}
 """
         with pytest.raises(grpc.aio.AioRpcError) as caught:
