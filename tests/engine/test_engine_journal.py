@@ -205,6 +205,75 @@ async def test_after_expiry_the_old_holder_cannot_journal(engine, crm_credential
     )
 
 
+async def _wait_until_expired(db, task_id: str) -> None:
+    """Polls PostgreSQL's own clock until the task's lease has run out."""
+    for _ in range(100):
+        async with db.connect() as conn:
+            live = (
+                await conn.execute(
+                    text("SELECT lease_expires_at > now() FROM tasks WHERE id = :id"), {"id": task_id}
+                )
+            ).scalar_one()
+        if not live:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the lease never ran out")
+
+
+async def test_a_model_turn_that_returns_after_the_lease_ran_out_is_kept_while_nobody_took_over(
+    engine, db, crm_credentials
+):
+    """The engine was out of reach past the lease: the holder's late COMPLETED is journaled, a new step
+    waits for the lease to be re-granted, and ExtendLease re-grants it (same attempt, same token)."""
+    task = await leased_task(engine, crm_credentials, lease_ms=1000)
+    await append(engine, task, 1, "MODEL_CALL", "STARTED", request={"turn": 0})
+    await _wait_until_expired(db, task.id)
+
+    late = await append(engine, task, 1, "MODEL_CALL", "COMPLETED", response={"text": "paid"}, tokens=(7, 3))
+    assert late.step.state == et.STEP_STATE_COMPLETED
+    read = {"callId": "c1", "arguments": {"customerId": "C-42"}}
+    await append(
+        engine, task, 2, "TOOL_CALL", "COMPLETED", "crm/get_customer", request=read, response={"ok": 1}
+    )
+    await _refused(
+        engine, task, "LEASE_EXPIRED", sequence=3, kind="MODEL_CALL", state="STARTED", request={"turn": 1}
+    )
+
+    renewed = await engine.tasks.ExtendLease(
+        et.ExtendLeaseRequest(task_id=task.id, worker_id="w", lease_token=task.lease_token, lease_ms=5000)
+    )
+    assert renewed.lease_expires_at.ToDatetime() > task.lease_expires_at.ToDatetime()
+    await append(engine, task, 3, "MODEL_CALL", "STARTED", request={"turn": 1})
+    steps = await journal(engine, task.id)
+    assert [(s.sequence, s.attempt, s.state) for s in steps] == [
+        (1, 1, et.STEP_STATE_COMPLETED),
+        (2, 1, et.STEP_STATE_COMPLETED),
+        (3, 1, et.STEP_STATE_STARTED),
+    ]
+    assert plain(steps[0].response) == {"text": "paid"}
+
+
+async def test_a_late_completed_after_somebody_took_over_is_refused_and_the_new_holder_re_runs_the_call(
+    engine, db, crm_credentials
+):
+    task = await leased_task(engine, crm_credentials, lease_ms=1000)
+    await append(engine, task, 1, "MODEL_CALL", "STARTED", request={"turn": 0})
+    await _wait_until_expired(db, task.id)
+    [second] = await fetch(engine, "w2", "abada:agent")
+    assert (second.id, second.attempt) == (task.id, 2)
+    for call in (
+        append(engine, task, 1, "MODEL_CALL", "COMPLETED", response={"text": "too late"}),
+        engine.tasks.ExtendLease(
+            et.ExtendLeaseRequest(task_id=task.id, worker_id="w", lease_token=task.lease_token, lease_ms=5000)
+        ),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+        assert error_info(caught.value).reason == "NOT_LEASE_HOLDER"
+    [orphan] = await journal(engine, task.id)
+    assert orphan.state == et.STEP_STATE_STARTED
+
+
 async def test_two_writers_racing_for_one_sequence_exactly_one_wins(engine, crm_credentials):
     task = await leased_task(engine, crm_credentials)
     results = await asyncio.gather(

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ from .interruption import TaskInterruption
 from .journal import Journal
 from .logs import TaskLog
 from .metrics import observe_model_call
+from .outage import until_the_engine_takes_it
 from .prompt import RenderedPrompt
 from .providers.base import ModelCallError, ModelProvider
 from .providers.registry import ProviderSet
@@ -63,6 +65,8 @@ class AgentServices:
     tool_timeout_seconds: float = 60.0
     # How many of one model turn's function calls run at once (per task).
     tool_call_concurrency: int = 4
+    # The worker's lease length: a lease that ran out during an engine outage is renewed with it.
+    lease_ms: int = 0
     fault: FaultPlan = field(default_factory=FaultPlan)
 
 
@@ -147,7 +151,13 @@ class AgentTask:
     async def _converse(self, work: AgentWork, plan: ReplayPlan, tally: Tally) -> Finish | None:
         """Model turns and the calls they ask for, from where the journal left off, to the final turn
         (None: the task was handed back to wait for approvals)."""
-        journal = Journal(self._services.engine, self._lease, plan.next_sequence)
+        journal = Journal(
+            self._services.engine,
+            self._lease,
+            plan.next_sequence,
+            self._interruption,
+            self._services.lease_ms,
+        )
         history = list(plan.history)
         action = plan.next_action
         services = self._services
@@ -296,6 +306,18 @@ class AgentTask:
             extra={"waiting_sequences": list(waiting), "approval_ids": list(reply.approval_ids)},
         )
 
+    def _renewal(self) -> Callable[[], Awaitable[None]] | None:
+        """Renews this task's lease (the engine re-grants one that ran out if nobody took over)."""
+        lease_ms = self._services.lease_ms
+        if not lease_ms:
+            return None
+        engine = self._services.engine
+
+        async def renew() -> None:
+            await engine.extend_lease(self._lease, lease_ms)
+
+        return renew
+
     async def _complete(self, work: AgentWork, prompt: RenderedPrompt, finish: Finish, tally: Tally) -> None:
         invalid_reason = ""
         confidence: float | None = None
@@ -328,8 +350,14 @@ class AgentTask:
         )
         if confidence is not None:
             metadata.confidence = confidence
+        engine = self._services.engine
         with self._interruption.side_effect():
-            reply = await self._services.engine.complete(self._lease, variables, metadata, invalid_reason)
+            reply = await until_the_engine_takes_it(
+                lambda: engine.complete(self._lease, variables, metadata, invalid_reason),
+                self._interruption,
+                renew=self._renewal(),
+                what="answer",
+            )
         self._log.info(
             "task completed",
             extra={

@@ -96,7 +96,9 @@ class EngineClient:
         request = external_task_pb2.ExtendLeaseRequest(
             task_id=lease.task_id, worker_id=self.worker_id, lease_token=lease.lease_token, lease_ms=lease_ms
         )
-        await self._call(self._stub.ExtendLease, request, self._timeout, retry_seconds=0.0)
+        # One try, no longer than a renewal period: the keeper retries on its own schedule.
+        timeout = min(self._timeout, max(0.5, lease_ms / 3000))
+        await self._call(self._stub.ExtendLease, request, timeout, retry_seconds=0.0)
 
     async def append_step(
         self, request: external_task_pb2.AppendStepRequest

@@ -20,6 +20,7 @@ class TaskInterruption:
     def __init__(self) -> None:
         self._task: asyncio.Task[object] | None = None
         self._in_side_effect = False
+        self._asked = asyncio.Event()
         self.reason: str | None = None
 
     def bind(self, task: asyncio.Task[object]) -> None:
@@ -32,12 +33,19 @@ class TaskInterruption:
     def interrupt(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
+        self._asked.set()
         if not self._in_side_effect and self._task is not None and not self._task.done():
             self._task.cancel(reason)
 
     def checkpoint(self) -> None:
         if self.reason is not None:
             raise Interrupted(self.reason)
+
+    async def pause(self, seconds: float) -> None:
+        """Waits `seconds`, less if an interruption comes meanwhile; raises Interrupted if one did."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._asked.wait(), timeout=seconds)
+        self.checkpoint()
 
     @contextlib.contextmanager
     def side_effect(self) -> Iterator[None]:

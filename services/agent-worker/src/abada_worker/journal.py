@@ -2,7 +2,9 @@
 
 Model calls and writes are journaled STARTED before they happen (the engine checks the limits
 there) and moved to COMPLETED or FAILED at the same sequence after; a read is journaled once,
-finished, unless it runs beside other calls of its turn (`tool_batch`): then it is STARTED first too. The payload shapes are in `step_payloads`.
+finished, unless it runs beside other calls of its turn (`tool_batch`): then it is STARTED first too.
+The payload shapes are in `step_payloads`. Every append outlasts an engine outage (`outage`): a
+step that was paid for is journaled before anything new begins.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from abada.engine.v1 import external_task_pb2
 from . import step_payloads
 from .conversation import FunctionCall, ModelReply
 from .engine_client import EngineClient, LeaseRef
+from .interruption import TaskInterruption
+from .outage import until_the_engine_takes_it
 from .struct_codec import to_struct
 from .work import StepKind, StepState
 
@@ -21,10 +25,19 @@ _MODEL_REF = ""
 
 
 class Journal:
-    def __init__(self, engine: EngineClient, lease: LeaseRef, next_sequence: int) -> None:
+    def __init__(
+        self,
+        engine: EngineClient,
+        lease: LeaseRef,
+        next_sequence: int,
+        interruption: TaskInterruption | None = None,
+        lease_ms: int = 0,
+    ) -> None:
         self._engine = engine
         self._lease = lease
         self._next = next_sequence
+        self._interruption = interruption or TaskInterruption()
+        self._lease_ms = lease_ms
 
     @property
     def next_sequence(self) -> int:
@@ -148,7 +161,15 @@ class Journal:
             message.tokens.CopyFrom(
                 external_task_pb2.TokenUsage(input_tokens=tokens[0], output_tokens=tokens[1])
             )
-        return await self._engine.append_step(message)
+        renew = None
+        if self._lease_ms:
+
+            async def renew() -> None:
+                await self._engine.extend_lease(self._lease, self._lease_ms)
+
+        return await until_the_engine_takes_it(
+            lambda: self._engine.append_step(message), self._interruption, renew=renew, what="journal step"
+        )
 
 
 def _finished_state(result: dict[str, Any]) -> StepState:

@@ -29,6 +29,15 @@ from .task_router import TaskHandler, TaskRouter
 
 log = logging.getLogger("abada_worker")
 
+# gRPC waits up to two minutes between reconnects by default; a lease lasts seconds. An engine back
+# from a restart must be found again well within one lease, or the journal and the lease renewals
+# waiting on it lose their point.
+ENGINE_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
 
 def agent_handler(services: AgentServices) -> TaskHandler:
     async def handle(task: external_task_pb2.ExternalTask, interruption: TaskInterruption) -> None:
@@ -83,13 +92,13 @@ def providers_for(settings: WorkerSettings) -> ProviderSet:
 def engine_channel_for(settings: WorkerSettings) -> grpc.aio.Channel:
     """Plaintext unless a CA or a client certificate is configured; then TLS (mTLS with a certificate)."""
     if settings.tls_ca_file is None and settings.tls_cert_file is None:
-        return grpc.aio.insecure_channel(settings.engine_address)
+        return grpc.aio.insecure_channel(settings.engine_address, options=ENGINE_CHANNEL_OPTIONS)
     credentials = grpc.ssl_channel_credentials(
         root_certificates=settings.tls_ca_file.read_bytes() if settings.tls_ca_file else None,
         private_key=settings.tls_key_file.read_bytes() if settings.tls_key_file else None,
         certificate_chain=settings.tls_cert_file.read_bytes() if settings.tls_cert_file else None,
     )
-    return grpc.aio.secure_channel(settings.engine_address, credentials)
+    return grpc.aio.secure_channel(settings.engine_address, credentials, options=ENGINE_CHANNEL_OPTIONS)
 
 
 async def serve(settings: WorkerSettings) -> None:
@@ -107,6 +116,7 @@ async def serve(settings: WorkerSettings) -> None:
         providers=providers,
         tool_timeout_seconds=settings.tool_timeout_seconds,
         tool_call_concurrency=settings.tool_call_concurrency,
+        lease_ms=settings.lease_ms,
         fault=settings.fault,
     )
     router = TaskRouter()

@@ -4,6 +4,25 @@ A task is fetchable when it is due: READY past its backoff, or LEASED past its
 lease's expiry (its holder is presumed dead). Locking is one statement with
 `FOR UPDATE SKIP LOCKED`, so concurrent fetchers never wait on each other and
 never receive the same task.
+
+A lease that ran out with nobody taking over is still its holder's. Expiry exists so that
+another worker can take over from a dead one; until somebody has (a fetch gives the task a new
+attempt, owner and token), nothing has been handed to anyone else, and a holder that was merely cut
+off (the engine restarting, PostgreSQL away, the network down) may come back:
+
+- `ExtendLease` by that holder re-grants the lease from now, same attempt, same token;
+- `AppendStep` finishing a step (COMPLETED / FAILED) by that holder is accepted, so a model turn or
+  a tool call that returned during the outage is journaled and never paid for again;
+- anything that begins something new (a STARTED step, `Complete`, `Fail`) and `VerifyLease` (the
+  broker's credentials last no longer than the lease) still needs a live lease, so the holder renews
+  first and a takeover racing it never meets two workers both starting work.
+
+The row lock of the holder's request and the fetch's `FOR UPDATE SKIP LOCKED` settle the race with
+a fetcher: whichever locks the row first wins; the other sees a fresh lease or a new holder
+(NOT_LEASE_HOLDER: the lease is truly lost). The alternative, attempt + 1 with the late result
+kept, would hand the task to the next fetcher even when the holder is alive with the answer in hand.
+An unkeyed write is the exception: the reaper raises TOOL_OUTCOME_UNKNOWN as soon as its lease runs
+out, so a late COMPLETED for it finds the task held for a person (TASK_NOT_LEASED).
 """
 
 from __future__ import annotations
@@ -176,7 +195,8 @@ class Leases:
         if not MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS:
             raise invalid("INVALID_LEASE", "lease_ms", f"must be between {MIN_LEASE_MS} and {MAX_LEASE_MS}")
         async with self._engine.begin() as conn:
-            await hold_lease(conn, task_id, worker_id, lease_token)
+            # A lease that ran out with nobody taking over is re-granted to its holder.
+            await hold_lease(conn, task_id, worker_id, lease_token, expired_ok=True)
             return await task_store.extend_lease(conn, task_id, lease_ms)
 
     async def verify(self, task_id: uuid.UUID, worker_id: str, lease_token: str) -> LeaseHeld:
@@ -211,18 +231,27 @@ class Leases:
 
 
 async def hold_lease(
-    conn: Executor, task_id: uuid.UUID, worker_id: str, lease_token: str, lock: bool = True
+    conn: Executor,
+    task_id: uuid.UUID,
+    worker_id: str,
+    lease_token: str,
+    lock: bool = True,
+    *,
+    expired_ok: bool = False,
 ) -> LeaseHeld:
     """Prove the caller holds the task's live lease; with `lock`, lock task and instance rows.
 
     Refusals never change anything: NOT_FOUND, TASK_NOT_LEASED, NOT_LEASE_HOLDER (wrong worker or token,
-    indistinguishably) and LEASE_EXPIRED (the right holder, too late).
+    indistinguishably) and LEASE_EXPIRED (the right holder, too late). With `expired_ok`, a lease that
+    ran out with nobody taking over still counts as held (see the module's notes).
     """
     row = await task_store.read_lease(conn, task_id, lock=lock)
-    return held_from_row(row, task_id, worker_id, lease_token)
+    return held_from_row(row, task_id, worker_id, lease_token, expired_ok=expired_ok)
 
 
-def held_from_row(row: LeaseRow | None, task_id: uuid.UUID, worker_id: str, lease_token: str) -> LeaseHeld:
+def held_from_row(
+    row: LeaseRow | None, task_id: uuid.UUID, worker_id: str, lease_token: str, *, expired_ok: bool = False
+) -> LeaseHeld:
     """The lease checks of `hold_lease`, on a row that has the columns of `LeaseRow`."""
     if row is None or row.state == TaskState.WAITING:
         raise not_found("external task", str(task_id), "task_id")
@@ -252,7 +281,7 @@ def held_from_row(row: LeaseRow | None, task_id: uuid.UUID, worker_id: str, leas
             f"{worker_id!r} does not hold the lease on task {task_id}",
             field="lease_token",
         )
-    if not row.live or row.lease_expires_at is None:
+    if row.lease_expires_at is None or (not row.live and not expired_ok):
         raise EngineError(
             Category.FAILED_PRECONDITION,
             "LEASE_EXPIRED",

@@ -115,12 +115,16 @@ APPEND_CONTEXT = HandWritten(
     """
 )
 
-# The guard every step write carries: the writer holds the task's live lease, for this attempt.
-_LIVE_LEASE = f"""
+# The guard every step write carries: the writer still holds the task's lease, for this attempt, and
+# nobody has taken the task over (a fetch changes owner, token and attempt). Finishing a step needs no
+# more: a result that came back while the engine was out of reach is kept (runtime/leases.py says why).
+# Beginning one (an insert of a STARTED step) needs the lease to be live as well.
+_HELD_LEASE = f"""
     SELECT 1 FROM tasks WHERE id = CAST(:task_id AS uuid) AND state = '{TaskState.LEASED}'
       AND lease_owner = CAST(:worker_id AS text) AND lease_token_hash = CAST(:token_hash AS bytea)
-      AND lease_expires_at > now() AND attempt = CAST(:attempt AS integer)
+      AND attempt = CAST(:attempt AS integer)
 """
+_LIVE_LEASE = _HELD_LEASE + " AND lease_expires_at > now()"
 
 
 def _insert_step_sql(gate: str) -> str:
@@ -146,27 +150,28 @@ def _insert_step_sql(gate: str) -> str:
 
 
 def _finish_step_sql(also: str = "") -> str:
-    """Move a STARTED step to its final state under the live lease; `also` narrows which step."""
+    """Move a STARTED step to its final state under the caller's lease; `also` narrows which step."""
     return f"""
     UPDATE journal_steps SET state = CAST(:state AS text), response_ciphertext = CAST(:response_ct AS bytea),
         response_digest = CAST(:response_digest AS bytea), input_tokens = CAST(:input_tokens AS bigint),
         output_tokens = CAST(:output_tokens AS bigint), updated_at = now()
     WHERE task_id = CAST(:task_id AS uuid) AND sequence = CAST(:sequence AS integer)
       AND state = '{StepState.STARTED}' AND NOT abandoned {also}
-      AND EXISTS ({_LIVE_LEASE})
+      AND EXISTS ({_HELD_LEASE})
     RETURNING {_STEP_COLUMNS}
     """
 
 
 # Hand-written: the careful path's writes, guarded by the lease (the caller checked the rest).
+# Inserting a finished step (a read journaled once) needs the lease held; a STARTED one, live.
 INSERT_GUARDED = HandWritten(f"WITH live AS ({_LIVE_LEASE}), {_insert_step_sql('live')}")
+INSERT_FINISHED_GUARDED = HandWritten(f"WITH live AS ({_HELD_LEASE}), {_insert_step_sql('live')}")
 FINISH_GUARDED = HandWritten(_finish_step_sql())
 
-# Hand-written: the direct path, one statement per step. It checks lease, attempt, the sequence being
-# the next one and the node's limits itself, so nothing it relies on can be stale.
-INSERT_CHECKED = HandWritten(
-    f"""
-    WITH live AS ({_LIVE_LEASE}),
+
+def _insert_checked_sql(lease: str) -> str:
+    return f"""
+    WITH live AS ({lease}),
     counts AS (
         SELECT count(*) AS steps,
                count(*) FILTER (WHERE kind = '{StepKind.MODEL_CALL}' AND NOT abandoned) AS model_calls,
@@ -183,7 +188,12 @@ INSERT_CHECKED = HandWritten(
                         AND counts.tokens < CAST(:max_tokens AS bigint)
                    ELSE counts.tool_calls < CAST(:max_tool_calls AS integer) END
     ), {_insert_step_sql("allowed")}"""
-)
+
+
+# Hand-written: the direct path, one statement per step. It checks lease, attempt, the sequence being
+# the next one and the node's limits itself, so nothing it relies on can be stale.
+INSERT_CHECKED = HandWritten(_insert_checked_sql(_LIVE_LEASE))
+INSERT_FINISHED_CHECKED = HandWritten(_insert_checked_sql(_HELD_LEASE))
 
 FINISH_CHECKED = HandWritten(
     _finish_step_sql(
@@ -203,23 +213,28 @@ async def append_context(conn: Executor, task_id: uuid.UUID, sequence: int) -> A
     return typed(AppendContext, row) if row is not None else None
 
 
-async def insert_guarded(conn: Executor, params: Mapping[str, Any]) -> StepRow | None:
-    """Insert a step if the lease is live and the sequence free; None otherwise."""
-    return await _one(INSERT_GUARDED, conn, params)
+async def insert_guarded(
+    conn: Executor, params: Mapping[str, Any], *, finished: bool = False
+) -> StepRow | None:
+    """Insert a step if the lease is live (held, for a `finished` one) and the sequence free; None otherwise."""
+    return await _one(INSERT_FINISHED_GUARDED if finished else INSERT_GUARDED, conn, params)
 
 
 async def finish_guarded(conn: Executor, params: Mapping[str, Any]) -> StepRow | None:
-    """Finish a STARTED step if the lease is live; None otherwise."""
+    """Finish a STARTED step if the caller still holds the lease; None otherwise."""
     return await _one(FINISH_GUARDED, conn, params)
 
 
-async def insert_checked(conn: Executor, params: Mapping[str, Any]) -> StepRow | None:
-    """Insert the next step if the lease, the sequence and the limits allow it; None otherwise."""
-    return await _one(INSERT_CHECKED, conn, params)
+async def insert_checked(
+    conn: Executor, params: Mapping[str, Any], *, finished: bool = False
+) -> StepRow | None:
+    """Insert the next step if the lease (held, for a `finished` one), the sequence and the limits allow
+    it; None otherwise."""
+    return await _one(INSERT_FINISHED_CHECKED if finished else INSERT_CHECKED, conn, params)
 
 
 async def finish_checked(conn: Executor, params: Mapping[str, Any]) -> StepRow | None:
-    """Finish a STARTED step that is exactly the one described, under the live lease; None otherwise."""
+    """Finish a STARTED step that is exactly the one described, under the caller's lease; None otherwise."""
     return await _one(FINISH_CHECKED, conn, params)
 
 

@@ -179,6 +179,7 @@ class Journal:
                     "max_tool_calls": node.limits.max_tool_calls,
                     "max_tokens": node.limits.max_tokens,
                 },
+                finished=step.state in FINISHED_STEP_STATES,
             )
         if row is None:
             return None
@@ -195,7 +196,14 @@ class Journal:
         for _ in range(3):
             async with self._hot.connect() as conn:
                 context = await step_store.append_context(conn, step.task_id, step.sequence)
-                held = held_from_row(context, step.task_id, step.worker_id, step.lease_token)
+                # A finished step is kept from a holder whose lease ran out with nobody taking over.
+                held = held_from_row(
+                    context,
+                    step.task_id,
+                    step.worker_id,
+                    step.lease_token,
+                    expired_ok=step.state in FINISHED_STEP_STATES,
+                )
                 assert context is not None  # held_from_row refused a missing task
                 if step.attempt != held.attempt:
                     raise EngineError(
@@ -238,7 +246,11 @@ class Journal:
         if binding is not None and binding.approval_required and step.state != StepState.AWAITING_APPROVAL:
             await self._check_approved(conn, step)
         check_limits(step, context, node.limits)
-        inserted = await step_store.insert_guarded(conn, self._write_params(step, self.sealer.primary_key_id))
+        inserted = await step_store.insert_guarded(
+            conn,
+            self._write_params(step, self.sealer.primary_key_id),
+            finished=step.state in FINISHED_STEP_STATES,
+        )
         if inserted is None:
             return None  # the lease or the sequence changed under us: read again
         return AppendResult(
