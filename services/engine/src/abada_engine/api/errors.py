@@ -13,6 +13,7 @@ import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+from abada_engine.db.outage import database_unreachable
 from abada_engine.errors import Category, EngineError
 from abada_engine.metrics import RPC_SECONDS
 
@@ -32,6 +33,12 @@ _CODES: dict[Category, grpc.StatusCode] = {
     Category.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     Category.DATA_LOSS: grpc.StatusCode.DATA_LOSS,
 }
+
+
+# A request that met PostgreSQL out of reach: send it again shortly (every RPC may be repeated safely).
+DATABASE_UNAVAILABLE = EngineError(
+    Category.UNAVAILABLE, "DATABASE_UNAVAILABLE", "the engine cannot reach its database; try again shortly"
+)
 
 
 def status_details(error: EngineError) -> tuple[grpc.StatusCode, bytes]:
@@ -91,10 +98,15 @@ def _wrap(method: Callable[..., Any]) -> Callable[..., Any]:
         except EngineError as error:
             code = _CODES[error.category].name
             await abort(context, error)
-        except Exception:
-            code = "INTERNAL"
-            log.exception("unexpected error in %s", method.__qualname__)
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the engine log")
+        except Exception as error:
+            if database_unreachable(error):
+                code = "UNAVAILABLE"
+                log.warning("%s: the database is unreachable (%s)", method.__qualname__, type(error).__name__)
+                await abort(context, DATABASE_UNAVAILABLE)
+            else:
+                code = "INTERNAL"
+                log.exception("unexpected error in %s", method.__qualname__)
+                await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the engine log")
         finally:
             RPC_SECONDS.labels(method.__name__, code).observe(time.perf_counter() - began)
 

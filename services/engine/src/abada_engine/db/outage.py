@@ -1,0 +1,45 @@
+"""Telling "PostgreSQL cannot be reached" apart from every other failure of a statement.
+
+A caller can do something about the first (try again shortly: UNAVAILABLE), and nothing about the
+second (INTERNAL). The pool recovers by itself: SQLAlchemy drops every pooled connection when one
+reports a disconnect, and the next checkout connects afresh.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+from sqlalchemy import exc as sa_exc
+
+# asyncpg's own: the server going away, refusing connections while it starts or stops, or the
+# connection object already closed under us.
+_DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.InterfaceError,
+    ConnectionError,
+    TimeoutError,
+    OSError,
+)
+
+
+def database_unreachable(error: BaseException) -> bool:
+    """True when `error` (or what caused it) says the database is out of reach, not that a statement failed."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, sa_exc.DBAPIError) and current.connection_invalidated:
+            return True
+        if isinstance(current, sa_exc.TimeoutError | sa_exc.DisconnectionError):
+            return True  # no pooled connection came free in time, or a checkout found it dead
+        if isinstance(current, _DRIVER_ERRORS):
+            return True
+        if isinstance(current, sa_exc.DBAPIError) and isinstance(current.orig, BaseException):
+            orig = current.orig
+            inner = getattr(orig, "__cause__", None)
+            if isinstance(orig, _DRIVER_ERRORS) or (inner is not None and isinstance(inner, _DRIVER_ERRORS)):
+                return True
+        current = current.__cause__ or current.__context__
+    return False
