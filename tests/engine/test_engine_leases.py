@@ -8,7 +8,7 @@ import time
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2, process_pb2
-from engine_helpers import complete, deploy, error_info, fetch, instance, start
+from engine_helpers import complete, deploy, error_info, fetch, instance, plain, start
 from sqlalchemy import text
 
 ONE_STEP = """
@@ -217,3 +217,43 @@ async def test_a_bad_fetch_next_is_refused_before_the_task_is_completed(engine):
     assert error_info(caught.value).metadata["field"] == "fetch_next.topics[0].lease_ms"
     assert (await instance(engine, started.id)).state == process_pb2.INSTANCE_STATE_ACTIVE
     await complete(engine, task, "w", {})  # the lease still holds: nothing changed
+
+
+async def test_a_task_handed_back_unstarted_is_offered_again_at_once_with_its_attempt_given_back(engine):
+    await deploy(engine, ONE_STEP)
+    started = await start(engine, "job")
+    [task] = await fetch(engine, "stopping-worker", "jobs", lease_ms=60_000)
+    assert task.attempt == 1
+    await engine.tasks.ReleaseLease(
+        external_task_pb2.ReleaseLeaseRequest(
+            task_id=task.id, worker_id="stopping-worker", lease_token=task.lease_token, reason="SIGTERM"
+        )
+    )
+    # Offered again now, not when the 60 s lease would have run out, and no failure was counted.
+    [again] = await fetch(engine, "other", "jobs", wait_ms=0)
+    assert (again.id, again.attempt) == (task.id, 1)
+    assert again.lease_token != task.lease_token
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await complete(engine, task, "stopping-worker", {})
+    assert error_info(caught.value).reason == "NOT_LEASE_HOLDER"
+    await complete(engine, again, "other", {})
+    events = (await engine.processes.GetHistory(process_pb2.GetHistoryRequest(instance_id=started.id))).events
+    released = [event for event in events if event.type == "TASK_RELEASED"]
+    assert len(released) == 1 and plain(released[0].data) == {
+        "worker_id": "stopping-worker",
+        "reason": "SIGTERM",
+    }
+
+
+async def test_only_the_holder_may_hand_a_task_back(engine):
+    await deploy(engine, ONE_STEP)
+    await start(engine, "job")
+    [task] = await fetch(engine, "w", "jobs")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await engine.tasks.ReleaseLease(
+            external_task_pb2.ReleaseLeaseRequest(
+                task_id=task.id, worker_id="intruder", lease_token=task.lease_token
+            )
+        )
+    assert error_info(caught.value).reason == "NOT_LEASE_HOLDER"
+    assert await fetch(engine, "other", "jobs") == []

@@ -182,6 +182,7 @@ async def test_at_the_drain_deadline_a_side_effect_finishes_and_anything_else_is
                 await asyncio.sleep(0.6)
                 await finish(client, task, written=True)
             return
+        interruption.begun = True  # as the journal marks it: this attempt has spent something
         try:
             await asyncio.sleep(30)
         except asyncio.CancelledError:
@@ -205,6 +206,63 @@ async def test_at_the_drain_deadline_a_side_effect_finishes_and_anything_else_is
     assert "TASK_FAILED" not in thinker_history and "TASK_COMPLETED" not in thinker_history
     # Nothing was reported: the lease is still the dead worker's until it lapses.
     assert await client.fetch_and_lock(TOPIC, 5_000, 1, 0) == []
+
+
+async def test_at_the_drain_deadline_a_task_that_journaled_nothing_is_handed_back_for_the_next_worker(
+    engine, client
+) -> None:
+    await deploy_bundle(engine, BUNDLE)
+    waiting_id = await start_instance(engine, "jobs", role="waiting")
+
+    async def job(task: external_task_pb2.ExternalTask, interruption: TaskInterruption) -> None:
+        await asyncio.sleep(30)  # e.g. still waiting for a tool server: no step journaled yet
+
+    router = TaskRouter()
+    router.add(TOPIC, job)
+    executor = JobExecutor(client, router, lease_ms=60_000, concurrency=1)
+    [task] = await client.fetch_and_lock(TOPIC, 60_000, 1, 0)
+    executor.submit(task)
+    await executor.drain(time.monotonic() + 0.1)
+
+    # Offered again at once (not in 60 s), the same attempt: no failure was counted.
+    [again] = await client.fetch_and_lock(TOPIC, 5_000, 1, 0)
+    assert (again.id, again.attempt) == (task.id, task.attempt)
+    await finish(client, again, done=True)
+    history = [event.type for event in await history_of(engine, waiting_id)]
+    assert "TASK_RELEASED" in history and "TASK_FAILED" not in history
+
+
+async def test_a_poll_answered_after_the_stop_hands_its_tasks_back(engine, client) -> None:
+    await deploy_bundle(engine, BUNDLE)
+    router = TaskRouter()
+    ran: list[str] = []
+
+    async def job(task: external_task_pb2.ExternalTask, interruption: TaskInterruption) -> None:
+        ran.append(task.id)
+
+    router.add(TOPIC, job)
+    executor = JobExecutor(client, router, lease_ms=60_000, concurrency=2)
+    polled = asyncio.Event()
+    fetch_and_lock = client.fetch_and_lock
+
+    async def observed_fetch(*args, **kwargs):  # type: ignore[no-untyped-def]
+        polled.set()
+        return await fetch_and_lock(*args, **kwargs)
+
+    client.fetch_and_lock = observed_fetch  # type: ignore[method-assign]
+    poller = JobPoller(client, executor, topic=TOPIC, lease_ms=60_000, wait_ms=3_000)
+    stopping = asyncio.Event()
+    polling = asyncio.create_task(poller.run(stopping))
+    await asyncio.wait_for(polled.wait(), timeout=5)  # a long poll is on its way
+    stopping.set()
+    instance_id = await start_instance(engine, "jobs", role="late")  # locked by the poll in flight
+    await asyncio.wait_for(polling, timeout=10)
+
+    assert ran == []
+    [again] = await client.fetch_and_lock(TOPIC, 5_000, 1, 0)
+    assert again.attempt == 1
+    await finish(client, again, done=True)
+    assert (await instance_of(engine, instance_id)).state == process_pb2.INSTANCE_STATE_COMPLETED
 
 
 async def test_an_unreachable_engine_is_polled_with_backoff_and_work_resumes_when_it_is_back(

@@ -100,6 +100,15 @@ class EngineClient:
         timeout = min(self._timeout, max(0.5, lease_ms / 3000))
         await self._call(self._stub.ExtendLease, request, timeout, retry_seconds=0.0)
 
+    async def release_lease(self, lease: LeaseRef, reason: str) -> None:
+        """Hands back a task this attempt has not begun: offered again at once, no failure counted."""
+        request = external_task_pb2.ReleaseLeaseRequest(
+            task_id=lease.task_id, worker_id=self.worker_id, lease_token=lease.lease_token, reason=reason
+        )
+        await self._call(
+            self._stub.ReleaseLease, request, self._timeout, retry_seconds=min(self._retry_seconds, 2.0)
+        )
+
     async def append_step(
         self, request: external_task_pb2.AppendStepRequest
     ) -> external_task_pb2.AppendStepResponse:

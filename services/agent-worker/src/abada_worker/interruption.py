@@ -22,6 +22,9 @@ class TaskInterruption:
         self._in_side_effect = False
         self._asked = asyncio.Event()
         self.reason: str | None = None
+        # Set before the attempt's first journal append: from then on it has spent something and
+        # ends as any attempt does; before, it can be handed back to the engine untouched.
+        self.begun = False
 
     def bind(self, task: asyncio.Task[object]) -> None:
         self._task = task

@@ -1,8 +1,10 @@
 """Runs fetched tasks side by side on one event loop, keeps their leases, reports how each ended.
 
 Each task runs in its own asyncio task next to a lease keeper. How it ended decides the report:
-an answer was already handed over by the handler; AttemptFailed becomes `Fail`; a lost lease or
-an interruption at the drain deadline reports nothing, and the lease lapses for the next worker.
+an answer was already handed over by the handler; AttemptFailed becomes `Fail`; a lost lease
+reports nothing. An interruption at the drain deadline hands the task back (`ReleaseLease`) when
+the attempt journaled nothing yet, so the next worker gets it at once; otherwise its lease lapses.
+Tasks fetched while the worker was already stopping are handed back unstarted (`hand_back`).
 """
 
 from __future__ import annotations
@@ -88,6 +90,22 @@ class JobExecutor:
         if remaining:
             await asyncio.wait(remaining)
 
+    async def hand_back(self, tasks: list[external_task_pb2.ExternalTask], reason: str) -> None:
+        """Returns tasks this worker fetched but will not start: no failed attempt, offered again now."""
+        for task in tasks:
+            await self._release_lease(LeaseRef(task.id, task.lease_token, task.attempt), reason)
+
+    async def _release_lease(self, lease: LeaseRef, reason: str) -> None:
+        try:
+            await self._engine.release_lease(lease, reason)
+        except (LeaseLost, EngineUnavailable, AttemptFailed) as error:
+            log.warning(
+                "could not hand the task back; its lease will lapse",
+                extra={"task_id": lease.task_id, "error": str(error)},
+            )
+            return
+        log.info("task handed back unstarted", extra={"task_id": lease.task_id, "reason": reason})
+
     def _release(self, task_id: str) -> None:
         self._running.pop(task_id, None)
         if self._handed_over:
@@ -134,17 +152,18 @@ class JobExecutor:
             if not work.done():
                 # The executor itself is being cancelled (hard stop): take the work down with it.
                 work.cancel()
-        if work.cancelled():
-            log.info(
-                "task interrupted; its lease will lapse", extra={**context, "reason": interruption.reason}
-            )
+        if work.cancelled() or isinstance(work.exception(), Interrupted):
+            if interruption.reason == DRAIN_DEADLINE and not interruption.begun:
+                await self._release_lease(lease, "the worker is stopping")
+            else:
+                log.info(
+                    "task interrupted; its lease will lapse", extra={**context, "reason": interruption.reason}
+                )
             return
         error = work.exception()
         if error is None:
             return
-        if isinstance(error, Interrupted):
-            log.info("task interrupted; its lease will lapse", extra={**context, "reason": str(error)})
-        elif isinstance(error, LeaseLost):
+        if isinstance(error, LeaseLost):
             log.warning("task abandoned: the lease is gone", extra={**context, "reason": error.reason})
         elif isinstance(error, AttemptFailed):
             await self._report_failure(lease, error, context)

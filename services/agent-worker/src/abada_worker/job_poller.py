@@ -7,10 +7,15 @@ import logging
 import random
 from collections.abc import Awaitable
 
+from abada.engine.v1 import external_task_pb2
+
 from .engine_client import EngineClient
 from .job_executor import JobExecutor
 
 log = logging.getLogger(__name__)
+
+# Past the poll's own wait, how long a stopping worker waits for its last long poll to answer.
+HAND_BACK_MARGIN_SECONDS = 2.0
 
 
 class Backoff:
@@ -59,7 +64,8 @@ class JobPoller:
                     self._topic, self._lease_ms, self._executor.free_slots(), self._wait_ms
                 )
             )
-            if not await _first(fetch, stopping):
+            if not await _first(fetch, stopping, cancel=False):
+                await self._hand_back_late(fetch)
                 return
             try:
                 tasks = fetch.result()
@@ -80,16 +86,40 @@ class JobPoller:
             for task in tasks:
                 self._executor.submit(task)
 
+    async def _hand_back_late(self, fetch: asyncio.Task[list[external_task_pb2.ExternalTask]]) -> None:
+        """A poll in flight when the stop came may still lock tasks: let it answer, hand them back.
 
-async def _first(work: Awaitable[object], stopping: asyncio.Event) -> bool:
-    """Waits for `work` or for `stopping`; False (and `work` cancelled) when stopping came first."""
+        Cancelling it instead could lose tasks the engine locked just before the cancel arrived:
+        they would wait out their lease. Running tasks go on meanwhile; an idle worker stops up to
+        one poll's wait later.
+        """
+        tasks = await _settled(fetch, self._wait_ms / 1000 + HAND_BACK_MARGIN_SECONDS)
+        if tasks:
+            await self._executor.hand_back(tasks, "fetched while the worker was stopping")
+
+
+async def _settled(
+    fetch: asyncio.Task[list[external_task_pb2.ExternalTask]], seconds: float
+) -> list[external_task_pb2.ExternalTask]:
+    done, _ = await asyncio.wait({fetch}, timeout=seconds)
+    if not done:
+        fetch.cancel()
+        return []
+    if fetch.cancelled() or fetch.exception() is not None:
+        return []
+    return fetch.result()
+
+
+async def _first(work: Awaitable[object], stopping: asyncio.Event, *, cancel: bool = True) -> bool:
+    """Waits for `work` or for `stopping`; False (and `work` cancelled, if `cancel`) when stopping came first."""
     future = asyncio.ensure_future(work)
     stopped = asyncio.create_task(stopping.wait())
     done, _ = await asyncio.wait({future, stopped}, return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
     if future in done:
         return True
-    future.cancel()
+    if cancel:
+        future.cancel()
     return False
 
 

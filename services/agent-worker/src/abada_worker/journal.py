@@ -161,6 +161,7 @@ class Journal:
             message.tokens.CopyFrom(
                 external_task_pb2.TokenUsage(input_tokens=tokens[0], output_tokens=tokens[1])
             )
+        self._interruption.begun = True
         renew = None
         if self._lease_ms:
 

@@ -149,6 +149,15 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         )
         return external_task_pb2.ExtendLeaseResponse(lease_expires_at=timestamp(expires))
 
+    async def ReleaseLease(
+        self, request: external_task_pb2.ReleaseLeaseRequest, context: grpc.aio.ServicerContext
+    ) -> external_task_pb2.ReleaseLeaseResponse:
+        require_worker(current_caller.get(), request.worker_id)
+        await self._leases.release(
+            parse_uuid(request.task_id, "task_id"), request.worker_id, request.lease_token, request.reason
+        )
+        return external_task_pb2.ReleaseLeaseResponse()
+
     async def Complete(
         self, request: external_task_pb2.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> external_task_pb2.CompleteResponse:

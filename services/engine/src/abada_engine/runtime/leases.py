@@ -52,6 +52,8 @@ from abada_engine.store.states import InstanceState, TaskState
 from abada_engine.store.tasks import LeaseRow, LockedRow
 
 from .handed_out import HandedOut, LeaseHeld
+from .navigator import HistoryEntry
+from .tokens import history_record, write_history
 from .views import AgentWorkView, LockedTask
 from .wakeups import TaskWakeups
 
@@ -198,6 +200,28 @@ class Leases:
             # A lease that ran out with nobody taking over is re-granted to its holder.
             await hold_lease(conn, task_id, worker_id, lease_token, expired_ok=True)
             return await task_store.extend_lease(conn, task_id, lease_ms)
+
+    async def release(self, task_id: uuid.UUID, worker_id: str, lease_token: str, reason: str) -> None:
+        """Hand back a task its holder has not begun: offered again at once, the attempt given back.
+
+        Only an attempt that journaled nothing may be handed back this way: one that did has spent
+        something (a model turn, a tool call) and ends as any attempt does, by Fail or by its lease.
+        A lease that ran out with nobody taking over may be handed back too.
+        """
+        async with self._engine.begin() as conn:
+            held = await hold_lease(conn, task_id, worker_id, lease_token, expired_ok=True)
+            if await task_store.attempt_has_steps(conn, task_id, held.attempt):
+                raise EngineError(
+                    Category.FAILED_PRECONDITION,
+                    "ATTEMPT_BEGUN",
+                    f"attempt {held.attempt} of task {task_id} has journaled steps: Fail it or let its lease lapse",
+                    field="task_id",
+                )
+            await task_store.release_unstarted(conn, task_id)
+            entry = HistoryEntry(
+                "TASK_RELEASED", held.node_id, {"worker_id": worker_id, "reason": reason[:200]}
+            )
+            await write_history(conn, [history_record(held.instance_id, entry, task_id)])
 
     async def verify(self, task_id: uuid.UUID, worker_id: str, lease_token: str) -> LeaseHeld:
         async with self._hot.connect() as conn:

@@ -203,6 +203,28 @@ async def release_for_retry(
     return retry_at
 
 
+async def release_unstarted(conn: AsyncConnection, task_id: uuid.UUID) -> None:
+    """Its holder hands the task back before beginning: READY at once, no lease, and the attempt the
+    fetch counted given back (no retry spent)."""
+    topic = (
+        await conn.execute(
+            update(tasks)
+            .where(tasks.c.id == task_id)
+            .values(state=TaskState.READY, attempt=tasks.c.attempt - 1, due_at=func.now(), **_NO_LEASE)
+            .returning(tasks.c.topic)
+        )
+    ).scalar_one()
+    await announce_work(conn, topic)
+
+
+async def attempt_has_steps(conn: AsyncConnection, task_id: uuid.UUID, attempt: int) -> bool:
+    """Whether `attempt` journaled anything yet."""
+    found = select(journal_steps.c.sequence).where(
+        journal_steps.c.task_id == task_id, journal_steps.c.attempt == attempt
+    )
+    return bool((await conn.execute(select(found.exists()))).scalar())
+
+
 async def hold_as_incident(
     conn: AsyncConnection,
     task_id: uuid.UUID,
