@@ -430,3 +430,13 @@ def broker_refusals(metrics_url: str) -> float:
         for line in text.splitlines()
         if line.startswith("abada_broker_credentials_total{") and 'outcome="issued"' not in line
     )
+
+
+async def test_a_5000_character_server_name_is_refused_with_its_own_status_and_reason(
+    engine, broker, vault, crm, dev_tokens
+):
+    task = await leased_task(engine, bundle(crm.url))
+    error = await _refused(broker.for_task(dev_tokens.worker_token, task, server="s" * 5_000))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.code()
+    assert error_info(error).reason
+    assert len((error.details() or "").encode()) <= 1_000

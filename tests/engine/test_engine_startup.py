@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 from abada_engine.auth import CallerRegistry, token_sha256
 
@@ -78,3 +79,28 @@ def test_the_callers_file_is_looked_at_no_more_than_once_a_second(tmp_path):
         assert time.monotonic() < deadline, "the change was never picked up"
         time.sleep(0.01)
     assert soon.by_token("third-token").identity == "ops3"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("ABADA_DB_POOL_SIZE", "abc"),
+        ("ABADA_LOG_LEVEL", "verbose"),
+        ("ABADA_DEPLOY_MCP_TIMEOUT_SECONDS", "ten"),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_the_variable(tmp_path, name, value):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ABADA_")}
+    env.update({"ABADA_STATE_DIR": str(tmp_path), name: value})
+    done = subprocess.run(
+        [sys.executable, "-m", "abada_engine.main", "serve"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert name in lines[0] and repr(value) in lines[0]
+    assert "Traceback" not in done.stderr

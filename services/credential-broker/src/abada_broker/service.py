@@ -32,15 +32,31 @@ _CODES: dict[Outcome, grpc.StatusCode] = {
 }
 
 
+# The client refuses trailers over 8 KiB and would see RESOURCE_EXHAUSTED instead of the refusal: the
+# message travels twice (percent-encoded, and inside the status), so what it repeats is capped.
+MAX_MESSAGE_BYTES = 1_000
+MAX_METADATA_VALUE_CHARS = 200
+
+
+def _bounded(text: str, limit: int) -> str:
+    raw = text.encode()
+    if len(raw) <= limit:
+        return text
+    kept = raw[: max(0, limit - 40)].decode(errors="ignore")
+    return f"{kept}… ({len(raw) - len(kept.encode())} more bytes)"
+
+
 def status_details(error: BrokerError) -> tuple[grpc.StatusCode, bytes]:
     code = _CODES[error.outcome]
     info = error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN)
     if error.field:
-        info.metadata["field"] = error.field
-    info.metadata.update(error.metadata)
+        info.metadata["field"] = _bounded(error.field, MAX_METADATA_VALUE_CHARS)
+    for key, value in error.metadata.items():
+        info.metadata[_bounded(key, 60)] = _bounded(value, MAX_METADATA_VALUE_CHARS)
     packed = any_pb2.Any()
     packed.Pack(info)
-    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=error.message, details=[packed])
+    message = _bounded(error.message, MAX_MESSAGE_BYTES)
+    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=[packed])
     return code, status.SerializeToString()
 
 
@@ -54,7 +70,8 @@ def _call_context(context: grpc.aio.ServicerContext) -> CallContext:
 
 async def _abort(context: grpc.aio.ServicerContext, error: BrokerError) -> None:
     code, details = status_details(error)
-    await context.abort(code, error.message, trailing_metadata=(("grpc-status-details-bin", details),))
+    message = _bounded(error.message, MAX_MESSAGE_BYTES)
+    await context.abort(code, message, trailing_metadata=(("grpc-status-details-bin", details),))
 
 
 class CredentialServicer(credential_pb2_grpc.CredentialServiceServicer):

@@ -1,12 +1,22 @@
-"""Engine settings, read from the environment (documented in the README)."""
+"""Engine settings, read from the environment (documented in the README).
+
+A bad value stops the engine with one line naming the variable and what it accepts, never a
+traceback: `SettingsError` carries that line and `main` prints it.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 from dataclasses import dataclass
 
 EXTRA_PROCESS = "ABADA_ENGINE_EXTRA_PROCESS"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class SettingsError(ValueError):
+    """A setting's value is unusable; the message names the variable."""
 
 
 @dataclass(frozen=True)
@@ -21,6 +31,7 @@ class EngineSettings:
     processes: int = 1
     # Set in the extra processes the first one starts: they serve gRPC only.
     extra_process: bool = False
+    deploy_mcp_timeout_seconds: float = 10.0
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> EngineSettings:
@@ -30,8 +41,57 @@ class EngineSettings:
             grpc_address=env.get("ABADA_GRPC_ADDRESS", "127.0.0.1:50051"),
             http_address=env.get("ABADA_HTTP_ADDRESS", "127.0.0.1:8080"),
             state_dir=pathlib.Path(env.get("ABADA_STATE_DIR", ".abada")),
-            log_level=env.get("ABADA_LOG_LEVEL", "INFO"),
-            db_pool_size=int(env.get("ABADA_DB_POOL_SIZE", "20")),
-            processes=max(1, int(env.get("ABADA_ENGINE_PROCESSES", "1"))),
+            log_level=_log_level(env, "ABADA_LOG_LEVEL", "INFO"),
+            db_pool_size=_whole_number(env, "ABADA_DB_POOL_SIZE", 20, low=1, high=1_000),
+            processes=_whole_number(env, "ABADA_ENGINE_PROCESSES", 1, low=1, high=256),
             extra_process=env.get(EXTRA_PROCESS) == "1",
+            deploy_mcp_timeout_seconds=_seconds(env, "ABADA_DEPLOY_MCP_TIMEOUT_SECONDS", 10.0),
         )
+
+
+def _raw(env: dict[str, str], name: str) -> str | None:
+    value = env.get(name, "").strip()
+    return value or None
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= 40 else value[:40] + "…")
+
+
+def _whole_number(env: dict[str, str], name: str, default: int, *, low: int, high: int) -> int:
+    raw = _raw(env, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(
+            f"{name} must be a whole number from {low} to {high}, not {_shown(raw)}"
+        ) from None
+    if not low <= value <= high:
+        raise SettingsError(f"{name} must be a whole number from {low} to {high}, not {value}")
+    return value
+
+
+def _seconds(env: dict[str, str], name: str, default: float) -> float:
+    raw = _raw(env, name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(
+            f"{name} must be a number of seconds (e.g. 10 or 2.5), not {_shown(raw)}"
+        ) from None
+    if not math.isfinite(value) or value <= 0:
+        raise SettingsError(f"{name} must be a positive number of seconds, not {_shown(raw)}")
+    return value
+
+
+def _log_level(env: dict[str, str], name: str, default: str) -> str:
+    raw = _raw(env, name)
+    if raw is None:
+        return default
+    if raw.upper() not in LOG_LEVELS:
+        raise SettingsError(f"{name} must be one of {', '.join(LOG_LEVELS)}, not {_shown(raw)}")
+    return raw.upper()

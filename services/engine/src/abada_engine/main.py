@@ -21,7 +21,7 @@ from .api.guard import Guard
 from .api.http import HttpServer, build_app
 from .api.server import EngineCore, ServerTls, start_grpc_server
 from .auth import CallerRegistry, write_dev_callers
-from .config import EXTRA_PROCESS, EngineSettings
+from .config import EXTRA_PROCESS, EngineSettings, SettingsError
 from .db.database import create_engine
 from .db.embedded import start_embedded_postgres
 from .db.migrate import migrate
@@ -59,7 +59,7 @@ async def serve(settings: EngineSettings) -> None:
         url,
         journal_keys,
         idempotency,
-        McpContractCheck(credentials_from_env(env), float(env.get("ABADA_DEPLOY_MCP_TIMEOUT_SECONDS", "10"))),
+        McpContractCheck(credentials_from_env(env), settings.deploy_mcp_timeout_seconds),
         hot_pool_size=max(2, settings.db_pool_size - cold),
     )
     registry = CallerRegistry(_callers_file(settings, env))
@@ -174,7 +174,10 @@ def main() -> None:
     parser.add_argument("command", nargs="?", default="serve", choices=["serve", "migrate"])
     parser.add_argument("--version", action="version", version=f"%(prog)s {metadata.version('abada-engine')}")
     args = parser.parse_args()
-    settings = EngineSettings.from_env()
+    try:
+        settings = EngineSettings.from_env()
+    except SettingsError as error:
+        raise SystemExit(f"abada-engine: {error}") from None
     configure_logging("engine", settings.log_level)
     configure_tracing("abada-engine")
     with contextlib.suppress(KeyboardInterrupt):
