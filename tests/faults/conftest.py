@@ -100,6 +100,7 @@ class Stack:
         engine_address: str | None = None,
         extra: dict[str, str] | None = None,
         concurrency: int = CONCURRENCY,
+        lease_ms: int = LEASE_MS,
     ) -> ServiceProcess:
         worker = worker_service(
             self.state,
@@ -108,7 +109,7 @@ class Stack:
             token=self.engine.token,
             broker_address=self.broker_address,
             gemini_url=self.gemini_url,
-            lease_ms=LEASE_MS,
+            lease_ms=lease_ms,
             concurrency=concurrency,
             extra=extra,
         )

@@ -360,12 +360,12 @@ def case_name(drill: str, number: int) -> str:
     return f"My parcel never arrived ({drill} case {number})"
 
 
-async def start_instances(channel: grpc.aio.Channel, drill: str, count: int) -> list[str]:
+async def start_instances(channel: grpc.aio.Channel, drill: str, count: int, first: int = 0) -> list[str]:
     from google.protobuf import struct_pb2
 
     stub = process_pb2_grpc.ProcessServiceStub(channel)
     ids = []
-    for number in range(count):
+    for number in range(first, first + count):
         variables = struct_pb2.Struct()
         variables.update({"customerId": "C-42", "message": case_name(drill, number)})
         reply = await stub.StartInstance(

@@ -146,6 +146,7 @@ class AgentTask:
         answer = action if isinstance(action, Finish) else await self._converse(work, plan, tally)
         if answer is None:
             return  # handed back to wait for a person's approval
+        self._services.fault.boundary("before-complete")
         await self._complete(work, plan.prompt, answer, tally)
 
     async def _converse(self, work: AgentWork, plan: ReplayPlan, tally: Tally) -> Finish | None:
@@ -227,6 +228,7 @@ class AgentTask:
                 ) from None
         reply = assign_call_ids(reply, sequence)
         await journal.finish_model_call(sequence, reply)
+        self._services.fault.boundary("model-returned")
         tally.add_model_turn(reply)
         self._log.info(
             "model turn",

@@ -5,6 +5,11 @@ request for that tool has been sent and the server's answer has arrived, before 
 or journals it: the crash in the middle of a write that the scenario's takeover rests on.
 `ABADA_WORKER_FAULT=kill-after-propose:<server>/<tool>` makes it SIGKILL itself right after the
 engine journaled a call of that tool AWAITING_APPROVAL, before the task is handed back.
+
+`ABADA_WORKER_FAULT=kill-at:<boundary>` kills it at a step boundary of the agent loop instead, once
+what came before is journaled: `model-returned` (a model turn journaled COMPLETED), `read-returned`
+(a read journaled), `write-returned` (a write journaled COMPLETED), `before-complete` (the answer
+is known, Complete not yet sent).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ log = logging.getLogger(__name__)
 ENV = "ABADA_WORKER_FAULT"
 _KILL_AFTER_SEND = "kill-after-send:"
 _KILL_AFTER_PROPOSE = "kill-after-propose:"
+_KILL_AT = "kill-at:"
+BOUNDARIES = frozenset({"model-returned", "read-returned", "write-returned", "before-complete"})
 
 ResponseHook = Callable[[httpx2.Response], Awaitable[None]]
 
@@ -31,6 +38,7 @@ ResponseHook = Callable[[httpx2.Response], Awaitable[None]]
 class FaultPlan:
     kill_after_send: tuple[str, str] | None = None
     kill_after_propose: str | None = None  # server/tool
+    kill_at: str | None = None
 
     @classmethod
     def parse(cls, value: str | None) -> FaultPlan:
@@ -38,10 +46,13 @@ class FaultPlan:
             return cls()
         if value.startswith(_KILL_AFTER_PROPOSE) and "/" in value:
             return cls(kill_after_propose=value.removeprefix(_KILL_AFTER_PROPOSE))
+        if value.startswith(_KILL_AT) and value.removeprefix(_KILL_AT) in BOUNDARIES:
+            return cls(kill_at=value.removeprefix(_KILL_AT))
         if not value.startswith(_KILL_AFTER_SEND) or "/" not in value:
             raise ValueError(
-                f"{ENV} must look like 'kill-after-send:<server>/<tool>' or "
-                f"'kill-after-propose:<server>/<tool>', not {value!r}"
+                f"{ENV} must look like 'kill-after-send:<server>/<tool>', "
+                f"'kill-after-propose:<server>/<tool>' or 'kill-at:<boundary>' "
+                f"({', '.join(sorted(BOUNDARIES))}), not {value!r}"
             )
         server, _, tool = value.removeprefix(_KILL_AFTER_SEND).partition("/")
         return cls(kill_after_send=(server, tool))
@@ -49,6 +60,12 @@ class FaultPlan:
     def after_proposed(self, tool_ref: str) -> None:
         if self.kill_after_propose == tool_ref:
             log.warning("test fault: killing the worker after proposing %s", tool_ref)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def boundary(self, name: str) -> None:
+        """Called by the agent loop at each step boundary; kills the worker at the planned one."""
+        if self.kill_at == name:
+            log.warning("test fault: killing the worker at %s", name)
             os.kill(os.getpid(), signal.SIGKILL)
 
     def response_hook(self, server: str) -> ResponseHook | None:

@@ -139,6 +139,7 @@ class ToolBatch:
                 await self._journal.finish_read(sequence, binding.ref, result)
             else:
                 sequence = await self._journal.record_read(call, binding.ref, result)
+            self._fault.boundary("read-returned")
         else:
             with self._interruption.side_effect():
                 reserved = await self._reserve(0, planned, binding)
@@ -196,8 +197,10 @@ class ToolBatch:
         result = await self._toolbox.call(binding, step.planned.call.args, key)
         if binding.is_write:
             await self._journal.finish_write(step.sequence, binding.ref, result)
+            self._fault.boundary("write-returned")
         else:
             await self._journal.finish_read(step.sequence, binding.ref, result)
+            self._fault.boundary("read-returned")
         return result
 
     def _logged(
