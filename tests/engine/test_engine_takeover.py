@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2 as et
 from abada.engine.v1 import incident_pb2, process_pb2
 from engine_helpers import append, complete, error_info, fetch, instance, journal, plain
+from sqlalchemy import text
 from test_engine_journal import leased_task, scenario_steps
 
 WRITE = {"callId": "call_2", "arguments": {"customerId": "C-42", "subject": "Parcel not received"}}
@@ -27,11 +29,20 @@ async def fetch_taken_over(engine):
 
 async def crash_during_the_write(engine, crm, idempotency):
     """Steps 1-3 finished, step 4 (create_ticket) STARTED, then the worker is gone and its lease runs out."""
-    task = await leased_task(engine, crm, idempotency=idempotency, lease_ms=1000)
+    # 3 s: the six appends must fit in the lease even on a loaded machine (the engine runs on this loop).
+    task = await leased_task(engine, crm, idempotency=idempotency, lease_ms=3000)
     await scenario_steps(engine, task)
     started = await append(engine, task, 4, "TOOL_CALL", "STARTED", "crm/create_ticket", request=WRITE)
-    await asyncio.sleep(1.1)
+    await lease_ran_out(task)
     return task, started
+
+
+async def lease_ran_out(task) -> None:
+    """Polls the machine's clock (PostgreSQL's too) until the task's lease has run out."""
+    expires = task.lease_expires_at.ToDatetime(tzinfo=dt.UTC)
+    left = (expires - dt.datetime.now(dt.UTC)).total_seconds() + 0.05
+    # One sleep to the expiry read from the lease itself (not a guessed length), past it by 50 ms.
+    await asyncio.sleep(max(left, 0.0))
 
 
 async def test_keyed_write_is_offered_again_with_its_key_and_the_new_attempt_finishes_it(
@@ -70,7 +81,7 @@ async def test_an_orphaned_model_call_is_marked_abandoned_when_the_next_attempt_
 ):
     task = await leased_task(engine, crm_credentials, lease_ms=1000)
     await append(engine, task, 1, "MODEL_CALL", "STARTED", request={"turn": 0})
-    await asyncio.sleep(1.1)
+    await lease_ran_out(task)
     [again] = await fetch_taken_over(engine)
     assert [(s.sequence, s.abandoned) for s in again.steps] == [(1, False)]
     # The old attempt's STARTED model call cannot be finished by the new one...
@@ -90,13 +101,21 @@ async def _unknown_outcome_incident(engine, crm):
     return task, incident
 
 
-async def test_unkeyed_write_becomes_outcome_unknown_and_waits_for_a_person(engine, crm_credentials):
+async def test_unkeyed_write_becomes_outcome_unknown_and_waits_for_a_person(engine, db, crm_credentials):
     task, incident = await _unknown_outcome_incident(engine, crm_credentials)
     assert incident.type == "TOOL_OUTCOME_UNKNOWN"
     assert incident.task_id == task.id
     details = plain(incident.details)
     assert (details["sequence"], details["tool_ref"], details["attempt"]) == (4, "crm/create_ticket", 1)
-    assert details["request"] == WRITE
+    assert details["request"] == WRITE  # opened from the journal for the operator who asks
+    # At rest the incident only points at its journal step: the arguments are not there in clear.
+    async with db.connect() as conn:
+        stored = (
+            await conn.execute(
+                text("SELECT details::text FROM incidents WHERE id = :id"), {"id": incident.id}
+            )
+        ).scalar_one()
+    assert "request" not in stored and "Parcel not received" not in stored
     steps = await journal(engine, task.id)
     assert et.StepState.Name(steps[3].state) == "STEP_STATE_OUTCOME_UNKNOWN"
     with pytest.raises(grpc.aio.AioRpcError) as caught:  # a blind retry is exactly what must not happen

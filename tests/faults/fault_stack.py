@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,10 +35,21 @@ from abada.engine.v1 import (
     process_pb2_grpc,
 )
 from crm_mcp.testing import RunningCrmServer
-from scripted_gemini.testing import fetch_calls
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from scripted_gemini.testing import fetch_calls, load_script, reset_calls
 
 AGENT_TOPIC = "abada:agent"
 POOL = "fault-pool"
+# Text only a tool's arguments (and the model turn asking for the call) carry: never at rest in clear.
+TOOL_ARGUMENT_MARKER = " [ref TRK-7731-ARGUMENT]"
+# Text only the CRM's get_customer result carries (Alice's record).
+TOOL_RESULT_MARKER = "alice.martin@example.com"
+
+# Modest sizes for the suite: the drills in the issue ran 100 instances, which bench/fault_drill.py runs.
+INSTANCES = 12
+WORKERS = 2
+CONCURRENCY = 4
+LEASE_MS = 6_000
 
 
 def free_port() -> int:
@@ -105,7 +116,7 @@ def alice_script(delay_ms: int = 0) -> dict[str, Any]:
                             "name": "crm__create_ticket",
                             "args": {
                                 "customerId": customer,
-                                "subject": "{{input.message}}",
+                                "subject": "{{input.message}}" + TOOL_ARGUMENT_MARKER,
                                 "priority": "high",
                             },
                         },
@@ -403,8 +414,10 @@ def judge(
     crm: RunningCrmServer, gemini_url: str, drill: str, instance_ids: list[str], stuck: list[str]
 ) -> DrillOutcome:
     expected = {case_name(drill, number) for number in range(len(instance_ids))}
-    tickets = [ticket for ticket in crm.tickets() if ticket["subject"] in expected]
-    per_case: Counter[str] = Counter(ticket["subject"] for ticket in tickets)
+    tickets = [t for t in crm.tickets() if t["subject"].removesuffix(TOOL_ARGUMENT_MARKER) in expected]
+    per_case: Counter[str] = Counter(
+        ticket["subject"].removesuffix(TOOL_ARGUMENT_MARKER) for ticket in tickets
+    )
     for case in expected:
         per_case.setdefault(case, 0)
     keys = Counter(ticket["idempotencyKey"] for ticket in tickets if ticket.get("idempotencyKey"))
@@ -422,6 +435,29 @@ def judge(
     )
 
 
+async def plaintexts_at_rest(database_url: str, plaintexts: dict[str, str]) -> dict[str, list[str]]:
+    """Every row of every table of the engine's database, as text (bytea as hex: sealed data stays
+    sealed), searched for each known plaintext; returns where each one was found."""
+    import asyncpg
+
+    conn = await asyncpg.connect(database_url)
+    try:
+        tables = [
+            row["tablename"]
+            for row in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        ]
+        found: dict[str, list[str]] = {name: [] for name in plaintexts}
+        for table in tables:
+            rows = await conn.fetch(f'SELECT t::text AS line FROM "{table}" t')
+            for row in rows:
+                for name, text in plaintexts.items():
+                    if text in row["line"]:
+                        found[name].append(f"{table}: {row['line'][:200]}")
+        return {name: where for name, where in found.items() if where}
+    finally:
+        await conn.close()
+
+
 @contextlib.contextmanager
 def stopped_at_exit(*services: ServiceProcess) -> Iterator[None]:
     try:
@@ -429,3 +465,78 @@ def stopped_at_exit(*services: ServiceProcess) -> Iterator[None]:
     finally:
         for service in reversed(services):
             service.stop()
+
+
+# --- the stack of one drill ------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    engine: Engine
+    broker: ServiceProcess
+    broker_address: str
+    crm: RunningCrmServer
+    gemini_url: str
+    state: pathlib.Path
+    workers: list[ServiceProcess] = field(default_factory=list)
+
+    def add_worker(
+        self,
+        name: str,
+        *,
+        engine_address: str | None = None,
+        extra: dict[str, str] | None = None,
+        concurrency: int = CONCURRENCY,
+        lease_ms: int = LEASE_MS,
+    ) -> ServiceProcess:
+        worker = worker_service(
+            self.state,
+            name,
+            engine_address=engine_address or self.engine.address,
+            token=self.engine.token,
+            broker_address=self.broker_address,
+            gemini_url=self.gemini_url,
+            lease_ms=lease_ms,
+            concurrency=concurrency,
+            extra=extra,
+        )
+        worker.start()
+        self.workers.append(worker)
+        return worker
+
+    def logs(self) -> str:
+        parts = [f"--- {self.engine.service.name}\n{self.engine.service.tail()}"]
+        parts += [f"--- {w.name}\n{w.tail(30)}" for w in self.workers]
+        return "\n".join(parts)
+
+
+def _broker_serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+        return answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@contextlib.asynccontextmanager
+async def running_stack(
+    state: pathlib.Path, database_url: str, crm: RunningCrmServer, gemini_url: str, idempotency: str = "key"
+) -> AsyncIterator[Stack]:
+    """Engine and broker up, Alice's bundle deployed, the script loaded and its ledger empty; no workers."""
+    credentials = state / "deploy-credentials.yaml"
+    credentials.write_text(yaml.safe_dump({"crm-token": crm.token}))
+    engine = engine_service(state, database_url, credentials)
+    broker, broker_address = broker_service(state, engine, crm.token)
+    stack = Stack(engine, broker, broker_address, crm, gemini_url, state)
+    try:
+        await engine.start()
+        broker.start()
+        await wait_for(lambda: _broker_serving(broker_address), "the broker serving", 60)
+        async with engine.channel() as channel:
+            await deploy(channel, alice_bundle(crm.url, idempotency))
+        load_script(gemini_url, alice_script())
+        reset_calls(gemini_url)
+        yield stack
+    finally:
+        for worker in stack.workers:
+            worker.kill()
+        broker.stop()
+        engine.service.stop()

@@ -9,8 +9,15 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import INSTANCES, WORKERS, running_stack
-from fault_stack import judge, start_instances, wait_for, wait_until_finished
+from fault_stack import (
+    INSTANCES,
+    WORKERS,
+    judge,
+    running_stack,
+    start_instances,
+    wait_for,
+    wait_until_finished,
+)
 
 OUTAGE_SECONDS = 3.0
 DRILL = "engine-sigkill"

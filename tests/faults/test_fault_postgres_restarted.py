@@ -11,8 +11,15 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
-from conftest import INSTANCES, WORKERS, running_stack
-from fault_stack import judge, start_instances, wait_for, wait_until_finished
+from fault_stack import (
+    INSTANCES,
+    WORKERS,
+    judge,
+    running_stack,
+    start_instances,
+    wait_for,
+    wait_until_finished,
+)
 from owned_postgres import OwnedPostgres, owned_postgres
 
 OUTAGE_SECONDS = 2.0

@@ -8,15 +8,24 @@ nothing journaled), after the write returned (journaled), before Complete.
 A keyed write sent twice is deduplicated by the CRM; an unkeyed write caught in the middle is never
 re-sent: the engine raises TOOL_OUTCOME_UNKNOWN and the test, as the operator, looks the ticket up in
 the CRM and says it happened. Either way: every instance finishes, one ticket each, no model turn
-paid twice, no idempotency key used twice.
+paid twice, no idempotency key used twice; and afterwards no tool argument, tool result, model turn
+or secret is anywhere in the engine's tables in clear (the incident included).
 """
 
 from __future__ import annotations
 
 import pytest
 from abada.engine.v1 import incident_pb2, incident_pb2_grpc, process_pb2, process_pb2_grpc
-from conftest import running_stack
-from fault_stack import judge, start_instances, wait_for, wait_until_finished
+from fault_stack import (
+    TOOL_ARGUMENT_MARKER,
+    TOOL_RESULT_MARKER,
+    judge,
+    plaintexts_at_rest,
+    running_stack,
+    start_instances,
+    wait_for,
+    wait_until_finished,
+)
 from google.protobuf import struct_pb2
 
 LEASE_MS = 2_000  # a dead worker's tasks come back after this
@@ -43,7 +52,7 @@ async def _resolve_unknown_writes(channel, crm) -> int:  # type: ignore[no-untyp
         found = (
             await processes.GetInstance(process_pb2.GetInstanceRequest(instance_id=incident.instance_id))
         ).instance
-        ticket = tickets[dict(found.variables)["message"]]
+        ticket = tickets[dict(found.variables)["message"] + TOOL_ARGUMENT_MARKER]
         result = struct_pb2.Struct()
         result.update(
             {"content": [], "structuredContent": {"ticketId": ticket["ticketId"]}, "isError": False}
@@ -90,3 +99,15 @@ async def test_a_worker_killed_at_each_step_boundary_is_taken_over_without_a_sec
         assert not stuck, stack.logs()
         outcome.assert_clean()
         assert resolved == (1 if idempotency == "none" else 0)
+
+        # Nothing in clear at rest: tool arguments, tool results, model turns (their function-call
+        # arguments) and the tool server's secret appear nowhere in the engine's tables.
+        leaks = await plaintexts_at_rest(
+            shared_database,
+            {
+                "tool arguments / model turn": TOOL_ARGUMENT_MARKER.strip(),
+                "tool result": TOOL_RESULT_MARKER,
+                "secret": crm.token,
+            },
+        )
+        assert leaks == {}, leaks

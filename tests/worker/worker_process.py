@@ -40,7 +40,9 @@ class WorkerProcess:
         async for raw in self.process.stderr:
             self.lines.append(raw.decode(errors="replace").rstrip("\n"))
 
-    async def wait_for_log(self, message: str, timeout: float = 15.0) -> dict[str, Any]:
+    # Generous: a worker's start-up (imports, channels) takes seconds on a machine busy with other work;
+    # polling costs nothing when it is quick.
+    async def wait_for_log(self, message: str, timeout: float = 60.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for record in self.records:

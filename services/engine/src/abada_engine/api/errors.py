@@ -137,6 +137,9 @@ def _wrap(method: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as error:
             if database_unreachable(error):
                 code = "UNAVAILABLE"
+                watch = getattr(self, "database", None)
+                if watch is not None:
+                    watch.report_unreachable()
                 log.warning("%s: the database is unreachable (%s)", method.__qualname__, type(error).__name__)
                 await abort(context, DATABASE_UNAVAILABLE)
             else:

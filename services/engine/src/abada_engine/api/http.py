@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from abada_engine import metrics
 from abada_engine.auth import CallerRegistry
+from abada_engine.db.watch import DatabaseWatch
 from abada_engine.runtime.queue_stats import QueueStats
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,10 @@ METRICS_MAX_AGE_SECONDS = 5.0
 
 
 def build_app(
-    stats: QueueStats, registry: CallerRegistry, metrics_max_age_seconds: float = METRICS_MAX_AGE_SECONDS
+    stats: QueueStats,
+    registry: CallerRegistry,
+    metrics_max_age_seconds: float = METRICS_MAX_AGE_SECONDS,
+    database: DatabaseWatch | None = None,
 ) -> Starlette:
     figures = metrics.CachedFigures(stats, metrics_max_age_seconds)
 
@@ -65,6 +69,8 @@ def build_app(
         return Response(await figures.render(), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(_: Request) -> Response:
+        if database is not None and not database.reachable:
+            return JSONResponse({"status": "unavailable", "reason": "DATABASE_UNAVAILABLE"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     return Starlette(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from abada.engine.v1 import (
@@ -27,6 +28,7 @@ from grpc_reflection.v1alpha import reflection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import plain_url
+from abada_engine.db.watch import DatabaseWatch
 from abada_engine.definitions.catalog import ContractCheck, DefinitionCatalog
 from abada_engine.runtime.approvals import APPROVAL_TIMEOUT, Approvals
 from abada_engine.runtime.completion import Completions
@@ -38,6 +40,7 @@ from abada_engine.runtime.journal import Journal, JournalResolutions, Takeover
 from abada_engine.runtime.leases import Leases
 from abada_engine.runtime.queue_stats import QueueStats
 from abada_engine.runtime.reaper import Periodic
+from abada_engine.runtime.views import IncidentView
 from abada_engine.runtime.wakeups import TaskWakeups
 from abada_engine.store.hand_written import HotPath
 
@@ -83,6 +86,8 @@ class EngineCore:
     handed_out: HandedOut
     # asyncpg's own pool, for the hand-written hot statements (see `store/hand_written.py`).
     hot: HotPath
+    # Whether PostgreSQL answers: the health endpoints follow it.
+    database: DatabaseWatch
 
     @staticmethod
     async def open(
@@ -93,6 +98,7 @@ class EngineCore:
         contract_check: ContractCheck | None = None,
         reaper_interval_seconds: float = 2.0,
         hot_pool_size: int | None = None,
+        database_check_seconds: float = 1.0,
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
         handed_out = HandedOut()
@@ -106,6 +112,16 @@ class EngineCore:
         incidents = Incidents(db, catalog)
         incidents.register("TOOL_OUTCOME_UNKNOWN", "HAPPENED", resolutions.happened)
         incidents.register("TOOL_OUTCOME_UNKNOWN", "DID_NOT_HAPPEN", resolutions.did_not_happen)
+
+        async def unknown_write_request(incident: IncidentView) -> dict[str, Any]:
+            # Sealed at rest in the journal; opened only for the operator who reads the incident.
+            if incident.task_id is None or "sequence" not in incident.details:
+                return {}
+            return {
+                "request": await journal.opened_request(incident.task_id, int(incident.details["sequence"]))
+            }
+
+        incidents.register_details("TOOL_OUTCOME_UNKNOWN", unknown_write_request)
         for rejected in ("INVALID_OUTPUT", "LOW_CONFIDENCE"):
             incidents.register(rejected, "RETRY", resolutions.retry_the_answer)
         wakeups = TaskWakeups(plain_url(database_url))
@@ -120,6 +136,8 @@ class EngineCore:
             "approval-timeout reaper", approvals.expire_overdue, reaper_interval_seconds
         )
         approval_reaper.start()
+        database = DatabaseWatch(db, interval_seconds=database_check_seconds)
+        database.start()
         return EngineCore(
             db=db,
             catalog=catalog,
@@ -135,10 +153,12 @@ class EngineCore:
             approval_reaper=approval_reaper,
             handed_out=handed_out,
             hot=hot,
+            database=database,
         )
 
     async def close(self) -> None:
         await self.approval_reaper.stop()
+        await self.database.stop()
         await self.reaper.stop()
         await self.wakeups.stop()
         await self.hot.close()
@@ -191,11 +211,22 @@ async def start_grpc_server(
     for add, handler in handlers:
         # Health and reflection stay open: probes carry no credentials.
         handler.guard = guard
+        # A request that finds PostgreSQL gone turns health NOT_SERVING at once (see db/watch.py).
+        handler.database = core.database  # type: ignore[attr-defined]
         add(handler, server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in (*SERVICE_NAMES, ""):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    def follow_database(reachable: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if reachable
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in (*SERVICE_NAMES, ""):
+            health_servicer.set(name, status)
+
+    core.database.subscribe(follow_database)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -26,6 +27,7 @@ from .views import IncidentView
 RESOLUTIONS = ("RETRY", "HAPPENED", "DID_NOT_HAPPEN", "CANCEL_INSTANCE")
 # A resolution that only some incident types understand (the journal adds HAPPENED / DID_NOT_HAPPEN).
 ResolutionHandler = Callable[[AsyncConnection, IncidentRow, str, dict[str, Any] | None], Awaitable[None]]
+DetailsOpener = Callable[[IncidentView], Awaitable[dict[str, Any]]]
 
 
 class Incidents:
@@ -34,9 +36,20 @@ class Incidents:
         self._reads = autocommit(engine)
         self._catalog = catalog
         self._handlers: dict[tuple[str, str], ResolutionHandler] = {}
+        self._openers: dict[str, DetailsOpener] = {}
 
     def register(self, incident_type: str, resolution: str, handler: ResolutionHandler) -> None:
         self._handlers[(incident_type, resolution)] = handler
+
+    def register_details(self, incident_type: str, opener: DetailsOpener) -> None:
+        """`opener(incident)` adds what is kept sealed elsewhere to the details an operator reads."""
+        self._openers[incident_type] = opener
+
+    async def _opened(self, view: IncidentView) -> IncidentView:
+        opener = self._openers.get(view.type)
+        if opener is None:
+            return view
+        return dataclasses.replace(view, details={**view.details, **await opener(view)})
 
     async def list(
         self, instance_id: uuid.UUID | None = None, state: str = IncidentState.OPEN, incident_type: str = ""
@@ -45,14 +58,14 @@ class Incidents:
             rows = await incident_store.listed(
                 conn, instance_id=instance_id, state=state, incident_type=incident_type
             )
-        return [_view(r) for r in rows]
+        return [await self._opened(_view(r)) for r in rows]
 
     async def get(self, incident_id: uuid.UUID) -> IncidentView:
         async with self._reads.connect() as conn:
             rows = await incident_store.listed(conn, incident_id=incident_id)
         if not rows:
             raise not_found("incident", str(incident_id), "incident_id")
-        return _view(rows[0])
+        return await self._opened(_view(rows[0]))
 
     async def resolve(
         self, incident_id: uuid.UUID, resolution: str, result: dict[str, Any] | None, comment: str

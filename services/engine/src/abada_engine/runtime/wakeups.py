@@ -20,6 +20,10 @@ from abada_engine.store.tasks import TASK_CHANNEL
 
 log = logging.getLogger(__name__)
 
+_UNHEARD_RECHECK_SECONDS = 0.5
+# A wake-up lost to a slow reconnect costs a long poll its promptness: reconnect at least every second.
+_MAX_RECONNECT_SECONDS = 1.0
+
 
 class TaskWakeups:
     def __init__(self, dsn: str) -> None:
@@ -44,6 +48,10 @@ class TaskWakeups:
 
     async def wait(self, topics: Iterable[str], timeout: float) -> bool:
         """Wait until work is announced on one of `topics`, or `timeout` seconds pass."""
+        if not self._listening.is_set():
+            # Not listening (the database is away, or LISTEN is reconnecting): notifications would be
+            # lost, so the caller looks again soon instead of trusting a wake-up.
+            timeout = min(timeout, _UNHEARD_RECHECK_SECONDS)
         event = asyncio.Event()
         topics = list(topics)
         for topic in topics:
@@ -89,4 +97,4 @@ class TaskWakeups:
             self._listening.clear()
             self._wake_everyone()
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, _MAX_RECONNECT_SECONDS)

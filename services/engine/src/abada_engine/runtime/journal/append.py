@@ -187,6 +187,12 @@ class Journal:
             self.sealer.view(row, step.request, step.response), self.sealer.key_for(row, binding)
         )
 
+    async def opened_request(self, task_id: uuid.UUID, sequence: int) -> dict[str, Any] | None:
+        """The request of one journal step, opened: for an operator reading an incident about it."""
+        async with self._reads.connect() as conn:
+            row = await step_store.step_at(conn, task_id, sequence)
+        return self.sealer.open(row, "request") if row is not None else None
+
     async def _append_checked(self, step: StepRequest) -> AppendResult:
         """One read of everything `append` decides on, then one write guarded by the lease.
 

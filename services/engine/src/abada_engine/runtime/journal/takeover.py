@@ -156,7 +156,8 @@ class Takeover:
             "sequence": step.sequence,
             "attempt": step.attempt,
             "tool_ref": step.tool_ref,
-            "request": step.request,
+            # The request (tool arguments) stays sealed in the journal at (task_id, sequence): the API
+            # opens it for the operator who reads the incident; nothing of it is at rest in clear here.
             "idempotency": "none",
             "started_at": step.created_at.isoformat(),
         }
