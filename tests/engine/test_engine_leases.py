@@ -219,7 +219,7 @@ async def test_a_bad_fetch_next_is_refused_before_the_task_is_completed(engine):
     await complete(engine, task, "w", {})  # the lease still holds: nothing changed
 
 
-async def test_a_task_handed_back_unstarted_is_offered_again_at_once_with_its_attempt_given_back(engine):
+async def test_a_task_handed_back_unstarted_is_offered_again_at_once_without_a_retry_spent(engine):
     await deploy(engine, ONE_STEP)
     started = await start(engine, "job")
     [task] = await fetch(engine, "stopping-worker", "jobs", lease_ms=60_000)
@@ -231,7 +231,7 @@ async def test_a_task_handed_back_unstarted_is_offered_again_at_once_with_its_at
     )
     # Offered again now, not when the 60 s lease would have run out, and no failure was counted.
     [again] = await fetch(engine, "other", "jobs", wait_ms=0)
-    assert (again.id, again.attempt) == (task.id, 1)
+    assert (again.id, again.attempt, again.retries_left) == (task.id, 2, task.retries_left)
     assert again.lease_token != task.lease_token
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await complete(engine, task, "stopping-worker", {})

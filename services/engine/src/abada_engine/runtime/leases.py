@@ -202,7 +202,7 @@ class Leases:
             return await task_store.extend_lease(conn, task_id, lease_ms)
 
     async def release(self, task_id: uuid.UUID, worker_id: str, lease_token: str, reason: str) -> None:
-        """Hand back a task its holder has not begun: offered again at once, the attempt given back.
+        """Hand back a task its holder has not begun: offered again at once, no failed attempt counted.
 
         Only an attempt that journaled nothing may be handed back this way: one that did has spent
         something (a model turn, a tool call) and ends as any attempt does, by Fail or by its lease.

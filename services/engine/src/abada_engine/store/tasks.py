@@ -204,13 +204,13 @@ async def release_for_retry(
 
 
 async def release_unstarted(conn: AsyncConnection, task_id: uuid.UUID) -> None:
-    """Its holder hands the task back before beginning: READY at once, no lease, and the attempt the
-    fetch counted given back (no retry spent)."""
+    """Its holder hands the task back before beginning: READY at once, no lease, no retry spent. The
+    attempt number stays: the next holder's is the next one, so nothing of the two can be confused."""
     topic = (
         await conn.execute(
             update(tasks)
             .where(tasks.c.id == task_id)
-            .values(state=TaskState.READY, attempt=tasks.c.attempt - 1, due_at=func.now(), **_NO_LEASE)
+            .values(state=TaskState.READY, due_at=func.now(), **_NO_LEASE)
             .returning(tasks.c.topic)
         )
     ).scalar_one()
