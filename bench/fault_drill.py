@@ -52,10 +52,9 @@ def database_for(drill: str) -> Iterator[tuple[str, object | None]]:
             yield url, None
 
 
-async def run_drill(drill: str, args: argparse.Namespace) -> str:
+async def run_drill(drill: str, args: argparse.Namespace, url: str, postgres: object | None) -> str:
     with (
         tempfile.TemporaryDirectory(prefix=f"abada-{drill}-") as state,
-        database_for(drill) as (url, postgres),
         running_crm_server() as crm,
         running_scripted_gemini(alice_script()) as gemini_url,
     ):
@@ -86,7 +85,7 @@ async def run_drill(drill: str, args: argparse.Namespace) -> str:
             return f"{drill}: {outcome.summary()} in {elapsed:.1f}s"
 
 
-async def main() -> None:
+def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -101,8 +100,10 @@ async def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     for drill in args.drill or ["engine-sigkill", "postgres-restart"]:
-        print(await run_drill(drill, args), flush=True)
+        # The database is made outside the drill's event loop (its helper runs a loop of its own).
+        with database_for(drill) as (url, postgres):
+            print(asyncio.run(run_drill(drill, args, url, postgres)), flush=True)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()
