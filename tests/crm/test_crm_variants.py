@@ -46,6 +46,21 @@ async def test_changed_schema_variant_requires_a_channel() -> None:
     assert with_channel["channel"] == "email"
 
 
+async def test_changed_description_variant_rewrites_only_the_description() -> None:
+    with running_crm_server(variant="standard") as standard_crm:
+        async with crm_session(standard_crm.url, standard_crm.token) as session:
+            standard = (await tools_by_name(session))["create_ticket"]
+    with running_crm_server(variant="changed-description") as crm:
+        async with crm_session(crm.url, crm.token) as session:
+            changed = (await tools_by_name(session))["create_ticket"]
+            created = result_json(await call_tool(session, "create_ticket", PARCEL_TICKET))
+
+    assert changed.input_schema == standard.input_schema
+    assert changed.description != standard.description
+    assert "urgent" in (changed.description or "")
+    assert created["ticketId"] == "T-981"
+
+
 async def test_the_control_endpoint_switches_the_variant_live_within_one_session() -> None:
     with running_crm_server(enable_control=True) as crm:
         async with crm_session(crm.url, crm.token) as session:

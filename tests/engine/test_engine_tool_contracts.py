@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import grpc
@@ -10,6 +11,7 @@ from abada.engine.v1 import common_pb2, definition_pb2
 from abada_engine.definitions.parser import parse_bundle
 from abada_engine.definitions.tool_contracts import McpContractCheck, schema_sha256
 from abada_engine.errors import EngineError
+from crm_mcp.tools import CREATE_TICKET_DESCRIPTION, GET_CUSTOMER_DESCRIPTION
 from engine_helpers import deploy, error_info, fetch, start
 
 BUNDLE = """
@@ -62,6 +64,11 @@ async def test_deploy_freezes_url_policies_credential_and_observed_schema_hashes
     assert write.policy == common_pb2.TOOL_POLICY_WRITE and write.idempotency == common_pb2.IDEMPOTENCY_KEY
     assert bindings["get_customer"].policy == common_pb2.TOOL_POLICY_READ
     assert len(write.input_schema_sha256) == 64
+    # The description the model will read is pinned too: the SHA-256 of the text the server offered.
+    assert write.description_sha256 == hashlib.sha256(CREATE_TICKET_DESCRIPTION.encode()).hexdigest()
+    assert bindings["get_customer"].description_sha256 == (
+        hashlib.sha256(GET_CUSTOMER_DESCRIPTION.encode()).hexdigest()
+    )
     # agent_work carries exactly the frozen bindings.
     await start(engine, "support_triage", customerId="C-42")
     [task] = await fetch(engine, "w", "abada:agent")
@@ -115,6 +122,20 @@ async def test_frozen_bindings_stay_when_the_server_changes_later(engine, crm_cr
     new_hash = {b.tool: b.input_schema_sha256 for b in second.definitions[0].tool_bindings}["create_ticket"]
     old_hash = {b.tool: b.input_schema_sha256 for b in first.definitions[0].tool_bindings}["create_ticket"]
     assert new_hash != old_hash
+
+
+async def test_a_rewritten_description_is_new_content_at_the_next_deploy(engine, crm_credentials):
+    first = await deploy(engine, bundle(crm_credentials.url))
+    crm_credentials.set_variant("changed-description")
+    second = await deploy(engine, bundle(crm_credentials.url))
+
+    assert second.definitions[0].version == 2
+    old, new = (
+        {b.tool: b for b in response.definitions[0].tool_bindings}["create_ticket"]
+        for response in (first, second)
+    )
+    assert old.input_schema_sha256 == new.input_schema_sha256
+    assert old.description_sha256 != new.description_sha256
 
 
 async def test_an_unreachable_server_is_refused_quickly(engine, deploy_credentials):

@@ -362,7 +362,7 @@ async def test_a_runaway_model_is_stopped_by_the_limits_with_an_incident(
     assert sum(1 for s in steps if s.kind == TOOL) <= 8
 
 
-@pytest.mark.parametrize("variant", ["no-create-ticket", "changed-schema"])
+@pytest.mark.parametrize("variant", ["no-create-ticket", "changed-schema", "changed-description"])
 async def test_a_tool_that_changed_after_deploy_is_a_contract_incident_not_a_retry(
     engine, crm: RunningCrmServer, gemini_url: str, workers: WorkerLauncher, variant: str
 ) -> None:
@@ -379,7 +379,14 @@ async def test_a_tool_that_changed_after_deploy_is_a_contract_incident_not_a_ret
     assert incident.type == "TOOL_CONTRACT_MISMATCH"
     (mismatch,) = from_struct(incident.details)["details"]["mismatches"]
     assert mismatch["tool"] == "create_ticket"
-    assert mismatch["problem"] == ("missing" if variant == "no-create-ticket" else "input schema changed")
+    assert (
+        mismatch["problem"]
+        == {
+            "no-create-ticket": "missing",
+            "changed-schema": "input schema changed",
+            "changed-description": "description changed",
+        }[variant]
+    )
     assert done.current_node_id == "triage"
     assert fetch_calls(gemini_url)["total"] == 0
     assert await journal(engine, await triage_task_id(engine, instance_id)) == []

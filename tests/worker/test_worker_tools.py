@@ -12,7 +12,7 @@ import pytest
 from abada_worker.broker_client import BrokerClient, Secret
 from abada_worker.caller_token import CallerToken
 from abada_worker.engine_client import LeaseRef
-from abada_worker.tool_session import ToolServer, ToolUnavailable, schema_sha256
+from abada_worker.tool_session import ToolServer, ToolUnavailable, description_sha256, schema_sha256
 from abada_worker.toolbox import ContractBroken, Toolbox
 from abada_worker.work import ToolBinding
 from crm_mcp.testing import RunningCrmServer, running_crm_server
@@ -112,6 +112,33 @@ async def test_a_changed_input_schema_fails_the_contract(crm: RunningCrmServer, 
     assert mismatch["expected_sha256"] == pinned["create_ticket"]
     assert mismatch["observed_sha256"] == (await observed_hashes(crm))["create_ticket"]
     assert mismatch["observed_sha256"] != mismatch["expected_sha256"]
+
+
+async def test_a_rewritten_description_fails_the_contract_before_the_model_reads_it(
+    crm: RunningCrmServer, broker: Broker
+) -> None:
+    async with ToolServer.connect("crm", crm.url, Secret(crm.token), timeout_seconds=10) as server:
+        pinned = {
+            name: description_sha256(tool.description) for name, tool in (await server.list_tools()).items()
+        }
+    work = agent_work(
+        *(
+            dataclasses.replace(binding, description_sha256=pinned[binding.tool])
+            for binding in bound_to(crm, await observed_hashes(crm))
+        )
+    )
+    crm.set_variant("changed-description")
+
+    with pytest.raises(ContractBroken) as broken:
+        async with Toolbox.open(work, LEASE, broker.client, timeout_seconds=10):
+            pytest.fail("the toolbox opened despite the rewritten description")
+
+    (mismatch,) = broken.value.details["mismatches"]
+    assert (mismatch["tool"], mismatch["problem"]) == ("create_ticket", "description changed")
+    assert mismatch["expected_sha256"] == pinned["create_ticket"]
+    assert mismatch["observed_sha256"] != pinned["create_ticket"]
+    # The schema is the same, so only the description tells the change apart.
+    assert (await observed_hashes(crm))["create_ticket"] == work.bindings[1].input_schema_sha256
 
 
 async def test_a_keyed_write_sent_twice_in_two_sessions_creates_one_ticket(

@@ -18,7 +18,7 @@ from functools import cache
 from typing import Any
 
 import httpx2
-from abada_common.tool_schemas import schema_sha256
+from abada_common.tool_schemas import description_sha256, schema_sha256
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -65,7 +65,11 @@ class ContractMismatch:
 
 
 def check_contract(bindings: Iterable[ToolBinding], listed: dict[str, Tool]) -> list[ContractMismatch]:
-    """Every bound tool must still exist, and with the input schema frozen at deploy time."""
+    """Every bound tool must still exist, with the input schema and description frozen at deploy time.
+
+    The description goes to the model as instructions, so a server that rewrites it after deploy
+    changes what the model is told as surely as a changed schema changes what it may send.
+    """
     mismatches: list[ContractMismatch] = []
     for binding in bindings:
         tool = listed.get(binding.tool)
@@ -81,6 +85,17 @@ def check_contract(bindings: Iterable[ToolBinding], listed: dict[str, Tool]) -> 
                     "input schema changed",
                     binding.input_schema_sha256,
                     observed,
+                )
+            )
+        described = description_sha256(tool.description)
+        if binding.description_sha256 and described != binding.description_sha256:
+            mismatches.append(
+                ContractMismatch(
+                    binding.server,
+                    binding.tool,
+                    "description changed",
+                    binding.description_sha256,
+                    described,
                 )
             )
     return mismatches

@@ -40,6 +40,8 @@ class ToolBinding:
     input_schema_sha256: str
     # A person approves every call before it runs (`approval: required`).
     needs_approval: bool = False
+    # Pinned at deploy; "" for versions frozen before descriptions were pinned.
+    description_sha256: str = ""
 
     @property
     def ref(self) -> str:
@@ -101,6 +103,7 @@ def binding_from_proto(message: common_pb2.ToolBinding) -> ToolBinding:
         credential=message.credential,
         input_schema_sha256=message.input_schema_sha256,
         needs_approval=message.approval_required,
+        description_sha256=message.description_sha256,
     )
 
 

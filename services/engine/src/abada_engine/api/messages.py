@@ -56,6 +56,7 @@ def binding(value: ToolBinding) -> common_pb2.ToolBinding:
         credential=value.credential,
         input_schema_sha256=value.input_schema_sha256,
         approval_required=value.approval_required,
+        description_sha256=value.description_sha256,
     )
 
 

@@ -25,8 +25,17 @@ from abada_engine.store.definitions import DefinitionRow
 from .model import Bundle, Process, ToolBinding, ToolServerSpec, ToolSpec
 from .parser import parse_bundle
 
-# What deploy learned from the live tool servers: (server, tool) -> SHA-256 of the tool's inputSchema.
-ObservedSchemas = dict[tuple[str, str], str]
+
+@dataclass(frozen=True)
+class ObservedTool:
+    """What deploy saw of one live tool: hashes of the input schema and of the description."""
+
+    input_schema_sha256: str
+    description_sha256: str
+
+
+# What deploy learned from the live tool servers, by (server, tool).
+ObservedSchemas = dict[tuple[str, str], ObservedTool]
 # Called with the bundle and the identity of the operator deploying it.
 ContractCheck = Callable[[Bundle, str], Awaitable[ObservedSchemas]]
 
@@ -64,13 +73,14 @@ def _canonical(value: Any) -> str:
 def freeze_bindings(bundle: Bundle, process: Process, observed: ObservedSchemas) -> list[ToolBinding]:
     bindings = []
     for server, tool in bundle.bound_tools(process):
-        bindings.append(
-            _binding(server, tool, observed.get((server.name, tool.name), tool.input_schema_sha256 or ""))
-        )
+        seen = observed.get((server.name, tool.name))
+        if seen is None:  # no contract check ran (no live server to ask): only the bundle's own pin
+            seen = ObservedTool(tool.input_schema_sha256 or "", "")
+        bindings.append(_binding(server, tool, seen))
     return bindings
 
 
-def _binding(server: ToolServerSpec, tool: ToolSpec, schema_sha256: str) -> ToolBinding:
+def _binding(server: ToolServerSpec, tool: ToolSpec, seen: ObservedTool) -> ToolBinding:
     return ToolBinding(
         server=server.name,
         tool=tool.name,
@@ -79,7 +89,8 @@ def _binding(server: ToolServerSpec, tool: ToolSpec, schema_sha256: str) -> Tool
         url=server.url,
         transport=server.transport,
         credential=server.credential,
-        input_schema_sha256=schema_sha256,
+        input_schema_sha256=seen.input_schema_sha256,
+        description_sha256=seen.description_sha256,
         approval=tool.approval,
     )
 
@@ -170,4 +181,11 @@ class DefinitionCatalog:
         return definition
 
 
-__all__ = ["ContractCheck", "DefinitionCatalog", "DeployResult", "EngineError", "ObservedSchemas"]
+__all__ = [
+    "ContractCheck",
+    "DefinitionCatalog",
+    "DeployResult",
+    "EngineError",
+    "ObservedSchemas",
+    "ObservedTool",
+]

@@ -48,6 +48,8 @@ class ToolBinding:
     # "required": a person approves every call before it runs. Versions frozen before approvals
     # existed have no such key and read back as "none".
     approval: str = "none"
+    # The description the model reads, pinned like the schema; "" in versions frozen before it was.
+    description_sha256: str = ""
 
     @property
     def ref(self) -> str:

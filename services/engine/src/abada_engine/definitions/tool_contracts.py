@@ -13,20 +13,20 @@ import logging
 import pathlib
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
 import httpx2
 import yaml
 from abada.broker.v1 import credential_pb2, credential_pb2_grpc
-from abada_common.tool_schemas import schema_sha256
+from abada_common.tool_schemas import description_sha256, schema_sha256
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from mcp_types import PaginatedRequestParams
+from mcp_types import PaginatedRequestParams, Tool
 
 from abada_engine.errors import Category, EngineError
 
-from .catalog import ObservedSchemas
+from .catalog import ObservedSchemas, ObservedTool
 from .model import Bundle, ToolServerSpec
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class McpContractCheck:
                     f"tool {tool.name!r} is not offered by server {server.name!r} "
                     f"(it offers: {', '.join(sorted(listed)) or 'nothing'})",
                 )
-            digest = schema_sha256(listed[tool.name])
+            digest = schema_sha256(listed[tool.name].input_schema)
             if tool.input_schema_sha256 and tool.input_schema_sha256 != digest:
                 raise _mismatch(
                     server,
@@ -133,11 +133,13 @@ class McpContractCheck:
                     f"the input schema of {server.name}/{tool.name} changed: pinned "
                     f"sha256 {tool.input_schema_sha256}, server has {digest}",
                 )
-            observed[(server.name, tool.name)] = digest
+            observed[(server.name, tool.name)] = ObservedTool(
+                digest, description_sha256(listed[tool.name].description)
+            )
         return observed
 
-    async def _list_tools(self, url: str, secret: str | None, refusals: list[int]) -> dict[str, Any]:
-        """The server's tools and input schemas; a 401/403 answer is noted in `refusals` on the way."""
+    async def _list_tools(self, url: str, secret: str | None, refusals: list[int]) -> dict[str, Tool]:
+        """The server's tools by name; a 401/403 answer is noted in `refusals` on the way."""
         auth = _Bearer(secret) if secret else None
 
         async def note_refusal(response: httpx2.Response) -> None:
@@ -149,13 +151,13 @@ class McpContractCheck:
             async with streamable_http_client(url, http_client=http) as (read_stream, write_stream):
                 async with ClientSession(read_stream, write_stream) as session:
                     await session.initialize()
-                    tools: dict[str, Any] = {}
+                    tools: dict[str, Tool] = {}
                     cursor = None
                     while True:
                         params = PaginatedRequestParams(cursor=cursor) if cursor else None
                         page = await session.list_tools(params=params)
                         for tool in page.tools:
-                            tools[tool.name] = tool.input_schema
+                            tools[tool.name] = tool
                         cursor = page.next_cursor
                         if not cursor:
                             return tools
