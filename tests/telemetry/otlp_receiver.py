@@ -18,6 +18,7 @@ class ReceivedSpan:
     trace_id: str
     span_id: str
     parent_span_id: str
+    start_time_unix_nano: int
     attributes: dict[str, Any]
 
 
@@ -73,6 +74,7 @@ class OtlpReceiver:
                             trace_id=span.trace_id.hex(),
                             span_id=span.span_id.hex(),
                             parent_span_id=span.parent_span_id.hex(),
+                            start_time_unix_nano=span.start_time_unix_nano,
                             attributes={a.key: _value(a.value) for a in span.attributes},
                         )
                     )
