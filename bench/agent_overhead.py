@@ -49,13 +49,13 @@ from abada.engine.v1 import (
     process_pb2,
     process_pb2_grpc,
 )
+from abada_common.struct_codec import from_struct, to_struct
 from abada_worker.broker_client import Secret
 from abada_worker.caller_token import CallerToken
 from abada_worker.conversation import FunctionCall, ModelReply
 from abada_worker.engine_client import EngineClient, LeaseRef
 from abada_worker.journal import Journal
 from abada_worker.step_payloads import model_turn_of
-from abada_worker.struct_codec import from_struct, to_struct
 from abada_worker.tool_session import ToolServer
 from common import (
     EngineProcess,

@@ -7,16 +7,19 @@ import json
 import logging
 
 import pytest
-from abada_broker.logs import JsonFormatter as BrokerFormatter
+from abada_common.logs import JsonFormatter
 from abada_common.telemetry import TraceContextFilter, tracing_wanted
-from abada_engine.logs import JsonFormatter as EngineFormatter
-from abada_worker.logs import JsonFormatter as WorkerFormatter
+from abada_worker.logs import redactor
 from opentelemetry.sdk.trace import TracerProvider
 
 
 @pytest.mark.parametrize(
     "formatter",
-    [EngineFormatter("engine"), WorkerFormatter(), BrokerFormatter()],
+    [
+        JsonFormatter("engine"),
+        JsonFormatter("agent-worker", redact=redactor.redact),
+        JsonFormatter("credential-broker"),
+    ],
     ids=["engine", "worker", "broker"],
 )
 def test_json_lines_inside_a_span_carry_its_trace_id(formatter):

@@ -18,7 +18,7 @@ import test_worker_e2e as reference
 from abada.broker.v1 import credential_pb2, credential_pb2_grpc
 from abada.engine.v1 import approval_pb2 as ap
 from abada.engine.v1 import external_task_pb2, incident_pb2, process_pb2
-from abada_worker.struct_codec import from_struct
+from abada_common.struct_codec import from_struct
 from bearer import BearerToken
 from crm_mcp.testing import RunningCrmServer
 from engine_helpers import append, error_info, fetch, struct

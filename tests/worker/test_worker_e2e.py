@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 from abada.engine.v1 import external_task_pb2, incident_pb2, process_pb2
-from abada_worker.struct_codec import from_struct
+from abada_common.struct_codec import from_struct
 from crm_mcp.testing import RunningCrmServer, running_crm_server
 from google.protobuf import json_format
 from scripted_gemini import SUPPORT_TRIAGE_SCRIPT

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 from abada.engine.v1 import incident_pb2
+from abada_common.struct_codec import from_struct
 from abada_engine import metrics
 from abada_engine.runtime.queue_stats import QueueStats
-from abada_worker.struct_codec import from_struct
 from crm_mcp.testing import RunningCrmServer, running_crm_server
 from scripted_gemini.testing import fetch_calls, load_script, reset_calls, running_scripted_gemini
 from test_worker_e2e import POOL, completed_metadata, journal, settled, triage_task_id

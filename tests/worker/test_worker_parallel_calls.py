@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from abada_worker.struct_codec import from_struct
+from abada_common.struct_codec import from_struct
 from crm_mcp.testing import RunningCrmServer, running_crm_server
 from scripted_gemini.testing import fetch_calls, load_script, reset_calls, running_scripted_gemini
 from test_worker_e2e import (

@@ -8,9 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
+from abada_common.logs import JsonFormatter
 from abada_worker.broker_client import Secret
 from abada_worker.caller_token import CallerToken
-from abada_worker.logs import JsonFormatter, SecretRedactor
+from abada_worker.logs import SERVICE, SecretRedactor
 from abada_worker.settings import load_settings
 
 
@@ -62,7 +63,7 @@ def test_the_token_file_is_read_again_when_it_changes_and_kept_while_it_is_brief
 
 def test_a_held_secret_is_scrubbed_from_every_log_line_until_it_is_released() -> None:
     redactor = SecretRedactor()
-    formatter = JsonFormatter(scrubber=redactor)
+    formatter = JsonFormatter(SERVICE, redact=redactor.redact)
     secret = Secret("s3cr3t-crm-token")
     redactor.hold(secret.reveal())
     redactor.hold(secret.reveal())  # a second task with the same credential

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from abada.engine.v1 import external_task_pb2
+from abada_common.struct_codec import from_struct
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
@@ -43,7 +44,6 @@ from .prompt import RenderedPrompt
 from .providers.base import ModelCallError, ModelProvider
 from .providers.registry import ProviderSet
 from .replay import Blocked, CallModel, Finish, PlannedCall, ReplayPlan, RunCalls, Usage, plan_replay
-from .struct_codec import from_struct
 from .tool_batch import ToolBatch
 from .toolbox import Toolbox
 from .work import AGENT_PROFILE, AgentWork, agent_work_from_proto, journal_entry_from_proto

@@ -17,11 +17,11 @@ from typing import Any, TypeVar
 
 import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
+from abada_common.struct_codec import to_struct
 
 from .caller_token import CallerToken
 from .errors import AttemptFailed, EngineUnavailable, LeaseLost, LimitExceeded, QuotaWait
 from .rpc_errors import LIMIT_EXCEEDED, MODEL_QUOTA_EXHAUSTED, RpcFailure, failure_of
-from .struct_codec import to_struct
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from abada.engine.v1 import external_task_pb2
+from abada_common.struct_codec import to_struct
 
 from . import step_payloads
 from .conversation import FunctionCall, ModelReply
 from .engine_client import EngineClient, LeaseRef
 from .interruption import TaskInterruption
 from .outage import until_the_engine_takes_it
-from .struct_codec import to_struct
 from .work import StepKind, StepState
 
 _MODEL_REF = ""

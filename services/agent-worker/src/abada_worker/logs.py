@@ -1,26 +1,23 @@
-"""JSON logs, one object a line, with every secret the worker holds scrubbed from every record.
+"""The worker's logging: the services' JSON lines (abada_common.logs), with every secret the worker
+holds scrubbed from every line.
 
-Same format as the other Abada services: time, level, service, logger, message, then any `extra`
-fields. Secrets are redacted at the handler, so a message that quotes an exception or a header by
+Secrets are redacted at the formatter, so a message that quotes an exception or a header by
 accident still cannot carry a credential out.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
 import threading
 from collections import Counter
 from collections.abc import MutableMapping
-from datetime import UTC, datetime
 from typing import Any
 
-from abada_common.telemetry import TraceContextFilter
+from abada_common.logs import JsonFormatter
+from abada_common.logs import configure_logging as configure_json_logging
 
 SERVICE = "agent-worker"
 REDACTED = "[redacted]"
-_STANDARD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
 class SecretRedactor:
@@ -53,32 +50,6 @@ class SecretRedactor:
 redactor = SecretRedactor()
 
 
-class JsonFormatter(logging.Formatter):
-    def __init__(self, service: str = SERVICE, scrubber: SecretRedactor = redactor) -> None:
-        super().__init__()
-        self._service = service
-        self._scrubber = scrubber
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "service": self._service,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        entry.update(
-            {
-                key: value
-                for key, value in vars(record).items()
-                if key not in _STANDARD_ATTRIBUTES and not key.startswith("_")
-            }
-        )
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return self._scrubber.redact(json.dumps(entry, default=str, ensure_ascii=False))
-
-
 class TaskLog(logging.LoggerAdapter[logging.Logger]):
     """Adds the task's fields to every record, and keeps the record's own `extra` too.
 
@@ -91,12 +62,7 @@ class TaskLog(logging.LoggerAdapter[logging.Logger]):
 
 
 def configure_logging(level: str = "INFO") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    handler.addFilter(TraceContextFilter())  # trace_id and span_id inside a span
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    root = configure_json_logging(JsonFormatter(SERVICE, redact=redactor.redact), level)
     # The HTTP clients log every request at INFO, and the model SDKs their request options (headers
     # included) at DEBUG; the worker logs what matters itself, and the redactor stays the backstop.
     for chatty in ("httpx", "httpx2", "mcp", "google_genai", "openai", "anthropic"):

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
+from abada_common.rpc_status import read_status
 
-_DETAILS_KEY = "grpc-status-details-bin"
 TRANSIENT_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 )
@@ -36,23 +35,6 @@ class RpcFailure:
         return self.reason in LEASE_LOST_REASONS or self.code is grpc.StatusCode.NOT_FOUND
 
 
-def failure_of(error: grpc.aio.AioRpcError) -> RpcFailure:
-    code = error.code()
-    message = error.details() or code.name
-    for key, value in error.trailing_metadata() or ():
-        if key != _DETAILS_KEY or not isinstance(value, bytes):
-            continue
-        status = status_pb2.Status.FromString(value)
-        info: error_details_pb2.ErrorInfo | None = None
-        retry_after: float | None = None
-        for detail in status.details:
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                detail.Unpack(info)
-            elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-                retry = error_details_pb2.RetryInfo()
-                detail.Unpack(retry)
-                retry_after = retry.retry_delay.ToMilliseconds() / 1000
-        if info is not None:
-            return RpcFailure(code, message, info.reason, dict(info.metadata), retry_after)
-    return RpcFailure(code, message)
+def failure_of(error: grpc.RpcError) -> RpcFailure:
+    status = read_status(error)
+    return RpcFailure(status.code, status.message, status.reason, status.metadata, status.retry_after_seconds)

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from abada.engine.v1 import common_pb2, external_task_pb2
-
-from .struct_codec import from_struct
+from abada_common.struct_codec import from_struct
 
 AGENT_PROFILE = "abada.agent/v1"
 

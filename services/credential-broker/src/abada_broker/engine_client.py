@@ -18,8 +18,7 @@ from pathlib import Path
 
 import grpc
 from abada.engine.v1 import lease_pb2, lease_pb2_grpc
-from google.protobuf.message import DecodeError
-from google.rpc import error_details_pb2, status_pb2
+from abada_common.rpc_status import read_status
 
 from .errors import (
     ENGINE_REFUSED_BROKER,
@@ -33,7 +32,6 @@ from .errors import (
 
 log = logging.getLogger(__name__)
 
-_DETAILS_KEY = "grpc-status-details-bin"
 # What the worker is told for each refusal; our own words, so nothing of the engine's message leaks.
 _REFUSAL_MESSAGES = {
     "UNKNOWN_TASK": "no such external task",
@@ -254,16 +252,5 @@ class EngineLeaseClient:
 
 
 def _error_info(error: grpc.aio.AioRpcError) -> tuple[str, str | None]:
-    for key, value in error.trailing_metadata() or ():
-        if key != _DETAILS_KEY or not isinstance(value, bytes):
-            continue
-        try:
-            status = status_pb2.Status.FromString(value)
-        except DecodeError:  # a malformed detail must not turn a refusal into a crash
-            return "", None
-        for detail in status.details:
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                detail.Unpack(info)
-                return info.reason, info.metadata.get("field")
-    return "", None
+    status = read_status(error)  # a malformed detail must not turn a refusal into a crash
+    return status.reason, status.metadata.get("field")

@@ -1,26 +1,19 @@
 """The broker's answers other than a credential: one exception type carrying what the caller is told.
 
 Every module below the gRPC layer raises :class:`BrokerError`; ``service.py`` turns it into a status with
-a ``google.rpc.ErrorInfo``. A message here is sent to the caller, so it never holds a secret, a lease
-token, a bearer token or anything about a secret the caller has not been cleared to ask for.
+a ``google.rpc.ErrorInfo`` (through ``abada_common.rpc_status``). A message here is sent to the caller,
+so it never holds a secret, a lease token, a bearer token or anything about a secret the caller has not
+been cleared to ask for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import StrEnum
 
+from abada_common.errors import Category
 
-class Outcome(StrEnum):
-    """What went wrong, in gRPC's vocabulary; the audit log records it in lower case."""
-
-    INVALID_ARGUMENT = "invalid_argument"
-    UNAUTHENTICATED = "unauthenticated"
-    PERMISSION_DENIED = "permission_denied"
-    FAILED_PRECONDITION = "failed_precondition"
-    UNAVAILABLE = "unavailable"
-    INTERNAL = "internal"
-
+# What went wrong, in gRPC's vocabulary; the audit log records it in lower case.
+Outcome = Category
 
 # ErrorInfo reasons the broker answers with.
 INVALID_ARGUMENT = "INVALID_ARGUMENT"

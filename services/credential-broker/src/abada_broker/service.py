@@ -10,54 +10,16 @@ import logging
 
 import grpc
 from abada.broker.v1 import credential_pb2, credential_pb2_grpc
-from google.protobuf import any_pb2, timestamp_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from abada_common import rpc_status
+from google.protobuf import timestamp_pb2
 
 from .auth import bearer_token
-from .errors import BrokerError, Outcome
+from .errors import BrokerError
 from .issuer import CallContext, CredentialIssuer, ToolCredentialRequest
 
 log = logging.getLogger(__name__)
 
-DOMAIN = "abada.dev"
 SERVICE_NAME = credential_pb2.DESCRIPTOR.services_by_name["CredentialService"].full_name
-
-_CODES: dict[Outcome, grpc.StatusCode] = {
-    Outcome.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    Outcome.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
-    Outcome.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
-    Outcome.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
-    Outcome.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    Outcome.INTERNAL: grpc.StatusCode.INTERNAL,
-}
-
-
-# The client refuses trailers over 8 KiB and would see RESOURCE_EXHAUSTED instead of the refusal: the
-# message travels twice (percent-encoded, and inside the status), so what it repeats is capped.
-MAX_MESSAGE_BYTES = 1_000
-MAX_METADATA_VALUE_CHARS = 200
-
-
-def _bounded(text: str, limit: int) -> str:
-    raw = text.encode()
-    if len(raw) <= limit:
-        return text
-    kept = raw[: max(0, limit - 40)].decode(errors="ignore")
-    return f"{kept}… ({len(raw) - len(kept.encode())} more bytes)"
-
-
-def status_details(error: BrokerError) -> tuple[grpc.StatusCode, bytes]:
-    code = _CODES[error.outcome]
-    info = error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN)
-    if error.field:
-        info.metadata["field"] = _bounded(error.field, MAX_METADATA_VALUE_CHARS)
-    for key, value in error.metadata.items():
-        info.metadata[_bounded(key, 60)] = _bounded(value, MAX_METADATA_VALUE_CHARS)
-    packed = any_pb2.Any()
-    packed.Pack(info)
-    message = _bounded(error.message, MAX_MESSAGE_BYTES)
-    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=[packed])
-    return code, status.SerializeToString()
 
 
 def _call_context(context: grpc.aio.ServicerContext) -> CallContext:
@@ -69,9 +31,9 @@ def _call_context(context: grpc.aio.ServicerContext) -> CallContext:
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: BrokerError) -> None:
-    code, details = status_details(error)
-    message = _bounded(error.message, MAX_MESSAGE_BYTES)
-    await context.abort(code, message, trailing_metadata=(("grpc-status-details-bin", details),))
+    await rpc_status.abort(
+        context, error.outcome, error.reason, error.message, field=error.field or "", metadata=error.metadata
+    )
 
 
 class CredentialServicer(credential_pb2_grpc.CredentialServiceServicer):

@@ -1,27 +1,15 @@
 """Domain errors: what went wrong, in terms a caller can act on.
 
-The gRPC layer maps each category onto a status code and each reason onto a
-`google.rpc.ErrorInfo`; the domain never imports gRPC.
+The gRPC layer (api/errors.py, through abada_common.rpc_status) maps each category onto a status
+code and each reason onto a `google.rpc.ErrorInfo`; the domain never imports gRPC.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 
-
-class Category(enum.Enum):
-    INVALID_ARGUMENT = "invalid_argument"
-    NOT_FOUND = "not_found"
-    FAILED_PRECONDITION = "failed_precondition"
-    PERMISSION_DENIED = "permission_denied"
-    UNAUTHENTICATED = "unauthenticated"
-    ALREADY_EXISTS = "already_exists"
-    ABORTED = "aborted"
-    RESOURCE_EXHAUSTED = "resource_exhausted"
-    UNAVAILABLE = "unavailable"
-    DATA_LOSS = "data_loss"
+from abada_common.errors import Category as Category  # the services' one list of categories
 
 
 @dataclass(frozen=True)

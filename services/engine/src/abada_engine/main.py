@@ -15,6 +15,7 @@ from collections.abc import Coroutine
 from importlib import metadata
 from typing import Any
 
+from abada_common.logs import JsonFormatter, configure_logging
 from abada_common.telemetry import configure_tracing
 
 from .api.guard import Guard
@@ -26,7 +27,6 @@ from .db.database import create_engine
 from .db.embedded import start_embedded_postgres
 from .db.migrate import migrate
 from .definitions.tool_contracts import McpContractCheck, credentials_from_env
-from .logs import configure_logging
 from .runtime.crypto import idempotency_from_env, journal_keys_from_env
 from .runtime.queue_stats import QueueStats
 
@@ -178,7 +178,7 @@ def main() -> None:
         settings = EngineSettings.from_env()
     except SettingsError as error:
         raise SystemExit(f"abada-engine: {error}") from None
-    configure_logging("engine", settings.log_level)
+    configure_logging(JsonFormatter("engine"), settings.log_level)
     configure_tracing("abada-engine")
     with contextlib.suppress(KeyboardInterrupt):
         run(serve(settings) if args.command == "serve" else migrate_only(settings))

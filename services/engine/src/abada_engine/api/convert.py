@@ -4,35 +4,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
 
-from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from abada_common.struct_codec import from_struct as from_struct  # the handlers' Struct codec
+from abada_common.struct_codec import to_struct as to_struct
+from google.protobuf import timestamp_pb2
 
 from abada_engine.errors import invalid
-
-_MAX_SAFE_INTEGER = 2**53
-
-
-def _integral(value: Any) -> Any:
-    """Struct carries every number as a double; give whole numbers back their int type."""
-    if isinstance(value, float) and value.is_integer() and abs(value) <= _MAX_SAFE_INTEGER:
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _integral(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_integral(v) for v in value]
-    return value
-
-
-def from_struct(message: struct_pb2.Struct) -> dict[str, Any]:
-    return _integral(json_format.MessageToDict(message))
-
-
-def to_struct(value: dict[str, Any] | None) -> struct_pb2.Struct:
-    message = struct_pb2.Struct()
-    if value:
-        message.update(value)
-    return message
 
 
 def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:

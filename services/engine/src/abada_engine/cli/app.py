@@ -18,6 +18,7 @@ from abada.engine.v1 import (
     process_pb2,
     queue_pb2,
 )
+from abada_common.struct_codec import to_struct
 from google.protobuf.message import Message
 from typer.core import TyperGroup
 
@@ -32,7 +33,7 @@ from .client import (
 )
 from .errors import FAILURE, CliError, invalid_input
 from .global_options import hoist
-from .inputs import json_object, to_struct, variables
+from .inputs import json_object, variables
 from .output import OutputFormat, data_of, emit
 from .render import compact_json, message_dict
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
+from abada_common.rpc_status import read_status
 
 INVALID_INPUT = 2
 FAILURE = 1
 
-_STATUS_DETAILS_KEY = "grpc-status-details-bin"
 # Codes that mean the request itself was wrong, so a script can tell "fix your input" from "try later".
 _INVALID_INPUT_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
 
@@ -36,9 +35,10 @@ NO_TOKEN_HINT = "give --token-file FILE (or set ABADA_TOKEN_FILE), or --token / 
 
 
 def from_rpc_error(error: grpc.RpcError, address: str, timeout: float, has_token: bool = True) -> CliError:
-    code: grpc.StatusCode = error.code()  # type: ignore[attr-defined]
-    text: str = error.details() or ""  # type: ignore[attr-defined]
-    info, violations = _rich_details(error)
+    status = read_status(error)
+    code = status.code
+    text: str = error.details() or ""  # type: ignore[attr-defined]  # grpc.RpcError declares no methods
+    violations = status.violations
     exit_code = INVALID_INPUT if code in _INVALID_INPUT_CODES else FAILURE
     if code == grpc.StatusCode.UNAUTHENTICATED:
         # Said in the CLI's terms: which flag or variable to set, not which gRPC metadata to send.
@@ -48,7 +48,7 @@ def from_rpc_error(error: grpc.RpcError, address: str, timeout: float, has_token
             f"the engine at {address} does not know this token (UNAUTHENTICATED); "
             "check --token-file / ABADA_TOKEN_FILE"
         )
-    if info is None:
+    if not status.has_error_info:
         # Without ErrorInfo the status came from the transport, not from the engine's own checks.
         if code == grpc.StatusCode.UNAVAILABLE:
             return CliError(f"cannot reach the engine at {address} (UNAVAILABLE)", exit_code)
@@ -57,28 +57,10 @@ def from_rpc_error(error: grpc.RpcError, address: str, timeout: float, has_token
                 f"the engine at {address} did not answer within {timeout:g}s (DEADLINE_EXCEEDED)", exit_code
             )
         return CliError(f"{code.name}: {text}" if text else code.name, exit_code, violations)
-    message = f"{info.reason or code.name}: {text}"
-    field = info.metadata.get("field", "")
+    message = f"{status.reason or code.name}: {text}"
+    field = status.field
     if field and field not in text:
         message += f" (field {field})"
     if violations == [text]:
         violations = []
     return CliError(message, exit_code, violations)
-
-
-def _rich_details(error: grpc.RpcError) -> tuple[error_details_pb2.ErrorInfo | None, list[str]]:
-    info: error_details_pb2.ErrorInfo | None = None
-    violations: list[str] = []
-    trailers = error.trailing_metadata() or ()  # type: ignore[attr-defined]
-    for key, value in trailers:
-        if key != _STATUS_DETAILS_KEY:
-            continue
-        for detail in status_pb2.Status.FromString(value).details:
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                detail.Unpack(info)
-            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                bad_request = error_details_pb2.BadRequest()
-                detail.Unpack(bad_request)
-                violations.extend(v.description or v.field for v in bad_request.field_violations)
-    return info, violations

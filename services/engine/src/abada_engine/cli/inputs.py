@@ -6,8 +6,6 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from google.protobuf import struct_pb2
-
 from .errors import invalid_input
 
 
@@ -47,9 +45,3 @@ def variables(assignments: Sequence[str], vars_json: str | None) -> dict[str, An
             raise invalid_input(f"--var {assignment!r}: expected KEY=VALUE")
         values[key] = typed_value(raw)
     return values
-
-
-def to_struct(values: dict[str, Any]) -> struct_pb2.Struct:
-    message = struct_pb2.Struct()
-    message.update(values)
-    return message
