@@ -36,6 +36,7 @@ LAYERS = [
     ("json.dumps / loads", "json/"),
     ("authentication (guard, callers)", "guard.py"),
     ("definitions catalog", "catalog.py"),
+    ("model quotas (admission lines, settlement)", "model_quota"),
     ("event loop (asyncio base_events / uvloop)", "base_events.py"),
 ]
 
@@ -87,21 +88,31 @@ def main() -> None:
         cpu = process.cpu_percent()
         stop.set()
         load.join(timeout=120)
-        samples = collections.Counter[str]()
-        for line in raw.read_text().splitlines():
-            stack, _, count = line.rpartition(" ")
+        raw_text = raw.read_text()
+    print(f"engine CPU while sampled: {cpu:.0f}% of one core")
+    print(summarize(raw_text, args.top))
+
+
+def summarize(raw: str, top: int = 25) -> str:
+    """py-spy's raw output (one `frame;frame;... count` line a stack) as the share of samples in each
+    layer (inclusive) and the top functions by own time."""
+    samples = collections.Counter[str]()
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack:
             samples[stack] += int(count)
-    total = sum(samples.values())
-    print(f"engine CPU while sampled: {cpu:.0f}% of one core; {total} samples")
+    total = max(1, sum(samples.values()))
+    lines = [f"{total} samples"]
     for label, marker in LAYERS:
         hit = sum(n for stack, n in samples.items() if marker in stack)
-        print(f"  {label:<45} {100 * hit / total:5.1f}%")
+        lines.append(f"  {label:<45} {100 * hit / total:5.1f}%")
     own = collections.Counter[str]()
     for stack, n in samples.items():
         own[stack.split(";")[-1]] += n
-    print(f"top {args.top} functions by own time:")
-    for frame, n in own.most_common(args.top):
-        print(f"  {100 * n / total:5.1f}%  {frame[:150]}")
+    lines.append(f"top {top} functions by own time:")
+    for frame, n in own.most_common(top):
+        lines.append(f"  {100 * n / total:5.1f}%  {frame[:150]}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import os
+import pathlib
 import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import ExitStack
+from typing import Any
 
 import asyncpg
+import profile_engine
+import psutil
 from abada.engine.v1 import (
     definition_pb2,
     definition_pb2_grpc,
@@ -62,7 +73,9 @@ def _struct(value: dict) -> struct_pb2.Struct:
     return message
 
 
-async def run(replicas: list[EngineProcess], process_id: str, tasks: int, calls: int) -> dict[str, object]:
+async def run(
+    replicas: list[EngineProcess], process_id: str, tasks: int, calls: int, profile: bool = False
+) -> dict[str, object]:
     channels = [replica.channel() for replica in replicas]
     try:
         first = channels[0]
@@ -116,13 +129,61 @@ async def run(replicas: list[EngineProcess], process_id: str, tasks: int, calls:
                     )
                 )
 
-        began = time.perf_counter()
-        await asyncio.gather(*(journal(index, task) for index, task in enumerate(locked)))
-        elapsed = time.perf_counter() - began
+        engines = [psutil.Process(replica.process.pid) for replica in replicas]
+        with _sampled(replicas, profile) as samples:
+            cpu_before = sum(_cpu_seconds(p) for p in engines)
+            began = time.perf_counter()
+            await asyncio.gather(*(journal(index, task) for index, task in enumerate(locked)))
+            elapsed = time.perf_counter() - began
+            cpu = sum(_cpu_seconds(p) for p in engines) - cpu_before
     finally:
         for channel in channels:
             await channel.close()
-    return {"calls": len(admissions), "elapsed": elapsed, "admissions": admissions}
+    return {
+        "calls": len(admissions),
+        "elapsed": elapsed,
+        "admissions": admissions,
+        "cpu_ms_per_call": 1000 * cpu / max(1, len(admissions)),
+        "profile": samples.get("text", ""),
+        "raw_profile": samples.get("raw", ""),
+    }
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+@contextlib.contextmanager
+def _sampled(replicas: list[EngineProcess], enabled: bool) -> Iterator[dict[str, str]]:
+    """With `enabled`, py-spy samples every replica while the block runs; their stacks, summed, are
+    summarized into the dict's "text" when it ends."""
+    result: dict[str, str] = {}
+    if not enabled:
+        yield result
+        return
+    spy = shutil.which("py-spy") or str(pathlib.Path(sys.executable).parent / "py-spy")
+    with tempfile.TemporaryDirectory() as out:
+        files = [pathlib.Path(out) / f"replica-{i}.txt" for i in range(len(replicas))]
+        spies = [
+            subprocess.Popen(
+                [spy, "record", "-p", str(r.process.pid), "-f", "raw", "-o", str(f), "-r", "200"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for r, f in zip(replicas, files, strict=True)
+        ]
+        time.sleep(1)  # py-spy attaches
+        try:
+            yield result
+        finally:
+            for spy_process in spies:
+                spy_process.send_signal(signal.SIGINT)
+            for spy_process in spies:
+                spy_process.wait(60)
+        raw = "\n".join(f.read_text() for f in files if f.exists())
+        result["text"] = profile_engine.summarize(raw)
+        result["raw"] = raw
 
 
 async def deploy(replica: EngineProcess) -> None:
@@ -134,32 +195,27 @@ async def deploy(replica: EngineProcess) -> None:
             await stub.Deploy(definition_pb2.DeployRequest(source_name="bench.yaml", content=content))
 
 
-async def admission_ceiling(database_url: str, connections: int = 16, seconds: float = 3.0) -> float:
-    """Admissions per second of one model straight through the database function, each followed by
-    its settlement, from many connections at once: what every replica together can reach at most."""
+async def admission_ceiling(
+    database_url: str, batch: int, connections: int = 16, seconds: float = 3.0
+) -> float:
+    """Admissions per second of one model straight through the database function, in batches of
+    `batch` calls (as an engine's admission line sends them under load), from many connections at
+    once: what every replica together can reach at most. Each batch's calls then leave the admitted
+    calls as settlement takes them out (here without journal steps to finish)."""
     pools = [await asyncpg.connect(database_url) for _ in range(connections)]
     admitted = 0
     stop_at = time.perf_counter() + seconds
+    quota = model_quotas.Quota("ceiling-model", 100_000_000, 100_000_000_000, 1_000_000, 62)
 
     async def loop(conn: asyncpg.Connection) -> None:
         nonlocal admitted
         while time.perf_counter() < stop_at:
-            task = uuid.uuid4()
-            # The engine's own statements: the admission, then the settlement every call ends with.
-            admission = await model_quotas.admit(
-                conn,
-                model="ceiling-model",
-                task_id=task,
-                sequence=1,
-                attempt=1,
-                requests_per_minute=100_000_000,
-                tokens_per_minute=100_000_000_000,
-                max_concurrent=1_000_000,
-                tokens=400,
-                span_seconds=62,
+            calls = [model_quotas.ModelCall(uuid.uuid4(), 1, 1, 400) for _ in range(batch)]
+            admissions = await model_quotas.admit(conn, quota, calls)
+            admitted += sum(a.admitted for a in admissions)
+            await conn.execute(
+                "DELETE FROM model_quota_calls WHERE task_id = ANY($1::uuid[])", [c.task_id for c in calls]
             )
-            admitted += admission.admitted
-            await model_quotas.settle(conn, task, 1, 470)
 
     began = time.perf_counter()
     try:
@@ -170,7 +226,7 @@ async def admission_ceiling(database_url: str, connections: int = 16, seconds: f
     return admitted / (time.perf_counter() - began)
 
 
-def measure(tasks: int, calls: int) -> dict[str, float]:
+def measure(tasks: int, calls: int, profile: bool = False) -> dict[str, Any]:
     # Replicas must share their keys, as in a deployment.
     shared = {
         "ABADA_JOURNAL_KEYS": "bench:" + base64.b64encode(os.urandom(32)).decode(),
@@ -179,10 +235,14 @@ def measure(tasks: int, calls: int) -> dict[str, float]:
     with scratch_database() as url, ExitStack() as stack:
         replicas = [stack.enter_context(engine_process(url, shared)) for _ in range(2)]
         asyncio.run(deploy(replicas[0]))
-        quota = asyncio.run(run(replicas, "quota", tasks, calls))
-        unlimited = asyncio.run(run(replicas, "unlimited", tasks, calls))
+        quota = asyncio.run(run(replicas, "quota", tasks, calls, profile))
+        unlimited = asyncio.run(run(replicas, "unlimited", tasks, calls, profile))
         floor = asyncio.run(bare_grpc_rate(replicas[0].address))
-        ceiling = asyncio.run(admission_ceiling(url))
+        try:
+            ceiling = asyncio.run(admission_ceiling(url, batch=1))
+            batched_ceiling = asyncio.run(admission_ceiling(url, batch=8))
+        except asyncpg.UndefinedFunctionError:  # another checkout's engine (ABADA_BENCH_ENGINE_SRC)
+            ceiling = batched_ceiling = float("nan")
     rate = quota["calls"] / quota["elapsed"]
     peer = unlimited["calls"] / unlimited["elapsed"]
     return {
@@ -192,27 +252,48 @@ def measure(tasks: int, calls: int) -> dict[str, float]:
         "p50": percentile(quota["admissions"], 0.5),
         "p99": percentile(quota["admissions"], 0.99),
         "peer": peer,
+        "peer_p50": percentile(unlimited["admissions"], 0.5),
+        "peer_p99": percentile(unlimited["admissions"], 0.99),
         "ratio": rate / peer,
         "bare_grpc": floor,
         "ceiling": ceiling,
+        "batched_ceiling": batched_ceiling,
+        "cpu_ms_per_call": quota["cpu_ms_per_call"],
+        "peer_cpu_ms_per_call": unlimited["cpu_ms_per_call"],
+        "profile": quota["profile"],
+        "peer_profile": unlimited["profile"],
+        "raw_profiles": (quota["raw_profile"], unlimited["raw_profile"]),
     }
 
 
-def report(result: dict[str, float], tasks: int) -> None:
+def report(result: dict[str, Any], tasks: int) -> None:
     print(
         f"model calls admitted, 2 replicas: {result['rate']:,.0f}/s ({result['calls']:.0f} calls, each STARTED "
         f"admitted + COMPLETED settled; {tasks} concurrent tasks; {result['elapsed']:.2f} s)"
     )
-    print(f"admission (STARTED) p50 / p99:    {result['p50'] * 1000:.2f} / {result['p99'] * 1000:.2f} ms")
+    print(
+        f"admission (STARTED) p50 / p99:    {result['p50'] * 1000:.2f} / {result['p99'] * 1000:.2f} ms "
+        f"(STARTED without quota {result['peer_p50'] * 1000:.2f} / {result['peer_p99'] * 1000:.2f} ms)"
+    )
     print(f"same calls, model without quota: {result['peer']:,.0f}/s (same replicas, same run)")
     print(f"with quota / without:            {result['ratio']:.3f}")
+    print(
+        f"engine CPU per model call:       {result['cpu_ms_per_call']:.2f} ms with quota, "
+        f"{result['peer_cpu_ms_per_call']:.2f} ms without (both replicas)"
+    )
     print(
         f"bare gRPC unary calls:           {result['bare_grpc']:,.0f}/s at 8 callers (one replica, same run)"
     )
     print(
-        f"admission alone, in PostgreSQL:  {result['ceiling']:,.0f}/s at 16 connections (one model, same run)"
+        f"admission alone, in PostgreSQL:  {result['ceiling']:,.0f}/s one call a statement, "
+        f"{result['batched_ceiling']:,.0f}/s 8 calls a statement (16 connections, one model, same run)"
     )
     print("target: >= 1,000 model calls admitted/s across 2 replicas")
+    if result["profile"]:
+        print("\nwhere the replicas' CPU went, with quota (py-spy):")
+        print(result["profile"])
+        print("\nwithout quota:")
+        print(result["peer_profile"])
 
 
 def main() -> None:
@@ -221,8 +302,16 @@ def main() -> None:
     )
     parser.add_argument("--tasks", type=int, default=32)
     parser.add_argument("--calls", type=int, default=60, help="model calls per task")
+    parser.add_argument("--profile", action="store_true", help="sample the replicas with py-spy")
+    parser.add_argument(
+        "--profile-raw", help="keep py-spy's raw stacks in PATH-quota.txt, PATH-unlimited.txt"
+    )
     args = parser.parse_args()
-    report(measure(args.tasks, args.calls), args.tasks)
+    result = measure(args.tasks, args.calls, args.profile or bool(args.profile_raw))
+    report(result, args.tasks)
+    if args.profile_raw:
+        for name, raw in zip(("quota", "unlimited"), result["raw_profiles"], strict=True):
+            pathlib.Path(f"{args.profile_raw}-{name}.txt").write_text(raw)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    SmallInteger,
     Table,
     Text,
     Uuid,
@@ -123,6 +124,9 @@ model_quota_usage = Table(
     metadata,
     Column("model", Text, primary_key=True),
     Column("second", BigInteger, primary_key=True),
+    # 0: admissions' counts, written under the model's lock; 1-8: settlements' and releases'
+    # corrections (negative at times), so they never wait on the row admissions hold (migration 0004).
+    Column("slot", SmallInteger, primary_key=True),
     Column("requests", Integer, nullable=False),
     Column("tokens", BigInteger, nullable=False),
 )

@@ -7,7 +7,8 @@ tokens), so it is where a provider's quota and a spend budget hold for every wor
   through PostgreSQL (`store.model_quotas`), or refused with RESOURCE_EXHAUSTED,
   `MODEL_QUOTA_EXHAUSTED` and the wait in `google.rpc.RetryInfo`. Calls are admitted in order of
   arrival per model: a call that has waited goes before later ones. Its tokens are estimated from
-  the request's size (sent by the worker with the STARTED step) and settled at COMPLETED;
+  the request's size (sent by the worker with the STARTED step) and settled when COMPLETED (or
+  FAILED) is journaled;
 - budgets: a call whose STARTED would begin once the task has spent its node's `max_cost_usd`, or
   the instance its process's, is refused LIMIT_EXCEEDED naming the budget. Cost is the profile's
   prices times the journaled tokens.
@@ -15,8 +16,10 @@ tokens), so it is where a provider's quota and a spend budget hold for every wor
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
+from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -27,6 +30,7 @@ from abada_engine.errors import Category, EngineError
 from abada_engine.store import model_quotas as quota_store
 from abada_engine.store.hand_written import HotPath
 
+from .group_commit import GroupCommit
 from .quota_window import QUOTA_SPAN_SECONDS
 
 log = logging.getLogger(__name__)
@@ -44,27 +48,39 @@ def has_quota(profile: ModelProfile | None) -> bool:
 
 
 class ModelQuotas:
+    """Admission of one engine replica, a group commit (`group_commit`) per model.
+
+    The STARTED admissions of a model that arrive while the replica's previous batch for that model is
+    in the database are admitted together next, in order of arrival: one round trip and one
+    acquisition of the model's lock for the batch. A call is settled (its real tokens replace the
+    estimate, its concurrency slot is freed) by the database itself, in the transaction that journals
+    its COMPLETED or FAILED step (migration 0004): no round trip of its own.
+    """
+
     def __init__(self, engine: AsyncEngine, hot: HotPath | None = None) -> None:
-        # Admission and settlement run beside every model call's AppendStep: on the hot path's pool.
+        # Admission runs beside every model call's AppendStep: on the hot path's pool.
         self._db = hot if hot is not None else HotPath(engine)
+        # One line per model and windows: two definition versions may give a model different limits.
+        self._admissions: dict[
+            quota_store.Quota, GroupCommit[quota_store.ModelCall, quota_store.Admission]
+        ] = {}
 
     async def admit(
         self, profile: ModelProfile, task_id: uuid.UUID, sequence: int, attempt: int, estimated_tokens: int
     ) -> None:
         """Admits the model call or raises MODEL_QUOTA_EXHAUSTED with the time to wait."""
-        async with self._db.connect() as conn:
-            admission = await quota_store.admit(
-                conn,
-                model=profile.name,
-                task_id=task_id,
-                sequence=sequence,
-                attempt=attempt,
-                requests_per_minute=profile.requests_per_minute,
-                tokens_per_minute=profile.tokens_per_minute,
-                max_concurrent=profile.max_concurrent_calls,
-                tokens=estimated_tokens if estimated_tokens > 0 else DEFAULT_ESTIMATED_TOKENS,
-                span_seconds=QUOTA_SPAN_SECONDS,
-            )
+        quota = quota_store.Quota(
+            model=profile.name,
+            requests_per_minute=profile.requests_per_minute,
+            tokens_per_minute=profile.tokens_per_minute,
+            max_concurrent=profile.max_concurrent_calls,
+            span_seconds=QUOTA_SPAN_SECONDS,
+        )
+        line = self._admissions.get(quota)
+        if line is None:
+            line = self._admissions[quota] = GroupCommit(functools.partial(self._admit_batch, quota))
+        tokens = estimated_tokens if estimated_tokens > 0 else DEFAULT_ESTIMATED_TOKENS
+        admission = await line.submit(quota_store.ModelCall(task_id, sequence, attempt, tokens))
         if admission.admitted:
             metrics.MODEL_CALLS_ADMITTED.labels(profile.name).inc()
             return
@@ -80,13 +96,11 @@ class ModelQuotas:
             retry_after_seconds=wait,
         )
 
-    async def settle(self, profile: ModelProfile, task_id: uuid.UUID, sequence: int, tokens: int) -> None:
-        """The finished call's real tokens replace its estimate; its concurrency slot is freed."""
-        try:
-            async with self._db.connect() as conn:
-                await quota_store.settle(conn, task_id, sequence, tokens)
-        except Exception:  # the step is journaled; a window slightly off must not fail the worker's call
-            log.exception("could not settle model call %s/%s of %s", task_id, sequence, profile.name)
+    async def _admit_batch(
+        self, quota: quota_store.Quota, calls: Sequence[quota_store.ModelCall]
+    ) -> list[quota_store.Admission]:
+        async with self._db.connect() as conn:
+            return await quota_store.admit(conn, quota, calls)
 
     async def release(self, profile: ModelProfile, task_id: uuid.UUID, sequence: int) -> None:
         """Gives back the place of a call admitted but then refused by the journal: it never ran."""

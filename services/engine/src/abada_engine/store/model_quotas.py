@@ -1,13 +1,16 @@
-"""Model quotas shared by every engine replica: admitting a model call, settling its tokens, the waiting
-line, and the spend a budget is checked against.
+"""Model quotas shared by every engine replica: admitting a model call, the waiting line, and the spend
+a budget is checked against. (A call is settled by the database, in the transaction that journals its
+finished step: migration 0004.)
 
-Admission is the database function `abada_admit_model_call` (migration 0002, which says why it is a
-function): one round trip under a per-model lock, correct across replicas and restarts.
+Admission is the database function `abada_admit_model_calls` (migration 0004, which says why it is a
+function): a batch of one model's calls in one round trip under one acquisition of the model's lock,
+correct across replicas and restarts.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
@@ -20,28 +23,20 @@ from .states import StepKind
 
 _ADMIT = HandWritten(
     """
-    SELECT admitted, retry_after_ms, reason, waiting_ahead FROM abada_admit_model_call(
-        CAST(:model AS text), CAST(:task_id AS uuid), CAST(:sequence AS integer), CAST(:attempt AS integer),
+    SELECT call_index, admitted, retry_after_ms, reason, waiting_ahead FROM abada_admit_model_calls(
+        CAST(:model AS text), CAST(:task_ids AS uuid[]), CAST(:sequences AS integer[]),
+        CAST(:attempts AS integer[]), CAST(:tokens AS bigint[]),
         CAST(:requests_per_minute AS integer), CAST(:tokens_per_minute AS bigint),
-        CAST(:max_concurrent AS integer), CAST(:tokens AS bigint), CAST(:span_seconds AS integer))
+        CAST(:max_concurrent AS integer), CAST(:span_seconds AS integer))
     """
 )
 
-# The call's real tokens replace the estimate it was admitted with, in the second it was admitted.
-# Without waiting for the WAL flush (as admission): the usage row stays locked until the commit, and
-# admissions of the model queue behind it. A PostgreSQL crash may lose the last settlements: the
-# windows then keep a few estimates instead of real counts, once.
+# Releases (as settlements) write corrections to a counter row of their own (slot 1-8, by server
+# process; migration 0004 says why), never to the admissions' row. Without waiting for the WAL flush
+# (as admission): a PostgreSQL crash may forget the last releases, and the windows then count those
+# calls, once.
 _ASYNC_COMMIT = "cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS setting)"
-_SETTLE = HandWritten(
-    f"""
-    WITH {_ASYNC_COMMIT}, done AS (
-        DELETE FROM model_quota_calls WHERE task_id = CAST(:task_id AS uuid) AND sequence = CAST(:sequence AS integer)
-        RETURNING model, second, estimated_tokens
-    )
-    UPDATE model_quota_usage u SET tokens = GREATEST(0, u.tokens + CAST(:tokens AS bigint) - done.estimated_tokens)
-    FROM done, cfg WHERE u.model = done.model AND u.second = done.second AND cfg.setting = 'off'
-    """
-)
+_CORRECTION_SLOT = "CAST(1 + pg_backend_pid() % 8 AS smallint)"
 
 # An admitted call the journal then refused never reached the provider: give its place back.
 _RELEASE = HandWritten(
@@ -50,9 +45,11 @@ _RELEASE = HandWritten(
         DELETE FROM model_quota_calls WHERE task_id = CAST(:task_id AS uuid) AND sequence = CAST(:sequence AS integer)
         RETURNING model, second, estimated_tokens
     )
-    UPDATE model_quota_usage u SET requests = GREATEST(0, u.requests - 1),
-        tokens = GREATEST(0, u.tokens - done.estimated_tokens)
-    FROM done, cfg WHERE u.model = done.model AND u.second = done.second AND cfg.setting = 'off'
+    INSERT INTO model_quota_usage AS u (model, second, slot, requests, tokens)
+    SELECT done.model, done.second, {_CORRECTION_SLOT}, -1, -done.estimated_tokens
+    FROM done, cfg WHERE cfg.setting = 'off'
+    ON CONFLICT (model, second, slot) DO UPDATE SET requests = u.requests + EXCLUDED.requests,
+        tokens = u.tokens + EXCLUDED.tokens
     """
 )
 
@@ -67,39 +64,51 @@ class Admission:
     waiting_ahead: int
 
 
-async def admit(
-    conn: Executor,
-    *,
-    model: str,
-    task_id: uuid.UUID,
-    sequence: int,
-    attempt: int,
-    requests_per_minute: int | None,
-    tokens_per_minute: int | None,
-    max_concurrent: int | None,
-    tokens: int,
-    span_seconds: int,
-) -> Admission:
-    row = await _ADMIT.fetchrow(
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A model profile's windows, as admission checks them (None: no such limit)."""
+
+    model: str
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    max_concurrent: int | None
+    # How far back a window counts (a minute plus the engine's margin).
+    span_seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """A model call asking to be admitted at its STARTED step, with its estimated tokens."""
+
+    task_id: uuid.UUID
+    sequence: int
+    attempt: int
+    tokens: int
+
+
+async def admit(conn: Executor, quota: Quota, calls: Sequence[ModelCall]) -> list[Admission]:
+    """Admits or refuses each call of one model, deciding them in the order given; one answer per call."""
+    rows = await _ADMIT.fetch(
         conn,
         {
-            "model": model,
-            "task_id": task_id,
-            "sequence": sequence,
-            "attempt": attempt,
-            "requests_per_minute": requests_per_minute,
-            "tokens_per_minute": tokens_per_minute,
-            "max_concurrent": max_concurrent,
-            "tokens": tokens,
-            "span_seconds": span_seconds,
+            "model": quota.model,
+            "task_ids": [call.task_id for call in calls],
+            "sequences": [call.sequence for call in calls],
+            "attempts": [call.attempt for call in calls],
+            "tokens": [call.tokens for call in calls],
+            "requests_per_minute": quota.requests_per_minute,
+            "tokens_per_minute": quota.tokens_per_minute,
+            "max_concurrent": quota.max_concurrent,
+            "span_seconds": quota.span_seconds,
         },
     )
-    assert row is not None  # the function always answers one row
-    return Admission(bool(row.admitted), int(row.retry_after_ms), str(row.reason), int(row.waiting_ahead))
-
-
-async def settle(conn: Executor, task_id: uuid.UUID, sequence: int, tokens: int) -> None:
-    await _SETTLE.fetch(conn, {"task_id": task_id, "sequence": sequence, "tokens": tokens})
+    answers: list[Admission | None] = [None] * len(calls)
+    for row in rows:
+        answers[row.call_index - 1] = Admission(
+            bool(row.admitted), int(row.retry_after_ms), str(row.reason), int(row.waiting_ahead)
+        )
+    assert all(answer is not None for answer in answers)  # the function answers every call
+    return answers  # type: ignore[return-value]
 
 
 async def release(conn: Executor, task_id: uuid.UUID, sequence: int) -> None:

@@ -69,17 +69,11 @@ class Journal:
         Anything else (a re-send, a conflict, a refusal to explain) takes the careful path.
         """
         check_shape(step)
-        if step.kind != StepKind.MODEL_CALL:
+        if step.kind != StepKind.MODEL_CALL or step.state != StepState.STARTED:
+            # A model call's finished step settles its quota in the same transaction (the database's
+            # trigger: see `model_quota`), so it is journaled like any other step.
             return await self._append(step)
         profile, budgeted = await self._model_call_rules(step.task_id)
-        if step.state != StepState.STARTED:
-            result = await self._append(step)
-            if has_quota(profile):
-                assert profile is not None
-                await self._quotas.settle(
-                    profile, step.task_id, step.sequence, step.input_tokens + step.output_tokens
-                )
-            return result
         if budgeted is not None:
             await self._budgets.check(*budgeted, step.task_id)
         # At STARTED the worker sends the request's estimated size as its input tokens: the quota
