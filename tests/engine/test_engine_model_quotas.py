@@ -8,6 +8,7 @@ COMPLETED; a budget refuses the call that would begin past it, naming max_cost_u
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from engine_helpers import append, deploy, error_info, fetch, journal, start
 from google.rpc import error_details_pb2, status_pb2
 
 TOPIC = "abada:agent"
+WAITING = re.compile(r"(\d+) call\(s\) waiting before it")
 
 
 def bundle(profile: str, node_limits: str = "", process_limits: str = "") -> str:
@@ -215,3 +217,27 @@ async def test_without_a_profile_a_model_runs_unlimited(engine) -> None:
     tasks = await leased_tasks(engine, 3)
     for task in tasks:
         assert (await started(engine, task)).step.sequence == 1
+
+
+async def test_calls_arriving_together_at_one_replica_are_admitted_and_lined_up_in_turn(
+    engine, replicas
+) -> None:
+    """One replica admits the calls of a model that arrive together in batches: the quota still holds
+    exactly, and every refused call is lined up behind the ones refused before it."""
+    await deploy(engine, bundle("requests_per_minute: 3"))
+    tasks = await leased_tasks(engine, 10)
+    outcomes = await asyncio.gather(*(started(replicas[1], task) for task in tasks), return_exceptions=True)
+    refused = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
+    assert len(refused) == 7, outcomes
+    ahead = sorted(int(m.group(1)) if (m := WAITING.search(e.details())) else 0 for e in refused)
+    assert ahead == list(range(7)), [e.details() for e in refused]
+
+
+async def test_the_same_started_sent_twice_at_once_is_admitted_once(engine, replicas) -> None:
+    await deploy(engine, bundle("requests_per_minute: 1"))
+    first, second = await leased_tasks(engine, 2)
+    both = await asyncio.gather(started(replicas[1], first), started(replicas[1], first))
+    assert [answer.step.sequence for answer in both] == [1, 1]
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await started(replicas[1], second)
+    assert error_info(caught.value).metadata["quota"] == "requests_per_minute"
