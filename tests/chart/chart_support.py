@@ -19,7 +19,14 @@ CI_DIR = CHART_DIR / "ci"
 RELEASE = "abada"
 NAMESPACE = "abada"
 # The configurations the chart is tested in besides its defaults (TLS through cert-manager).
-CI_FILES = ("keda-on.yaml", "keda-off.yaml", "prometheus-trigger.yaml", "mtls-on.yaml", "plaintext.yaml")
+CI_FILES = (
+    "keda-on.yaml",
+    "keda-off.yaml",
+    "prometheus-trigger.yaml",
+    "mtls-on.yaml",
+    "plaintext.yaml",
+    "servicemonitor-on.yaml",
+)
 VALUE_SETS = ("default", *CI_FILES)
 
 

@@ -89,5 +89,5 @@ def test_tls_without_client_certificates_leaves_the_broker_port_tls_only() -> No
 
 def test_without_tls_the_broker_has_no_health_port() -> None:
     container = only_container(render_set("plaintext.yaml").deployment_of("broker"))
-    assert [port["name"] for port in container["ports"]] == ["grpc"]
+    assert [port["name"] for port in container["ports"]] == ["grpc", "metrics"]
     assert "ABADA_BROKER_HEALTH_ADDRESS" not in env_of(container)

@@ -5,12 +5,16 @@ the oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest
 KEDA's CRDs are not in those schemas, so the fields KEDA documents for ScaledObject (keda.sh
 reference/scaledobject-spec), the metrics-api and prometheus scalers and TriggerAuthentication are
 written out below; the HPA behavior a ScaledObject carries is checked as the HPA KEDA creates.
-cert-manager's Issuer and Certificate (cert-manager.io/v1) are written out the same way.
+cert-manager's Issuer and Certificate (cert-manager.io/v1) are written out the same way. The
+Prometheus Operator's ServiceMonitor is checked against servicemonitor.schema.json, written from its
+CRD's openAPIV3Schema (the file names the source).
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import pathlib
 import re
 from collections.abc import Callable
 
@@ -20,6 +24,7 @@ import pytest
 from chart_support import Manifest, Release, each, env_of, only_container, pod_spec, render, render_set
 
 KUBERNETES_VERSIONS = ("1.27", "1.37")
+SERVICE_MONITOR = json.loads((pathlib.Path(__file__).parent / "servicemonitor.schema.json").read_text())
 KEDA_KINDS = {"ScaledObject", "TriggerAuthentication"}
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -319,6 +324,8 @@ def check(manifest: Manifest) -> None:
         jsonschema.validate(manifest, ISSUER)
     elif manifest["kind"] == "Certificate":
         jsonschema.validate(manifest, CERTIFICATE)
+    elif manifest["kind"] == "ServiceMonitor":
+        jsonschema.validate(manifest, SERVICE_MONITOR)
     else:
         for version in KUBERNETES_VERSIONS:
             kubernetes_validate.validate(manifest, version, strict=True)

@@ -127,6 +127,9 @@ abada.dev/worker-pool: {{ (index . 1).poolName }}
 abada.dev/worker-pool: {{ (index . 1).poolName }}
 {{- end -}}
 
+{{/* The port a worker serves /healthz and /metrics on (ABADA_WORKER_HEALTH_ADDRESS). */}}
+{{- define "abada.worker.healthPort" -}}8081{{- end -}}
+
 {{/* An image reference. Call with (list $ .Values.engine.image). */}}
 {{- define "abada.image" -}}
 {{- $root := index . 0 -}}
@@ -156,29 +159,17 @@ abada.dev/worker-pool: {{ (index . 1).poolName }}
 {{- printf "http://%s.%s.svc.%s:%d" (include "abada.engine.fullname" .) .Release.Namespace .Values.clusterDomain (int .Values.engine.httpPort) -}}
 {{- end -}}
 
-{{/* The pod security context every Abada pod runs with. */}}
-{{- define "abada.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 10001
-runAsGroup: 10001
-fsGroup: 10001
-seccompProfile:
-  type: RuntimeDefault
+{{/*
+A security context from values (engine, broker, workerDefaults or a pool: podSecurityContext and
+securityContext). values.yaml holds the hardened defaults (non-root uid 10001, read-only root, no
+capabilities, RuntimeDefault seccomp); Helm merges a user's keys over them. Call with the map.
+*/}}
+{{- define "abada.securityContext" -}}
+{{- if . -}}
+{{- toYaml . -}}
+{{- else -}}
+{}
 {{- end -}}
-
-{{/* The container security context every Abada container runs with. */}}
-{{- define "abada.containerSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 10001
-runAsGroup: 10001
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-privileged: false
-capabilities:
-  drop:
-    - ALL
-seccompProfile:
-  type: RuntimeDefault
 {{- end -}}
 
 {{- define "abada.imagePullSecrets" -}}
