@@ -479,6 +479,8 @@ class Stack:
     gemini_url: str
     state: pathlib.Path
     workers: list[ServiceProcess] = field(default_factory=list)
+    # Settings every service of the stack gets on top of its own (OTEL_*, ABADA_LOG_LEVEL).
+    env: dict[str, str] = field(default_factory=dict)
 
     def add_worker(
         self,
@@ -498,7 +500,7 @@ class Stack:
             gemini_url=self.gemini_url,
             lease_ms=lease_ms,
             concurrency=concurrency,
-            extra=extra,
+            extra={**self.env, **(extra or {})},
         )
         worker.start()
         self.workers.append(worker)
@@ -518,14 +520,24 @@ def _broker_serving(address: str) -> bool:
 
 @contextlib.asynccontextmanager
 async def running_stack(
-    state: pathlib.Path, database_url: str, crm: RunningCrmServer, gemini_url: str, idempotency: str = "key"
+    state: pathlib.Path,
+    database_url: str,
+    crm: RunningCrmServer,
+    gemini_url: str,
+    idempotency: str = "key",
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[Stack]:
-    """Engine and broker up, Alice's bundle deployed, the script loaded and its ledger empty; no workers."""
+    """Engine and broker up, Alice's bundle deployed, the script loaded and its ledger empty; no workers.
+
+    `env` is added to every service's own settings, workers added later included.
+    """
     credentials = state / "deploy-credentials.yaml"
     credentials.write_text(yaml.safe_dump({"crm-token": crm.token}))
     engine = engine_service(state, database_url, credentials)
     broker, broker_address = broker_service(state, engine, crm.token)
-    stack = Stack(engine, broker, broker_address, crm, gemini_url, state)
+    engine.service.env.update(env or {})
+    broker.env.update(env or {})
+    stack = Stack(engine, broker, broker_address, crm, gemini_url, state, env=dict(env or {}))
     try:
         await engine.start()
         broker.start()

@@ -65,5 +65,5 @@ def configure_logging(level: str = "INFO") -> None:
     root = configure_json_logging(JsonFormatter(SERVICE, redact=redactor.redact), level)
     # The HTTP clients log every request at INFO, and the model SDKs their request options (headers
     # included) at DEBUG; the worker logs what matters itself, and the redactor stays the backstop.
-    for chatty in ("httpx", "httpx2", "mcp", "google_genai", "openai", "anthropic"):
+    for chatty in ("httpx", "httpx2", "httpcore", "mcp", "google_genai", "openai", "anthropic"):
         logging.getLogger(chatty).setLevel(max(logging.WARNING, root.level))

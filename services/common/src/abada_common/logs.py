@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from .log_noise import quiet_third_party_loggers
 from .telemetry import TraceContextFilter
 
 _STANDARD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
@@ -52,4 +53,5 @@ def configure_logging(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    quiet_third_party_loggers()  # httpx, mcp, alembic ... at WARNING unless the level is DEBUG
     return root

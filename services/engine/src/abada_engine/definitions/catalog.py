@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,8 @@ from abada_engine.store.definitions import DefinitionRow
 
 from .model import Bundle, Process, ToolBinding, ToolServerSpec, ToolSpec
 from .parser import parse_bundle
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,24 @@ class DefinitionCatalog:
                 )
                 results.append(self._from_row(row))
                 created.append(process.id)
+        log.info(
+            "deployed",
+            extra={
+                "source_name": source_name,
+                "deployed_by": deployed_by,
+                "definitions": [
+                    {
+                        "process_id": d.process_id,
+                        "definition_id": str(d.id),
+                        "version": d.version,
+                        "new_version": d.process_id in created,
+                    }
+                    for d in results
+                ],
+                # The servers whose live tools deploy listed and froze (none without a contract check).
+                "tool_servers_checked": sorted({server for server, _tool in observed}),
+            },
+        )
         return DeployResult(results, created)
 
     async def get(self, definition_id: uuid.UUID) -> Definition:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from typing import Any
 
@@ -24,6 +25,8 @@ from abada_engine.store.states import InstanceState, TaskKind, TaskState
 from .navigator import HistoryEntry, advance, leave_node
 from .tokens import apply_advance, history_record, start_moved, write_history
 from .views import HistoryView, InstanceView, UserTaskView
+
+log = logging.getLogger(__name__)
 
 INSTANCE_STATES = tuple(InstanceState)
 MAX_VARIABLES_BYTES = 1_000_000
@@ -64,6 +67,18 @@ class Instances:
                 moved,
                 [started],
             )
+        # One line per start, for an operator following a case from the log (the variables stay out:
+        # they are the caller's data).
+        log.info(
+            "instance started",
+            extra={
+                "instance_id": str(instance_id),
+                "process_id": definition.process_id,
+                "definition_id": str(definition.id),
+                "version": definition.version,
+                "business_key": business_key,
+            },
+        )
         return InstanceView(
             id=instance_id,
             definition_id=definition.id,
