@@ -6,6 +6,7 @@ import pathlib
 import re
 
 import yaml
+from abada_broker import metrics as broker_metrics
 from abada_broker.auth import parse_callers
 from abada_engine.auth import CallerRegistry, token_sha256
 from abada_engine.metrics import (
@@ -23,7 +24,9 @@ from abada_engine.metrics import (
     TASKS_LEASED,
     TASKS_READY,
 )
+from abada_worker import metrics as worker_metrics
 from chart_support import REPO_ROOT, Release, each, env_of, only_container, pod_spec, render_set
+from prometheus_client import Counter, Histogram
 
 GUIDE = REPO_ROOT / "docs" / "operations.md"
 DATABASE_GAUGES = (
@@ -156,7 +159,7 @@ def metrics_table(guide: str) -> dict[str, tuple[str, set[str]]]:
     return rows
 
 
-def test_the_metrics_table_is_what_the_engine_exports() -> None:
+def test_the_metrics_tables_are_what_the_engine_the_workers_and_the_broker_export() -> None:
     # prometheus_client has no public accessor for a metric's label names.
     replica_figures = (RPC_SECONDS, LEASE_EXPIRIES, MODEL_CALLS_ADMITTED, MODEL_CALLS_REFUSED)
     label_names = {c._name: set(c._labelnames) for c in (*replica_figures, *DATABASE_GAUGES)}
@@ -165,6 +168,15 @@ def test_the_metrics_table_is_what_the_engine_exports() -> None:
         assert family.name in label_names, f"metrics.py exports {family.name}, unknown to this test"
         name = family.name + ("_total" if family.type == "counter" else "")
         exported[name] = (family.type, label_names[family.name])
+    # The worker's and the broker's live in prometheus_client's default registry: every one they define.
+    for module in (worker_metrics, broker_metrics):
+        for figure in vars(module).values():
+            if isinstance(figure, Counter | Histogram):
+                kind = "counter" if isinstance(figure, Counter) else "histogram"
+                exported[figure._name + ("_total" if kind == "counter" else "")] = (
+                    kind,
+                    set(figure._labelnames),
+                )
     assert metrics_table(GUIDE.read_text()) == exported
 
 
