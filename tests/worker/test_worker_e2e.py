@@ -427,12 +427,20 @@ async def test_on_sigterm_a_worker_stops_within_the_grace_period_and_the_task_is
     events = [e.type for e in await history_of(engine, instance_id)]
     assert "TASK_FAILED" not in events and "TASK_COMPLETED" not in events
 
-    await workers.start()
+    taking_over = await workers.start()
     done = await settled(engine, instance_id)
 
     assert done.current_node_id == "notify_customer"
     steps = await journal(engine, task_id)
     assert steps[0].abandoned is True
+    # The 1.5 s model turn outlasted a third of the 2 s lease: the worker renewed it, and counted so.
+    metrics = await metrics_of((await taking_over.wait_for_log("worker ready"))["health_port"])
+    renewed = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith('abada_worker_lease_renewals_total{outcome="ok"}')
+    ]
+    assert renewed and float(renewed[0].split()[-1]) >= 1, metrics
     assert shape(steps)[1:] == [
         (2, "model", COMPLETED),
         (3, "get_customer", COMPLETED),
