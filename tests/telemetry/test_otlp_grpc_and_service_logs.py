@@ -195,11 +195,11 @@ def restored_logging() -> Iterator[None]:
 
 @pytest.mark.usefixtures("restored_logging")
 def test_debug_lets_the_libraries_speak_again() -> None:
-    from abada_engine.logs import configure_logging
+    from abada_common.logs import JsonFormatter, configure_logging
 
-    configure_logging("engine", "DEBUG")
+    configure_logging(JsonFormatter("engine"), "DEBUG")
     assert logging.getLogger("httpx").getEffectiveLevel() == logging.DEBUG
     assert logging.getLogger("mcp.client.streamable_http").getEffectiveLevel() == logging.DEBUG
-    configure_logging("engine", "INFO")
+    configure_logging(JsonFormatter("engine"), "INFO")
     assert logging.getLogger("httpx").getEffectiveLevel() == logging.WARNING
     assert logging.getLogger("hvac").getEffectiveLevel() == logging.WARNING
