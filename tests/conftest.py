@@ -39,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Two keys, so every test exercises a ring where the primary is not the only key.
+UNKEYED_WRITE_GRACE_SECONDS = 5.0
 TEST_JOURNAL_KEYS = KeyRing.parse(
     "k2:" + base64.b64encode(b"\x02" * 32).decode() + ",k1:" + base64.b64encode(b"\x01" * 32).decode()
 )
@@ -108,6 +109,9 @@ async def engine_core(
         TEST_JOURNAL_KEYS,
         IdempotencyKeys(b"test-idempotency-secret"),
         McpContractCheck(FileCredentials(deploy_credentials), timeout_seconds=5),
+        # The reaper leaves an expired unkeyed write to its holder this long (30 s in production):
+        # long beside a test's pauses, short enough for the test that waits it out.
+        unkeyed_write_grace_seconds=UNKEYED_WRITE_GRACE_SECONDS,
     )
     yield core
     await core.close()

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 from typing import Any
 
 import grpc
 from abada.engine.v1 import definition_pb2, external_task_pb2, process_pb2
 from google.protobuf import json_format, struct_pb2
 from google.rpc import error_details_pb2, status_pb2
+
+
+async def until_lease_ran_out(*tasks: external_task_pb2.ExternalTask) -> None:
+    """Sleeps to the latest of the tasks' lease expiries, read from the leases themselves (not a guessed
+    length), plus 50 ms: afterwards the engine (PostgreSQL's clock, the same machine's) sees them expired.
+    However long the test was stalled before, this never wakes early."""
+    expires = max(task.lease_expires_at.ToDatetime(tzinfo=dt.UTC) for task in tasks)
+    left = (expires - dt.datetime.now(dt.UTC)).total_seconds() + 0.05
+    await asyncio.sleep(max(left, 0.0))
 
 
 def error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:

@@ -86,7 +86,7 @@ def running_crm_server(
     enable_control: bool = False,
     read_latency_ms: int = 0,
     port: int = 0,
-    startup_timeout: float = 20.0,
+    startup_timeout: float = 60.0,
 ) -> Iterator[RunningCrmServer]:
     """Start `python -m crm_mcp.server` on 127.0.0.1, wait until it answers, stop it on exit.
 

@@ -35,7 +35,7 @@ class ScriptedGeminiStartError(RuntimeError):
 
 @contextlib.contextmanager
 def running_scripted_gemini(
-    script: ScriptSource = None, *, startup_timeout: float = 15.0, log_level: str = "warning"
+    script: ScriptSource = None, *, startup_timeout: float = 60.0, log_level: str = "warning"
 ) -> Iterator[str]:
     """Starts the server on a free loopback port and yields its base URL, e.g. `http://127.0.0.1:40123`.
 
@@ -51,7 +51,7 @@ def running_scripted_gemini(
 
 @contextlib.contextmanager
 def running_scripted_endpoint(
-    module: str, script: ScriptSource = None, *, startup_timeout: float = 15.0, log_level: str = "warning"
+    module: str, script: ScriptSource = None, *, startup_timeout: float = 60.0, log_level: str = "warning"
 ) -> Iterator[str]:
     """Any scripted endpoint (`scripted_gemini.server`, `scripted_openai.server`, ...) the same way.
 

@@ -29,7 +29,7 @@ from broker_support import (
     secret_paths,
     write_atomically,
 )
-from engine_helpers import complete, fetch
+from engine_helpers import complete, fetch, until_lease_ran_out
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -59,6 +59,18 @@ async def _refused(call) -> grpc.aio.AioRpcError:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await call
     return caught.value
+
+
+async def _audited(broker, condition, timeout: float = 20.0) -> list[dict]:  # type: ignore[no-untyped-def]
+    """The broker's audit events once `condition(events)` holds: its log lines are written after the
+    answers, so they are polled for (bounded), never waited for with a guessed sleep."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        events = broker.audit_events()
+        if condition(events):
+            return events
+        assert asyncio.get_running_loop().time() < deadline, f"audit not written in {timeout}s: {events[-5:]}"
+        await asyncio.sleep(0.05)
 
 
 def _vault_reads(vault, credential: str = CRM_CREDENTIAL) -> int:
@@ -114,7 +126,7 @@ async def test_another_worker_of_the_same_pool_and_a_wrong_lease_token_are_not_t
 
 async def test_an_expired_lease_is_refused(engine, broker, vault, crm, dev_tokens):
     task = await leased_task(engine, bundle(crm.url), lease_ms=1000)
-    await asyncio.sleep(1.1)
+    await until_lease_ran_out(task)
     reads_before = _vault_reads(vault)
     error = await _refused(broker.for_task(dev_tokens.worker_token, task))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -252,6 +264,7 @@ async def test_every_issue_and_refusal_is_audited_and_no_line_holds_a_secret_or_
     engine, broker, vault, crm, dev_tokens
 ):
     task = await leased_task(engine, bundle(crm.url))
+    deploys_before = len([e for e in broker.audit_events() if e["purpose"] == "deploy"])
     rotated = f"audit-rotated-{uuid.uuid4().hex}"
     issued = await broker.for_task(dev_tokens.worker_token, task)
     await _refused(broker.for_task(dev_tokens.worker_token, task, worker_id=f"{POOL}/pod-b"))
@@ -264,9 +277,15 @@ async def test_every_issue_and_refusal_is_audited_and_no_line_holds_a_secret_or_
         await _refused(broker.deploy_credential(dev_tokens.worker_token))
     finally:
         vault.put_secret(CRM_SECRET_PATH, {"value": crm.token})
-    await asyncio.sleep(0.2)  # the broker's log lines are written after the answers
+    written = await _audited(
+        broker,
+        lambda events: (
+            len([e for e in events if e.get("task_id") == task.id]) >= 5
+            and len([e for e in events if e["purpose"] == "deploy"]) >= deploys_before + 2
+        ),
+    )
 
-    events = [event for event in broker.audit_events() if event.get("task_id") == task.id]
+    events = [event for event in written if event.get("task_id") == task.id]
     summary = [
         (e["event"], e["worker_id"], e["caller"], e["outcome"], e["reason"], e["version"]) for e in events
     ]
@@ -385,6 +404,11 @@ async def test_finished_held_and_re_leased_tasks_get_no_credential_and_vault_is_
 ):
     """Review finding: a finished task's check could turn into 'unavailable, retry' and no test noticed."""
     _, data_path = secret_paths(CRM_CREDENTIAL)
+
+    def not_lease_holder(events: list[dict]) -> list[dict]:
+        return [e for e in events if e.get("reason") == "NOT_LEASE_HOLDER"]
+
+    before = len(not_lease_holder(broker.audit_events()))
     for label, task in await _finished_in_three_ways(engine, crm):
         reads = vault.count("GET", data_path)
         error = await _refused(broker.for_task(dev_tokens.worker_token, task))
@@ -393,8 +417,9 @@ async def test_finished_held_and_re_leased_tasks_get_no_credential_and_vault_is_
             "NOT_LEASE_HOLDER",
         ), label
         assert vault.count("GET", data_path) == reads, label
-    await asyncio.sleep(0.2)  # the broker's log lines are written after the answers
-    refusals = [e for e in broker.audit_events() if e.get("reason") == "NOT_LEASE_HOLDER"]
+    refusals = not_lease_holder(
+        await _audited(broker, lambda events: len(not_lease_holder(events)) >= before + 3)
+    )
     # The audit blames the worker that asked, not the broker's own identity towards the engine.
     assert refusals and all(e["caller"] == POOL for e in refusals[-3:])
 

@@ -13,7 +13,7 @@ from abada_engine.api.http import HttpServer, build_app
 from abada_engine.auth import CallerRegistry, token_sha256
 from abada_engine.db.database import create_engine
 from abada_engine.runtime.queue_stats import QueueStats
-from engine_helpers import complete, deploy, fetch, start
+from engine_helpers import complete, deploy, fetch, start, until_lease_ran_out
 
 JOBS = """
 processes:
@@ -96,10 +96,11 @@ async def test_counts_follow_tasks_through_their_life_on_both_replicas(engine, r
         first = await stats(url, token)
         assert (first["ready"], first["leased"]) == (3, 0)
         assert keda_metrics_api_value(first, "ready") == 3
-    await fetch(engine, "w", "abada:agent", max_tasks=2, lease_ms=1000)
+    # 4 s: both replicas must be asked while the leases hold, even on a loaded machine.
+    leased = await fetch(engine, "w", "abada:agent", max_tasks=2, lease_ms=4000)
     for url in urls:
         assert (lambda s: (s["ready"], s["leased"]))(await stats(url, token)) == (1, 2)
-    await asyncio.sleep(1.1)  # both leases expire: fetchable again, so counted ready
+    await until_lease_ran_out(*leased)  # both leases expire: fetchable again, so counted ready
     assert (lambda s: (s["ready"], s["leased"]))(await stats(urls[1], token)) == (3, 0)
     [again] = await fetch(engine, "w", "abada:agent", max_tasks=1)
     await complete(engine, again, "w", {"r": {}})

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2 as et
 from abada.engine.v1 import incident_pb2, process_pb2
-from engine_helpers import append, complete, error_info, fetch, instance, journal, plain
+from abada_engine.runtime.journal import Takeover
+from engine_helpers import (
+    append,
+    complete,
+    error_info,
+    fetch,
+    instance,
+    journal,
+    plain,
+    until_lease_ran_out,
+)
 from sqlalchemy import text
 from test_engine_journal import leased_task, scenario_steps
 
@@ -33,16 +42,8 @@ async def crash_during_the_write(engine, crm, idempotency):
     task = await leased_task(engine, crm, idempotency=idempotency, lease_ms=3000)
     await scenario_steps(engine, task)
     started = await append(engine, task, 4, "TOOL_CALL", "STARTED", "crm/create_ticket", request=WRITE)
-    await lease_ran_out(task)
+    await until_lease_ran_out(task)
     return task, started
-
-
-async def lease_ran_out(task) -> None:
-    """Polls the machine's clock (PostgreSQL's too) until the task's lease has run out."""
-    expires = task.lease_expires_at.ToDatetime(tzinfo=dt.UTC)
-    left = (expires - dt.datetime.now(dt.UTC)).total_seconds() + 0.05
-    # One sleep to the expiry read from the lease itself (not a guessed length), past it by 50 ms.
-    await asyncio.sleep(max(left, 0.0))
 
 
 async def test_keyed_write_is_offered_again_with_its_key_and_the_new_attempt_finishes_it(
@@ -81,7 +82,7 @@ async def test_an_orphaned_model_call_is_marked_abandoned_when_the_next_attempt_
 ):
     task = await leased_task(engine, crm_credentials, lease_ms=1000)
     await append(engine, task, 1, "MODEL_CALL", "STARTED", request={"turn": 0})
-    await lease_ran_out(task)
+    await until_lease_ran_out(task)
     [again] = await fetch_taken_over(engine)
     assert [(s.sequence, s.abandoned) for s in again.steps] == [(1, False)]
     # The old attempt's STARTED model call cannot be finished by the new one...
@@ -179,8 +180,9 @@ async def test_the_incident_is_raised_when_the_lease_runs_out_even_if_no_worker_
     engine, crm_credentials
 ):
     task, _ = await crash_during_the_write(engine, crm_credentials, "none")
-    # No fetch: the engine's own reaper (every 2 s) notices the expired lease over the unkeyed write.
-    for _ in range(100):  # the reaper runs every 2 s; allow a slow round on a loaded machine
+    # No fetch: the engine's own reaper (every 2 s) notices the expired lease over the unkeyed write
+    # once its holder has had the grace past expiry to come back (5 s in the suite) and did not.
+    for _ in range(300):  # bounded: 30 s, for a slow round on a loaded machine
         listed = await engine.incidents.ListIncidents(incident_pb2.ListIncidentsRequest())
         if listed.incidents:
             break
@@ -197,3 +199,34 @@ async def test_the_reaper_leaves_keyed_writes_and_live_leases_alone(engine, crm_
     assert await engine_core.takeover.hold_expired_unkeyed_writes() == 0
     [again] = await fetch_taken_over(engine)
     assert again.id == task.id and again.attempt == 2
+
+
+async def test_a_holder_back_within_the_grace_journals_its_unkeyed_write_and_goes_on_without_a_person(
+    engine, crm_credentials, engine_core
+):
+    """The worker was only cut off (the engine restarting, PostgreSQL or the network away) while its
+    unkeyed write was in flight, and comes back after its lease ran out with the write's answer.
+    Nobody took the task over, so the reaper leaves it to its holder for the grace: the late
+    COMPLETED is journaled, the lease re-granted, and the task finishes with no incident."""
+    task, _ = await crash_during_the_write(engine, crm_credentials, "none")
+    # What the reaper sees now: a lease over an unkeyed write that ran out less than the grace ago.
+    patient = Takeover(
+        engine_core.db, engine_core.catalog, engine_core.journal.sealer, engine_core.handed_out, 60.0
+    )
+    assert await patient.hold_expired_unkeyed_writes() == 0
+    result = {"structuredContent": {"ticketId": "T-981"}}
+    late = await append(engine, task, 4, "TOOL_CALL", "COMPLETED", "crm/create_ticket", response=result)
+    assert late.step.state == et.STEP_STATE_COMPLETED
+    await engine.tasks.ExtendLease(
+        et.ExtendLeaseRequest(task_id=task.id, worker_id="w", lease_token=task.lease_token, lease_ms=30_000)
+    )
+    await complete(engine, task, "w", {"triage": {"ticketId": "T-981"}})
+    assert (await instance(engine, task.instance_id)).state == process_pb2.INSTANCE_STATE_COMPLETED
+    assert not (await engine.incidents.ListIncidents(incident_pb2.ListIncidentsRequest())).incidents
+    steps = await journal(engine, task.id)
+    assert [(s.sequence, s.attempt, et.StepState.Name(s.state)) for s in steps][3] == (
+        4,
+        1,
+        "STEP_STATE_COMPLETED",
+    )
+    assert plain(steps[3].response) == result

@@ -35,7 +35,7 @@ class WorkerProcess:
         found = [json.loads(line) for line in self.trace.read_text().splitlines() if line.strip()]
         return [call for call in found if event is None or call["event"] == event]
 
-    async def wait_for_log(self, text: str, timeout: float = 20.0) -> None:
+    async def wait_for_log(self, text: str, timeout: float = 60.0) -> None:
         await poll(
             lambda: any(text in line for line in self.lines), timeout, f"log line {text!r}\n{self.log}"
         )

@@ -45,7 +45,7 @@ class OpenBao:
         self._log = workdir / "openbao.log"
         self._process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float = 60.0) -> None:
         with self._log.open("ab") as log:
             self._process = subprocess.Popen(
                 [

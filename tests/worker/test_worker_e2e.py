@@ -139,7 +139,7 @@ async def workers(
         yield launcher
 
 
-async def settled(engine, instance_id: str, timeout: float = 30.0) -> process_pb2.Instance:  # type: ignore[no-untyped-def]
+async def settled(engine, instance_id: str, timeout: float = 60.0) -> process_pb2.Instance:  # type: ignore[no-untyped-def]
     """Waits until the token has left the agent node, or an incident holds it there."""
     deadline = time.monotonic() + timeout
     while True:
@@ -399,7 +399,7 @@ SLOW_FIRST_TURN = {
             "turns": [
                 {
                     "call": {"name": "crm__get_customer", "args": {"customerId": "{{input.customerId}}"}},
-                    "delay_ms": 1500,
+                    "delay_ms": 2500,
                 },
                 {"json": {"ticketId": "none", "priority": "low", "_confidence": 90}},
             ],
@@ -415,8 +415,7 @@ async def test_on_sigterm_a_worker_stops_within_the_grace_period_and_the_task_is
     load_script(gemini_url, SLOW_FIRST_TURN)
     instance_id = await start_instance(engine, "support_triage", customerId="C-42", message="Slow day")
     draining = await workers.start(ABADA_DRAIN_SECONDS="0.3")
-    await model_turn_requested(gemini_url)
-    await asyncio.sleep(0.2)  # the first model turn is now in flight
+    await model_turn_requested(gemini_url)  # the first model turn is now in flight (for 2.5 s)
 
     stopped_at = time.monotonic()
     assert await draining.terminate() == 0

@@ -157,7 +157,7 @@ def endpoint(provider: Provider) -> Provider:
     return provider
 
 
-async def settled(engine, instance_id: str, timeout: float = 40.0) -> process_pb2.Instance:  # type: ignore[no-untyped-def]
+async def settled(engine, instance_id: str, timeout: float = 60.0) -> process_pb2.Instance:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while True:
         found = await instance_of(engine, instance_id)

@@ -136,7 +136,7 @@ async def running_real_broker(
             sys.executable, "-m", "abada_broker", "serve", stdout=log, stderr=log, env=environment
         )
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # its imports alone take many seconds on a loaded machine
         while not ready_file.exists():
             if process.returncode is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the broker did not start:\n{log_path.read_text(errors='replace')}")

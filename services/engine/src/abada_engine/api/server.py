@@ -36,7 +36,7 @@ from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
 from abada_engine.runtime.handed_out import HandedOut
 from abada_engine.runtime.incidents import Incidents
 from abada_engine.runtime.instances import Instances
-from abada_engine.runtime.journal import Journal, JournalResolutions, Takeover
+from abada_engine.runtime.journal import UNKEYED_WRITE_GRACE_SECONDS, Journal, JournalResolutions, Takeover
 from abada_engine.runtime.leases import Leases
 from abada_engine.runtime.queue_stats import QueueStats
 from abada_engine.runtime.reaper import Periodic
@@ -99,6 +99,7 @@ class EngineCore:
         reaper_interval_seconds: float = 2.0,
         hot_pool_size: int | None = None,
         database_check_seconds: float = 1.0,
+        unkeyed_write_grace_seconds: float = UNKEYED_WRITE_GRACE_SECONDS,
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
         handed_out = HandedOut()
@@ -107,7 +108,7 @@ class EngineCore:
         size = hot_pool_size or max(2, db.pool.size() // 2)  # type: ignore[attr-defined]
         hot = HotPath(db, await HotPath.open_pool(plain_url(database_url), size))
         journal = Journal(db, catalog, keys, idempotency, handed_out, hot)
-        takeover = Takeover(db, catalog, journal.sealer, handed_out)
+        takeover = Takeover(db, catalog, journal.sealer, handed_out, unkeyed_write_grace_seconds)
         resolutions = JournalResolutions(journal.sealer)
         incidents = Incidents(db, catalog)
         incidents.register("TOOL_OUTCOME_UNKNOWN", "HAPPENED", resolutions.happened)

@@ -21,8 +21,11 @@ The row lock of the holder's request and the fetch's `FOR UPDATE SKIP LOCKED` se
 a fetcher: whichever locks the row first wins; the other sees a fresh lease or a new holder
 (NOT_LEASE_HOLDER: the lease is truly lost). The alternative, attempt + 1 with the late result
 kept, would hand the task to the next fetcher even when the holder is alive with the answer in hand.
-An unkeyed write is the exception: the reaper raises TOOL_OUTCOME_UNKNOWN as soon as its lease runs
-out, so a late COMPLETED for it finds the task held for a person (TASK_NOT_LEASED).
+An unkeyed write in flight is no exception while nobody asks: the engine's reaper raises
+TOOL_OUTCOME_UNKNOWN for it only a grace past the lease's expiry (`journal/takeover.py`), so a holder
+that comes back with the write's answer journals it and goes on. A fetch in the meantime is a takeover:
+it holds the task for a person at once (the new attempt may not re-send the write), and the late
+COMPLETED then finds the task held (TASK_NOT_LEASED).
 """
 
 from __future__ import annotations

@@ -403,8 +403,11 @@ class ExpiredAgentTask:
     definition_id: uuid.UUID
 
 
-async def lock_expired_leases_over_tool_calls(conn: AsyncConnection, limit: int) -> list[ExpiredAgentTask]:
-    """Agent tasks whose lease ran out while a tool call was STARTED, locked (SKIP LOCKED) for a decision."""
+async def lock_expired_leases_over_tool_calls(
+    conn: AsyncConnection, limit: int, grace_ms: int = 0
+) -> list[ExpiredAgentTask]:
+    """Agent tasks whose lease ran out more than `grace_ms` ago while a tool call was STARTED, locked
+    (SKIP LOCKED) for a decision."""
     open_tool_call = (
         select(literal_column("1"))
         .select_from(journal_steps)
@@ -422,7 +425,8 @@ async def lock_expired_leases_over_tool_calls(conn: AsyncConnection, limit: int)
         .where(
             and_(
                 is_(tasks.c.state, TaskState.LEASED),
-                tasks.c.due_at <= func.now(),
+                tasks.c.lease_expires_at
+                <= func.now() - bindparam("grace_ms", grace_ms, Integer) * _MILLISECOND,
                 tasks.c.topic == "abada:agent",
                 open_tool_call,
             )

@@ -5,6 +5,13 @@ incident). Sealing is in `runtime/sealing.py`; the checks a step must pass are i
 from .append import AppendResult, Journal
 from .resolutions import JournalResolutions
 from .rules import StepRequest
-from .takeover import Takeover
+from .takeover import UNKEYED_WRITE_GRACE_SECONDS, Takeover
 
-__all__ = ["AppendResult", "Journal", "JournalResolutions", "StepRequest", "Takeover"]
+__all__ = [
+    "UNKEYED_WRITE_GRACE_SECONDS",
+    "AppendResult",
+    "Journal",
+    "JournalResolutions",
+    "StepRequest",
+    "Takeover",
+]

@@ -25,13 +25,23 @@ from .rules import unkeyed_writes_in_flight
 
 OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
 JOURNAL_INTEGRITY = "JOURNAL_INTEGRITY"
+# How long past its lease's expiry the reaper leaves an unkeyed write to its holder (see
+# `hold_expired_unkeyed_writes`): far longer than a worker's pause between two tries at the engine
+# (at most 1 s) and the reaper's own period, short beside the time a person takes to look.
+UNKEYED_WRITE_GRACE_SECONDS = 30.0
 
 
 class Takeover:
     def __init__(
-        self, engine: AsyncEngine, catalog: DefinitionCatalog, sealer: StepSealer, handed_out: HandedOut
+        self,
+        engine: AsyncEngine,
+        catalog: DefinitionCatalog,
+        sealer: StepSealer,
+        handed_out: HandedOut,
+        unkeyed_write_grace_seconds: float = UNKEYED_WRITE_GRACE_SECONDS,
     ) -> None:
         self._engine = engine
+        self._grace_ms = int(unkeyed_write_grace_seconds * 1000)
         self._reads = autocommit(engine)
         self._catalog = catalog
         self._sealer = sealer
@@ -78,13 +88,20 @@ class Takeover:
         return offered
 
     async def hold_expired_unkeyed_writes(self, limit: int = 100) -> int:
-        """Raise TOOL_OUTCOME_UNKNOWN as soon as a lease runs out over an unkeyed write, not at the next fetch.
+        """Raise TOOL_OUTCOME_UNKNOWN for an unkeyed write whose holder is gone, even if no worker asks again.
+
+        Not the moment its lease runs out: a lease that ran out with nobody taking over is still its
+        holder's (`runtime/leases.py`), and a holder that was only cut off (the engine restarting,
+        PostgreSQL away, the network down) comes back with the write's answer in hand, journals it
+        COMPLETED and goes on; holding the task then would hand a person a question whose answer the
+        worker had. So the reaper, which acts for nobody, waits the grace past expiry; a worker's fetch
+        is a takeover and holds the task at once (`on_locked`: a new attempt may not re-send the write).
 
         Run periodically by every replica; SKIP LOCKED keeps them (and fetchers) out of each other's way.
         """
         held = 0
         async with self._engine.begin() as conn:
-            candidates = await task_store.lock_expired_leases_over_tool_calls(conn, limit)
+            candidates = await task_store.lock_expired_leases_over_tool_calls(conn, limit, self._grace_ms)
             journals = await step_store.steps_of(conn, [c.id for c in candidates])
             for candidate in candidates:
                 definition = await self._catalog.get(candidate.definition_id)
