@@ -23,6 +23,7 @@ HEALTH_PATH = "/healthz"
 TICKETS_PATH = "/tickets"
 CONTROL_VARIANT_PATH = "/_control/variant"
 CONTROL_CALLS_PATH = "/_control/calls"
+CONTROL_RESET_PATH = "/_control/reset"
 
 _LOOPBACK_PEERS = frozenset({"127.0.0.1", "::1", "localhost"})
 
@@ -83,6 +84,27 @@ def build_app(
                     {"error": "the control endpoint only answers loopback callers"}, status_code=403
                 )
             return JSONResponse(tools.calls)
+
+        @server.custom_route(CONTROL_RESET_PATH, methods=["POST"])
+        async def control_reset(request: Request) -> Response:
+            # One server serves test after test, each starting from an empty CRM: no start-up per test.
+            peer = request.client.host if request.client else None
+            if peer not in _LOOPBACK_PEERS:
+                return JSONResponse(
+                    {"error": "the control endpoint only answers loopback callers"}, status_code=403
+                )
+            try:
+                body = json.loads(await request.body() or b"{}")
+                latency_ms = body.get("read_latency_ms", 0)
+                if not isinstance(latency_ms, int) or isinstance(latency_ms, bool) or latency_ms < 0:
+                    raise ValueError(latency_ms)
+            except (ValueError, AttributeError):
+                return JSONResponse(
+                    {"error": 'expected {"read_latency_ms": a whole number >= 0} or nothing'}, status_code=400
+                )
+            await anyio.to_thread.run_sync(store.clear)
+            tools.reset(latency_ms / 1000)
+            return JSONResponse({"variant": tools.variant.value, "read_latency_ms": latency_ms})
 
         @server.custom_route(CONTROL_VARIANT_PATH, methods=["GET", "POST"])
         async def control_variant(request: Request) -> Response:

@@ -58,7 +58,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--enable-control",
         action="store_true",
-        help="Serve POST /_control/variant (loopback callers only) to switch the variant live. Tests only.",
+        help="Serve POST /_control/variant (switch the variant live) and /_control/reset (forget every ticket"
+        " and call), loopback callers only. Tests only.",
     )
     parser.add_argument(
         "--read-latency-ms",

@@ -56,6 +56,11 @@ class RunningCrmServer:
         result: list[dict[str, Any]] = self._request("GET", "/_control/calls")
         return result
 
+    def reset(self, read_latency_ms: int = 0) -> None:
+        """Empty the CRM as if just started (no ticket, key or recorded call; the standard contract),
+        its lookups then taking `read_latency_ms`; needs enable_control=True."""
+        self._request("POST", "/_control/reset", {"read_latency_ms": read_latency_ms})
+
     def set_variant(self, variant: Variant | str) -> None:
         """Switch the contract live; needs the server started with enable_control=True."""
         self._request("POST", "/_control/variant", {"variant": str(Variant(variant))})

@@ -161,6 +161,11 @@ class TicketStore:
                 raise
         return TicketOutcome(ticket=_ticket_from_row(row), replayed=False)
 
+    def clear(self) -> None:
+        """Forget every ticket and idempotency key: numbering starts again at the first ticket."""
+        with self._connection() as connection:
+            connection.execute("DELETE FROM tickets")
+
     def list_tickets(self) -> list[StoredTicket]:
         with self._connection() as connection:
             rows = connection.execute("SELECT * FROM tickets ORDER BY number").fetchall()

@@ -137,6 +137,13 @@ class CrmTools:
     def variant(self) -> Variant:
         return self._variant
 
+    def reset(self, read_latency_seconds: float = 0.0) -> None:
+        """As freshly started (no recorded call, the standard contract), with this latency; the
+        tickets are the store's (`TicketStore.clear`)."""
+        self.calls.clear()
+        self._read_latency_seconds = read_latency_seconds
+        self.switch_variant(Variant.STANDARD)
+
     def switch_variant(self, variant: Variant) -> None:
         if variant is self._variant:
             return

@@ -89,3 +89,28 @@ async def test_the_control_endpoint_does_not_exist_unless_enabled() -> None:
 
     assert missing.value.code == 404
     assert set(tools) == {"get_customer", "create_ticket"}
+
+
+async def test_a_reset_empties_the_crm_as_if_it_had_just_started() -> None:
+    """The test control a shared CRM is reset with before every worker test: nothing carries over."""
+    with running_crm_server(enable_control=True) as crm:
+        async with crm_session(crm.url, crm.token) as session:
+            first = result_json(await call_tool(session, "create_ticket", PARCEL_TICKET, header_key="key-1"))
+            await call_tool(session, "get_customer", {"customerId": "C-42"})
+        crm.set_variant("no-create-ticket")
+        crm.reset(read_latency_ms=300)
+        assert (crm.tickets(), crm.calls()) == ([], [])
+        async with crm_session(crm.url, crm.token) as session:
+            assert set(await tools_by_name(session)) == {"get_customer", "create_ticket"}
+            # The same key opens a new ticket, numbered as the first one was: the key was forgotten.
+            again = result_json(await call_tool(session, "create_ticket", PARCEL_TICKET, header_key="key-1"))
+            await call_tool(session, "get_customer", {"customerId": "C-42"})
+        [lookup] = [call for call in crm.calls() if call["tool"] == "get_customer"]
+        stored = crm.tickets()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            crm._request("POST", "/_control/reset", {"read_latency_ms": -1})
+
+    assert again["ticketId"] == first["ticketId"]
+    assert [ticket["idempotencyKey"] for ticket in stored] == ["key-1"]
+    assert lookup["finished"] - lookup["started"] >= 0.3
+    assert refused.value.code == 400

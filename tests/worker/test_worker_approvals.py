@@ -14,7 +14,6 @@ from typing import Any
 
 import grpc
 import pytest
-import test_worker_e2e as reference
 from abada.broker.v1 import credential_pb2, credential_pb2_grpc
 from abada.engine.v1 import approval_pb2 as ap
 from abada.engine.v1 import external_task_pb2, incident_pb2, process_pb2
@@ -29,14 +28,9 @@ from worker_process import WorkerLauncher
 from worker_servers import RealBroker
 from worker_support import deploy_bundle, history_of
 
-# The reference scenario's collaborators: a CRM of its own per test, the scripted Gemini endpoint, the
-# real broker, the worker launcher, and a fresh script before each test.
-crm_token = reference.crm_token
-crm = reference.crm
-gemini_url = reference.gemini_url
-broker = reference.broker
-workers = reference.workers
-fresh_collaborators = reference.fresh_collaborators
+# The reference scenario's collaborators (tests/worker/conftest.py): an empty CRM and a freshly loaded
+# script for every test, the real broker, the worker launcher.
+pytestmark = pytest.mark.usefixtures("crm", "gemini_url")
 
 MODEL, TOOL = external_task_pb2.STEP_KIND_MODEL_CALL, external_task_pb2.STEP_KIND_TOOL_CALL
 STATES = {

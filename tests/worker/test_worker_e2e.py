@@ -8,25 +8,22 @@ the limits, a tool server that changed, and a worker draining on SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
-import secrets
 import signal
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 from abada.engine.v1 import external_task_pb2, incident_pb2, process_pb2
 from abada_common.struct_codec import from_struct
-from crm_mcp.testing import RunningCrmServer, running_crm_server
+from crm_mcp.testing import RunningCrmServer
 from google.protobuf import json_format
-from scripted_gemini import SUPPORT_TRIAGE_SCRIPT
-from scripted_gemini.testing import fetch_calls, load_script, reset_calls, running_scripted_gemini
-from worker_process import WorkerLauncher, worker_launcher
-from worker_servers import RealBroker, running_real_broker
+from scripted_gemini.testing import fetch_calls, load_script
+from worker_process import WorkerLauncher
+from worker_servers import RealBroker
 from worker_support import deploy_bundle, history_of, instance_of, start_instance
 
 POOL = "agent-pool"
@@ -72,71 +69,8 @@ processes:
 """
 
 
-@pytest.fixture(scope="module")
-def crm_token() -> str:
-    """One CRM token for the module, so the module's broker can serve every test's fresh CRM."""
-    return secrets.token_urlsafe(24)
-
-
-@pytest.fixture
-def crm(crm_token: str) -> Iterator[RunningCrmServer]:
-    """A CRM of its own for every test: no ticket, no idempotency key and no call carries over, so a
-    test passes or fails on what its own run did (a key shared across tasks shows up as a key shared
-    within one test, never as an accident of another test's tickets)."""
-    with running_crm_server(enable_control=True, token=crm_token) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def gemini_url() -> Iterator[str]:
-    with running_scripted_gemini() as url:
-        yield url
-
-
-@pytest.fixture(autouse=True)
-def fresh_collaborators(crm: RunningCrmServer, gemini_url: str, deploy_credentials: Path) -> None:
-    # The engine checks the CRM's contract at deploy time with this credential.
-    deploy_credentials.write_text(json.dumps({"crm-token": crm.token}))
-    crm.set_variant("standard")
-    load_script(gemini_url, SUPPORT_TRIAGE_SCRIPT)
-    reset_calls(gemini_url)
-
-
-@pytest.fixture(scope="module")
-async def broker(  # type: ignore[no-untyped-def]
-    crm_token: str, engine_channel, engine_tokens, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[RealBroker]:
-    _, engine_address = engine_channel
-    async with running_real_broker(
-        tmp_path_factory.mktemp("worker-broker"),
-        engine_address=engine_address,
-        engine_token=engine_tokens.broker,
-        worker_identity=POOL,
-        worker_token=engine_tokens.worker_pool,
-        secrets={"crm-token": crm_token},
-    ) as running:
-        yield running
-
-
-@pytest.fixture
-async def workers(
-    engine, broker: RealBroker, gemini_url: str, engine_tokens
-) -> AsyncIterator[WorkerLauncher]:  # type: ignore[no-untyped-def]
-    env = {
-        "ABADA_ENGINE_ADDRESS": engine.address,
-        "ABADA_BROKER_ADDRESS": broker.address,
-        "ABADA_GEMINI_BASE_URL": gemini_url,
-        # The pool's token, as a deployment gives it: only abada:agent, only worker ids agent-pool/...
-        "ABADA_WORKER_TOKEN": engine_tokens.worker_pool,
-        "ABADA_WORKER_ID": f"{POOL}/e2e",
-        "ABADA_WORKER_HEALTH_ADDRESS": "127.0.0.1:0",
-        "ABADA_WORKER_POLL_WAIT_MS": "300",
-        "ABADA_LEASE_MS": "2000",
-        "ABADA_DRAIN_SECONDS": "5",
-        "ABADA_WORKER_CONCURRENCY": "4",
-    }
-    async with worker_launcher(env) as launcher:
-        yield launcher
+# Every test starts from an empty CRM and a freshly loaded script (tests/worker/conftest.py).
+pytestmark = pytest.mark.usefixtures("crm", "gemini_url")
 
 
 async def settled(engine, instance_id: str, timeout: float = 60.0) -> process_pb2.Instance:  # type: ignore[no-untyped-def]
@@ -159,9 +93,9 @@ async def model_turn_requested(gemini_url: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def health_of(port: int) -> tuple[int, dict[str, Any]]:
+async def health_of(port: int, timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
     def get() -> tuple[int, dict[str, Any]]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=timeout) as response:
             return response.status, json.loads(response.read())
 
     return await asyncio.to_thread(get)
@@ -419,8 +353,11 @@ async def test_on_sigterm_a_worker_stops_within_the_grace_period_and_the_task_is
 
     stopped_at = time.monotonic()
     assert await draining.terminate() == 0
-    assert time.monotonic() - stopped_at < 3
-    assert any(r.get("message") == "task interrupted; its lease will lapse" for r in draining.records)
+    assert time.monotonic() - stopped_at < 15  # bounded; a loaded machine takes seconds to end a process
+    # The in-flight turn (2.5 s) is cut off at the drain deadline (0.3 s), by the worker's own clock.
+    records = {r.get("message"): dt.datetime.fromisoformat(r["time"]) for r in draining.records}
+    cut_off = records["task interrupted; its lease will lapse"] - records["draining"]
+    assert cut_off < dt.timedelta(seconds=2), cut_off
     task_id = await triage_task_id(engine, instance_id)
     assert shape(await journal(engine, task_id)) == [(1, "model", STARTED)]
     events = [e.type for e in await history_of(engine, instance_id)]
@@ -494,10 +431,11 @@ async def test_one_worker_runs_fifty_tasks_at_once_in_under_200_mb(
     port = (await worker.wait_for_log("worker ready"))["health_port"]
     process = psutil.Process(worker.pid)
     peak_rss = peak_running = 0
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120  # bounded; generous for a loaded machine
     while True:
         peak_rss = max(peak_rss, process.memory_info().rss)
-        peak_running = max(peak_running, (await health_of(port))[1]["running"])
+        # A worker busy with fifty tasks on a loaded machine may take seconds to answer its probe.
+        peak_running = max(peak_running, (await health_of(port, timeout=30))[1]["running"])
         states = [await instance_of(engine, instance_id) for instance_id in instance_ids]
         if all(state.current_node_id != "triage" for state in states):
             break

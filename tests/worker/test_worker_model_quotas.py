@@ -8,10 +8,7 @@ when each model call reached it) and two worker processes. The quota is the prof
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,11 +16,10 @@ from abada.engine.v1 import incident_pb2
 from abada_common.struct_codec import from_struct
 from abada_engine import metrics
 from abada_engine.runtime.queue_stats import QueueStats
-from crm_mcp.testing import RunningCrmServer, running_crm_server
-from scripted_gemini.testing import fetch_calls, load_script, reset_calls, running_scripted_gemini
+from crm_mcp.testing import RunningCrmServer
+from scripted_gemini.testing import fetch_calls, load_script
 from test_worker_e2e import POOL, completed_metadata, journal, settled, triage_task_id
-from worker_process import WorkerLauncher, worker_launcher
-from worker_servers import RealBroker, running_real_broker
+from worker_process import WorkerLauncher
 from worker_support import deploy_bundle, history_of, instance_of, start_instance
 
 RPM = 40
@@ -76,58 +72,14 @@ processes:
 """
 
 
-@pytest.fixture(scope="module")
-def crm() -> Iterator[RunningCrmServer]:
-    with running_crm_server(enable_control=True) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def gemini_url() -> Iterator[str]:
-    with running_scripted_gemini() as url:
-        yield url
-
-
-@pytest.fixture(autouse=True)
-def fresh_collaborators(crm: RunningCrmServer, gemini_url: str, deploy_credentials: Path) -> None:
-    deploy_credentials.write_text(json.dumps({"crm-token": crm.token}))
-    reset_calls(gemini_url)
-
-
-@pytest.fixture(scope="module")
-async def broker(  # type: ignore[no-untyped-def]
-    crm: RunningCrmServer, engine_channel, engine_tokens, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[RealBroker]:
-    _, engine_address = engine_channel
-    async with running_real_broker(
-        tmp_path_factory.mktemp("quota-broker"),
-        engine_address=engine_address,
-        engine_token=engine_tokens.broker,
-        worker_identity=POOL,
-        worker_token=engine_tokens.worker_pool,
-        secrets={"crm-token": crm.token},
-    ) as running:
-        yield running
+# The collaborators are tests/worker/conftest.py's (an empty CRM and a fresh ledger for every test);
+# here two workers of ten tasks each hold 5 s leases while they wait for the quota.
+pytestmark = pytest.mark.usefixtures("crm", "gemini_url")
 
 
 @pytest.fixture
-async def workers(
-    engine, broker: RealBroker, gemini_url: str, engine_tokens
-) -> AsyncIterator[WorkerLauncher]:  # type: ignore[no-untyped-def]
-    env = {
-        "ABADA_ENGINE_ADDRESS": engine.address,
-        "ABADA_BROKER_ADDRESS": broker.address,
-        "ABADA_GEMINI_BASE_URL": gemini_url,
-        "ABADA_WORKER_TOKEN": engine_tokens.worker_pool,
-        "ABADA_WORKER_ID": f"{POOL}/quota",
-        "ABADA_WORKER_HEALTH_ADDRESS": "127.0.0.1:0",
-        "ABADA_WORKER_POLL_WAIT_MS": "300",
-        "ABADA_LEASE_MS": "5000",
-        "ABADA_DRAIN_SECONDS": "5",
-        "ABADA_WORKER_CONCURRENCY": "10",
-    }
-    async with worker_launcher(env) as launcher:
-        yield launcher
+def worker_settings() -> dict[str, str]:
+    return {"ABADA_WORKER_ID": f"{POOL}/quota", "ABADA_LEASE_MS": "5000", "ABADA_WORKER_CONCURRENCY": "10"}
 
 
 def busiest_minute(times: list[float]) -> int:

@@ -7,16 +7,13 @@ worker processes; a SIGKILL in the middle of the batch.
 
 from __future__ import annotations
 
-import json
 import signal
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from abada_common.struct_codec import from_struct
-from crm_mcp.testing import RunningCrmServer, running_crm_server
-from scripted_gemini.testing import fetch_calls, load_script, reset_calls, running_scripted_gemini
+from crm_mcp.testing import RunningCrmServer
+from scripted_gemini.testing import fetch_calls, load_script
 from test_worker_e2e import (
     COMPLETED,
     POOL,
@@ -28,8 +25,7 @@ from test_worker_e2e import (
     tickets_of,
     triage_task_id,
 )
-from worker_process import WorkerLauncher, worker_launcher
-from worker_servers import RealBroker, running_real_broker
+from worker_process import WorkerLauncher
 from worker_support import deploy_bundle, start_instance
 
 READ_LATENCY_MS = 800
@@ -67,59 +63,24 @@ TWO_READS_AND_A_WRITE = {
 }
 
 
-@pytest.fixture(scope="module")
-def slow_crm() -> Iterator[RunningCrmServer]:
-    with running_crm_server(enable_control=True, read_latency_ms=READ_LATENCY_MS) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def gemini_url() -> Iterator[str]:
-    with running_scripted_gemini() as url:
-        yield url
-
-
-@pytest.fixture(autouse=True)
-def fresh_collaborators(slow_crm: RunningCrmServer, gemini_url: str, deploy_credentials: Path) -> None:
-    deploy_credentials.write_text(json.dumps({"crm-token": slow_crm.token}))
-    load_script(gemini_url, TWO_READS_AND_A_WRITE)
-    reset_calls(gemini_url)
-
-
-@pytest.fixture(scope="module")
-async def broker(  # type: ignore[no-untyped-def]
-    slow_crm: RunningCrmServer, engine_channel, engine_tokens, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[RealBroker]:
-    _, engine_address = engine_channel
-    async with running_real_broker(
-        tmp_path_factory.mktemp("parallel-broker"),
-        engine_address=engine_address,
-        engine_token=engine_tokens.broker,
-        worker_identity=POOL,
-        worker_token=engine_tokens.worker_pool,
-        secrets={"crm-token": slow_crm.token},
-    ) as running:
-        yield running
+# The collaborators are tests/worker/conftest.py's: here the CRM's lookups are slowed down and the
+# script asks for three calls in one turn.
+pytestmark = pytest.mark.usefixtures("crm", "gemini_url")
 
 
 @pytest.fixture
-async def workers(
-    engine, broker: RealBroker, gemini_url: str, engine_tokens
-) -> AsyncIterator[WorkerLauncher]:  # type: ignore[no-untyped-def]
-    env = {
-        "ABADA_ENGINE_ADDRESS": engine.address,
-        "ABADA_BROKER_ADDRESS": broker.address,
-        "ABADA_GEMINI_BASE_URL": gemini_url,
-        "ABADA_WORKER_TOKEN": engine_tokens.worker_pool,
-        "ABADA_WORKER_ID": f"{POOL}/parallel",
-        "ABADA_WORKER_HEALTH_ADDRESS": "127.0.0.1:0",
-        "ABADA_WORKER_POLL_WAIT_MS": "300",
-        "ABADA_LEASE_MS": "2000",
-        "ABADA_DRAIN_SECONDS": "5",
-        "ABADA_TOOL_CALL_CONCURRENCY": "4",
-    }
-    async with worker_launcher(env) as launcher:
-        yield launcher
+def crm_read_latency_ms() -> int:
+    return READ_LATENCY_MS
+
+
+@pytest.fixture
+def model_script() -> dict[str, Any]:
+    return TWO_READS_AND_A_WRITE
+
+
+@pytest.fixture
+def worker_settings() -> dict[str, str]:
+    return {"ABADA_WORKER_ID": f"{POOL}/parallel", "ABADA_TOOL_CALL_CONCURRENCY": "4"}
 
 
 def calls_for(crm: RunningCrmServer, since: float) -> list[dict[str, Any]]:
@@ -132,17 +93,17 @@ def overlap(calls: list[dict[str, Any]]) -> bool:
 
 
 async def test_two_reads_and_a_write_run_together_journaled_and_answered_in_call_order(
-    engine, slow_crm: RunningCrmServer, gemini_url: str, workers: WorkerLauncher
+    engine, crm: RunningCrmServer, gemini_url: str, workers: WorkerLauncher
 ) -> None:
-    await deploy_bundle(engine, bundle(slow_crm.url))
-    begun = max((call["started"] for call in slow_crm.calls()), default=0.0)
+    await deploy_bundle(engine, bundle(crm.url))
+    begun = max((call["started"] for call in crm.calls()), default=0.0)
     instance_id = await start_instance(engine, "support_triage", customerId="C-42", message="Parcel missing")
     await workers.start()
 
     done = await settled(engine, instance_id)
 
     assert done.current_node_id == "notify_customer"
-    calls = calls_for(slow_crm, begun)
+    calls = calls_for(crm, begun)
     assert [(c["tool"], c["arguments"]["customerId"]) for c in calls if c["tool"] == "get_customer"] in (
         [("get_customer", "C-42"), ("get_customer", "C-7")],
         [("get_customer", "C-7"), ("get_customer", "C-42")],
@@ -167,14 +128,14 @@ async def test_two_reads_and_a_write_run_together_journaled_and_answered_in_call
     assert [c["function_responses"] for c in second_turn] == [
         ["crm__get_customer", "crm__get_customer", "crm__create_ticket"]
     ]
-    (ticket,) = [t for t in tickets_of(slow_crm) if t["idempotencyKey"] == steps[3].idempotency_key]
+    (ticket,) = [t for t in tickets_of(crm) if t["idempotencyKey"] == steps[3].idempotency_key]
     assert from_struct(done.variables)["triage"]["ticketId"] == ticket["ticketId"]
 
 
 async def test_a_worker_killed_mid_batch_leaves_one_ticket_and_no_model_turn_played_twice(
-    engine, slow_crm: RunningCrmServer, gemini_url: str, workers: WorkerLauncher
+    engine, crm: RunningCrmServer, gemini_url: str, workers: WorkerLauncher
 ) -> None:
-    await deploy_bundle(engine, bundle(slow_crm.url))
+    await deploy_bundle(engine, bundle(crm.url))
     customer = "C-108"
     instance_id = await start_instance(
         engine, "support_triage", customerId=customer, message="Broken grinder"
@@ -192,7 +153,7 @@ async def test_a_worker_killed_mid_batch_leaves_one_ticket_and_no_model_turn_pla
         (3, "get_customer", STARTED),
         (4, "create_ticket", STARTED),
     ]
-    (ticket,) = tickets_of(slow_crm, customer)
+    (ticket,) = tickets_of(crm, customer)
 
     await workers.start(ABADA_WORKER_ID=f"{POOL}/successor")
     done = await settled(engine, instance_id)
@@ -208,7 +169,7 @@ async def test_a_worker_killed_mid_batch_leaves_one_ticket_and_no_model_turn_pla
         (5, "model", COMPLETED),
     ]
     assert steps[3].idempotency_key == ticket["idempotencyKey"]
-    assert tickets_of(slow_crm, customer) == [ticket]
+    assert tickets_of(crm, customer) == [ticket]
     assert from_struct(done.variables)["triage"]["ticketId"] == ticket["ticketId"]
     calls = fetch_calls(gemini_url)
     assert calls["repeated"] == []
@@ -254,11 +215,11 @@ TWO_WRITES_IN_ONE_TURN = {
 
 
 async def test_two_keyed_writes_in_one_turn_open_two_tickets(
-    engine, slow_crm: RunningCrmServer, gemini_url: str, workers: WorkerLauncher
+    engine, crm: RunningCrmServer, gemini_url: str, workers: WorkerLauncher
 ) -> None:
     """Two identical writes the model asked for in one turn are two writes: their keys differ by sequence."""
     load_script(gemini_url, TWO_WRITES_IN_ONE_TURN)
-    await deploy_bundle(engine, bundle(slow_crm.url))
+    await deploy_bundle(engine, bundle(crm.url))
     instance_id = await start_instance(engine, "support_triage", customerId="C-42", message="Two, please")
     await workers.start()
 
@@ -267,6 +228,6 @@ async def test_two_keyed_writes_in_one_turn_open_two_tickets(
     writes = [s for s in steps if s.tool_ref == "crm/create_ticket"]
     assert [(s.sequence, s.state) for s in writes] == [(2, COMPLETED), (3, COMPLETED)]
     assert writes[0].idempotency_key != writes[1].idempotency_key
-    tickets = {t["idempotencyKey"]: t for t in tickets_of(slow_crm) if t["subject"] == "Same words"}
+    tickets = {t["idempotencyKey"]: t for t in tickets_of(crm) if t["subject"] == "Same words"}
     assert set(tickets) >= {writes[0].idempotency_key, writes[1].idempotency_key}
     assert tickets[writes[0].idempotency_key]["ticketId"] != tickets[writes[1].idempotency_key]["ticketId"]

@@ -10,23 +10,20 @@ credentials for fails at once, without retries.
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 from abada.engine.v1 import external_task_pb2, incident_pb2, process_pb2
 from abada_common.struct_codec import from_struct
-from crm_mcp.testing import RunningCrmServer, running_crm_server
+from crm_mcp.testing import RunningCrmServer
 from google.protobuf import json_format
 from scripted_gemini import SUPPORT_TRIAGE_SCRIPT
 from scripted_gemini.testing import fetch_calls, load_script, reset_calls, running_scripted_endpoint
-from worker_process import WorkerLauncher, worker_launcher
-from worker_servers import RealBroker, running_real_broker
+from worker_process import WorkerLauncher
 from worker_support import deploy_bundle, history_of, instance_of, start_instance
 
 POOL = "agent-pool"
@@ -94,12 +91,6 @@ processes:
 """
 
 
-@pytest.fixture(scope="module")
-def crm() -> Iterator[RunningCrmServer]:
-    with running_crm_server(enable_control=True) as server:
-        yield server
-
-
 ALL = pytest.mark.parametrize("provider", ["gemini", "openai", "anthropic"], indirect=True)
 # Gemini's scenario and takeover run in test_worker_e2e.py already.
 NEW = pytest.mark.parametrize("provider", ["openai", "anthropic"], indirect=True)
@@ -111,43 +102,19 @@ def provider(request: pytest.FixtureRequest) -> Iterator[Provider]:
         yield Provider(request.param, MODELS[request.param], url)
 
 
-@pytest.fixture(autouse=True)
-def fresh_collaborators(crm: RunningCrmServer, deploy_credentials: Path) -> None:
-    deploy_credentials.write_text(json.dumps({"crm-token": crm.token}))
-    crm.set_variant("standard")
-
-
-@pytest.fixture(scope="module")
-async def broker(  # type: ignore[no-untyped-def]
-    crm: RunningCrmServer, engine_channel, engine_tokens, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[RealBroker]:
-    _, engine_address = engine_channel
-    async with running_real_broker(
-        tmp_path_factory.mktemp("providers-broker"),
-        engine_address=engine_address,
-        engine_token=engine_tokens.broker,
-        worker_identity=POOL,
-        worker_token=engine_tokens.worker_pool,
-        secrets={"crm-token": crm.token},
-    ) as running:
-        yield running
+# The CRM, broker and worker launcher are tests/worker/conftest.py's (an empty CRM for every test);
+# the model is each test's provider endpoint, passed when a worker starts.
+pytestmark = pytest.mark.usefixtures("crm")
 
 
 @pytest.fixture
-async def workers(engine, broker: RealBroker, engine_tokens) -> AsyncIterator[WorkerLauncher]:  # type: ignore[no-untyped-def]
-    env = {
-        "ABADA_ENGINE_ADDRESS": engine.address,
-        "ABADA_BROKER_ADDRESS": broker.address,
-        "ABADA_WORKER_TOKEN": engine_tokens.worker_pool,
-        "ABADA_WORKER_ID": f"{POOL}/providers",
-        "ABADA_WORKER_HEALTH_ADDRESS": "127.0.0.1:0",
-        "ABADA_WORKER_POLL_WAIT_MS": "300",
-        "ABADA_LEASE_MS": "2000",
-        "ABADA_DRAIN_SECONDS": "5",
-        "ABADA_WORKER_CONCURRENCY": "4",
-    }
-    async with worker_launcher(env) as launcher:
-        yield launcher
+def model_settings() -> dict[str, str]:
+    return {}
+
+
+@pytest.fixture
+def worker_settings() -> dict[str, str]:
+    return {"ABADA_WORKER_ID": f"{POOL}/providers"}
 
 
 @pytest.fixture

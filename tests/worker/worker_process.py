@@ -102,8 +102,8 @@ class WorkerLauncher:
         )
         worker = WorkerProcess(process)
         self.started.append(worker)
-        # Loading a provider SDK takes seconds on a busy machine.
-        await worker.wait_for_log("worker ready", timeout=45)
+        # Loading the provider SDKs takes seconds, and on a loaded 2-core machine more than a minute.
+        await worker.wait_for_log("worker ready", timeout=120)
         return worker
 
     async def close(self) -> None:
