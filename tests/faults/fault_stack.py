@@ -16,6 +16,7 @@ import hashlib
 import os
 import pathlib
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -69,7 +70,11 @@ def write_private(path: pathlib.Path, text: str) -> pathlib.Path:
     return path
 
 
-def alice_bundle(crm_url: str, idempotency: str = "key") -> str:
+def alice_bundle(crm_url: str, idempotency: str = "key", review_route: bool = False) -> str:
+    """Alice's triage; with `review_route`, an answer below the confidence threshold goes to a
+    person's review task instead of an incident."""
+    route = "on_low_confidence: review\n        " if review_route else ""
+    review = "\n      - { id: review, type: user_task, next: done }" if review_route else ""
     return f"""
 tool_servers:
   - name: crm
@@ -93,8 +98,8 @@ processes:
         output_schema: {{ type: object, required: [ticketId, priority] }}
         confidence_threshold: 80
         limits: {{ max_model_calls: 8, max_tool_calls: 8, max_tokens: 50000 }}
-        next: notify_customer
-      - {{ id: notify_customer, type: service, topic: notify, next: done }}
+        {route}next: notify_customer
+      - {{ id: notify_customer, type: service, topic: notify, next: done }}{review}
       - {{ id: done, type: end }}
 """
 
@@ -435,9 +440,53 @@ def judge(
     )
 
 
+def database_dump(database_url: str) -> str | None:
+    """`pg_dump --data-only` of the database (every table's rows, bytea as hex: sealed data stays
+    sealed), or None where no pg_dump on this machine can dump that server (a newer major version)."""
+    candidates = [shutil.which("pg_dump")]
+    with contextlib.suppress(ImportError):
+        import pgserver
+
+        candidates.append(str(pathlib.Path(pgserver.__file__).parent / "pginstall" / "bin" / "pg_dump"))
+    for pg_dump in candidates:
+        if pg_dump is None or not os.path.exists(pg_dump):
+            continue
+        done = subprocess.run(
+            [pg_dump, "--data-only", "--no-owner", "--dbname", database_url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if done.returncode == 0:
+            return done.stdout
+    return None
+
+
 async def plaintexts_at_rest(database_url: str, plaintexts: dict[str, str]) -> dict[str, list[str]]:
-    """Every row of every table of the engine's database, as text (bytea as hex: sealed data stays
-    sealed), searched for each known plaintext; returns where each one was found."""
+    """Searches a dump of the engine's database for each known plaintext; returns where each one was
+    found (table: row). The dump is pg_dump's; without a usable pg_dump, every row of every table as
+    text, which is what a data-only dump holds."""
+    dump = await asyncio.to_thread(database_dump, database_url)
+    if dump is not None:
+        rows: list[tuple[str, str]] = []
+        table = "?"
+        for line in dump.splitlines():
+            if line.startswith("COPY "):
+                table = line.split()[1]
+            elif line and not line.startswith(("--", "SET ", "SELECT ", "\\.")):
+                rows.append((table, line))
+    else:
+        rows = await _rows_as_text(database_url)
+    found: dict[str, list[str]] = {name: [] for name in plaintexts}
+    for table, line in rows:
+        for name, text in plaintexts.items():
+            if text in line:
+                found[name].append(f"{table}: {line[:200]}")
+    return {name: where for name, where in found.items() if where}
+
+
+async def _rows_as_text(database_url: str) -> list[tuple[str, str]]:
     import asyncpg
 
     conn = await asyncpg.connect(database_url)
@@ -446,14 +495,12 @@ async def plaintexts_at_rest(database_url: str, plaintexts: dict[str, str]) -> d
             row["tablename"]
             for row in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
         ]
-        found: dict[str, list[str]] = {name: [] for name in plaintexts}
+        rows = []
         for table in tables:
-            rows = await conn.fetch(f'SELECT t::text AS line FROM "{table}" t')
-            for row in rows:
-                for name, text in plaintexts.items():
-                    if text in row["line"]:
-                        found[name].append(f"{table}: {row['line'][:200]}")
-        return {name: where for name, where in found.items() if where}
+            rows += [
+                (table, row["line"]) for row in await conn.fetch(f'SELECT t::text AS line FROM "{table}" t')
+            ]
+        return rows
     finally:
         await conn.close()
 
@@ -526,6 +573,7 @@ async def running_stack(
     gemini_url: str,
     idempotency: str = "key",
     env: dict[str, str] | None = None,
+    review_route: bool = False,
 ) -> AsyncIterator[Stack]:
     """Engine and broker up, Alice's bundle deployed, the script loaded and its ledger empty; no workers.
 
@@ -543,7 +591,7 @@ async def running_stack(
         broker.start()
         await wait_for(lambda: _broker_serving(broker_address), "the broker serving", 60)
         async with engine.channel() as channel:
-            await deploy(channel, alice_bundle(crm.url, idempotency))
+            await deploy(channel, alice_bundle(crm.url, idempotency, review_route))
         load_script(gemini_url, alice_script())
         reset_calls(gemini_url)
         yield stack

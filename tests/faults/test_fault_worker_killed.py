@@ -9,7 +9,7 @@ A keyed write sent twice is deduplicated by the CRM; an unkeyed write caught in 
 re-sent: the engine raises TOOL_OUTCOME_UNKNOWN and the test, as the operator, looks the ticket up in
 the CRM and says it happened. Either way: every instance finishes, one ticket each, no model turn
 paid twice, no idempotency key used twice; and afterwards no tool argument, tool result, model turn
-or secret is anywhere in the engine's tables in clear (the incident included).
+or secret is anywhere in a pg_dump of the engine's database in clear (the incident included).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from fault_stack import (
 from google.protobuf import struct_pb2
 
 LEASE_MS = 2_000  # a dead worker's tasks come back after this
+# Text only the result a person gives for an unknown write carries: journaled sealed, like any result.
+OPERATOR_RESULT_MARKER = "operator [ref OPS-3390-RESULT]"
 BOUNDARIES = [
     "kill-at:model-returned",
     "kill-at:read-returned",
@@ -55,7 +57,11 @@ async def _resolve_unknown_writes(channel, crm) -> int:  # type: ignore[no-untyp
         ticket = tickets[dict(found.variables)["message"] + TOOL_ARGUMENT_MARKER]
         result = struct_pb2.Struct()
         result.update(
-            {"content": [], "structuredContent": {"ticketId": ticket["ticketId"]}, "isError": False}
+            {
+                "content": [],
+                "structuredContent": {"ticketId": ticket["ticketId"], "checkedBy": OPERATOR_RESULT_MARKER},
+                "isError": False,
+            }
         )
         await incidents.ResolveIncident(
             incident_pb2.ResolveIncidentRequest(
@@ -107,6 +113,7 @@ async def test_a_worker_killed_at_each_step_boundary_is_taken_over_without_a_sec
             {
                 "tool arguments / model turn": TOOL_ARGUMENT_MARKER.strip(),
                 "tool result": TOOL_RESULT_MARKER,
+                "tool result given by a person": OPERATOR_RESULT_MARKER,
                 "secret": crm.token,
             },
         )
