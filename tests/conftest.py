@@ -192,9 +192,12 @@ async def engine_channel(
 async def empty_tables(db: AsyncEngine) -> None:
     # The engine keeps running between tests (its reaper too): lock the tables in the order its own
     # transactions take them (tasks before the journal), and try again if a deadlock still happens.
+    # A session left in an open transaction would make TRUNCATE wait for ever: wait a bounded time
+    # and name the sessions in the way instead.
     for attempt in range(5):
         try:
             async with db.begin() as conn:
+                await conn.execute(text("SET LOCAL lock_timeout = '60s'"))
                 await conn.execute(
                     text(
                         "TRUNCATE approvals, tasks, instances, definitions, journal_steps, incidents, history, model_quota_usage, "
@@ -204,8 +207,24 @@ async def empty_tables(db: AsyncEngine) -> None:
                 )
             return
         except DBAPIError as error:
+            if "lock timeout" in str(error):
+                raise AssertionError(
+                    f"emptying the tables waited 60 s on: {await _open_transactions(db)}"
+                ) from error
             if "deadlock" not in str(error) or attempt == 4:
                 raise
+
+
+async def _open_transactions(db: AsyncEngine) -> list[dict[str, object]]:
+    """The other sessions on the test database that hold a transaction open, and what they last ran."""
+    async with db.connect() as conn:
+        rows = await conn.execute(
+            text(
+                "SELECT pid, application_name, state, xact_start, left(query, 300) AS query FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
+            )
+        )
+        return [dict(row._mapping) for row in rows]
 
 
 @pytest.fixture

@@ -29,6 +29,12 @@ def plain_url(url: str) -> str:
     return async_url(url).replace("postgresql+asyncpg://", "postgresql://", 1)
 
 
+# Every engine session: named, and ended by PostgreSQL if it ever sits in an open transaction doing
+# nothing for a minute (the engine's transactions last milliseconds; one left open by a request cut
+# off mid-way would otherwise hold its row and table locks, and every writer behind them, for good).
+SESSION_SETTINGS = {"application_name": "abada-engine", "idle_in_transaction_session_timeout": "60000"}
+
+
 def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
     return create_async_engine(
         async_url(url),
@@ -40,7 +46,7 @@ def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
         pool_pre_ping=False,
         json_serializer=dumps,
         # Statements are compiled once and cached by SQLAlchemy; asyncpg prepares them per connection.
-        connect_args={"server_settings": {"application_name": "abada-engine"}},
+        connect_args={"server_settings": SESSION_SETTINGS},
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from abada_engine.db.database import autocommit, dumps
+from abada_engine.db.database import SESSION_SETTINGS, autocommit, dumps
 
 _PARAMETER = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
@@ -103,7 +103,7 @@ class HotPath:
             max_size=size,
             init=_json_codecs,
             reset=_nothing_to_reset,
-            server_settings={"application_name": "abada-engine"},
+            server_settings=SESSION_SETTINGS,
         )
 
     async def close(self) -> None:
