@@ -107,6 +107,8 @@ journal_steps = Table(
     Column("state", Text, nullable=False),
     Column("tool_ref", Text, nullable=False),
     Column("key_id", Text, nullable=False),
+    # The associated data version the payloads were sealed with (runtime/sealing.py).
+    Column("aad_version", SmallInteger, nullable=False),
     Column("request_ciphertext", LargeBinary),
     Column("response_ciphertext", LargeBinary),
     # Keyed digests of the plaintexts, so an identical re-send is recognised without decrypting.

@@ -34,7 +34,7 @@ from abada_engine.store.states import ApprovalState, InstanceState, StepState, T
 
 from .leases import hold_lease
 from .navigator import HistoryEntry, advance
-from .sealing import StepSealer
+from .sealing import Place, StepSealer
 from .tokens import apply_advance, history_record, write_history
 
 APPROVAL_TIMEOUT = "APPROVAL_TIMEOUT"
@@ -66,6 +66,29 @@ class ApprovalView:
 def rejection_result(reason: str) -> dict[str, Any]:
     """What the model reads for a rejected call: a tool error (MCP CallToolResult shape) with the reason."""
     return {"content": [{"type": "text", "text": f"rejected by a person: {reason}"}], "isError": True}
+
+
+def approved_call(request: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
+    """The call a person approved, as the journal will accept it: this call id, this function, these
+    arguments (its keyed digest is what an approval keeps)."""
+    return {"callId": request.get("callId", ""), "name": request.get("name", ""), "arguments": arguments}
+
+
+def approved_arguments(response: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The arguments as approved, from the response an approval journaled on its step."""
+    return ((response or {}).get("approval") or {}).get("arguments")
+
+
+def _step_place(row: ListedApproval) -> Place:
+    return Place(
+        row.task_id,
+        row.sequence,
+        row.step_attempt,
+        row.step_kind,
+        row.step_tool_ref,
+        row.step_key_id,
+        row.step_aad_version,
+    )
 
 
 class Approvals:
@@ -214,16 +237,12 @@ class Approvals:
                 "comment": comment,
             }
         }
-        sealed, digest = self._sealer.seal(row.step_key_id, row.task_id, row.sequence, "response", response)
+        sealed, digest = self._sealer.seal(_step_place(row), "response", response)
         assert sealed is not None and digest is not None
         await step_store.decide_awaiting(conn, row.task_id, row.sequence, StepState.APPROVED, sealed, digest)
         # The call the journal will accept: this call id, this function, these arguments.
         key_id = self._sealer.primary_key_id
-        approved_request = {
-            "callId": request.get("callId", ""),
-            "name": request.get("name", ""),
-            "arguments": approved,
-        }
+        approved_request = approved_call(request, approved)
         await approval_store.record_decision(
             conn,
             row.id,
@@ -235,9 +254,7 @@ class Approvals:
         )
 
     async def _reject(self, conn: AsyncConnection, row: ListedApproval, decided_by: str, reason: str) -> None:
-        sealed, digest = self._sealer.seal(
-            row.step_key_id, row.task_id, row.sequence, "response", rejection_result(reason)
-        )
+        sealed, digest = self._sealer.seal(_step_place(row), "response", rejection_result(reason))
         assert sealed is not None and digest is not None
         await step_store.decide_awaiting(conn, row.task_id, row.sequence, StepState.COMPLETED, sealed, digest)
         await approval_store.record_decision(conn, row.id, ApprovalState.REJECTED, decided_by, reason)
@@ -346,21 +363,14 @@ class Approvals:
         await approval_store.reopen_expired_of_task(conn, incident.task_id, node.approval_timeout_seconds)
 
     def _request_of(self, row: ListedApproval) -> dict[str, Any]:
-        return (
-            self._sealer.open_sealed(
-                row.step_key_id, row.task_id, row.sequence, "request", row.request_ciphertext
-            )
-            or {}
-        )
+        return self._sealer.open_sealed(_step_place(row), "request", row.request_ciphertext) or {}
 
     def _view(self, row: ListedApproval) -> ApprovalView:
         request = self._request_of(row)
         approved: dict[str, Any] | None = None
         if row.state == ApprovalState.APPROVED:
-            response = self._sealer.open_sealed(
-                row.step_key_id, row.task_id, row.sequence, "response", row.response_ciphertext
-            )
-            approved = ((response or {}).get("approval") or {}).get("arguments")
+            response = self._sealer.open_sealed(_step_place(row), "response", row.response_ciphertext)
+            approved = approved_arguments(response)
         return ApprovalView(
             id=row.id,
             state=row.state,

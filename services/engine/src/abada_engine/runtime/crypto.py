@@ -2,8 +2,7 @@
 
 The key ring is `ABADA_JOURNAL_KEYS="id2:BASE64,id1:BASE64"`: the first key seals new rows, every
 key opens rows sealed under it, so a new key is rotated in by putting it first. Each row records
-its key id; the task id, sequence and field are the associated data, so a ciphertext moved to
-another row or field does not open.
+its key id; what a ciphertext is bound to (its associated data) is decided by `sealing`.
 """
 
 from __future__ import annotations
@@ -66,24 +65,23 @@ class KeyRing:
             raise ValueError("ABADA_JOURNAL_KEYS names no key")
         return KeyRing(keys, order[0])
 
-    def seal(self, key_id: str, plaintext: bytes, task_id: uuid.UUID, sequence: int, field: str) -> bytes:
-        """Seal under `key_id`: the primary for a new row, the row's own key for the rest of that row."""
+    def seal(self, key_id: str, plaintext: bytes, aad: bytes) -> bytes:
+        """Seal under `key_id`, bound to the associated data `aad`."""
         key = self.keys.get(key_id)
         if key is None:
             raise JournalIntegrityError(f"journal key {key_id!r} is not in the key ring")
         nonce = os.urandom(NONCE_BYTES)
-        return nonce + AESGCM(key).encrypt(nonce, plaintext, _aad(task_id, sequence, field))
+        return nonce + AESGCM(key).encrypt(nonce, plaintext, aad)
 
-    def open(self, key_id: str, blob: bytes, task_id: uuid.UUID, sequence: int, field: str) -> bytes:
+    def open(self, key_id: str, blob: bytes, aad: bytes) -> bytes:
+        """The plaintext of a payload sealed under `key_id` with associated data `aad`."""
         key = self.keys.get(key_id)
         if key is None:
             raise JournalIntegrityError(f"journal key {key_id!r} is not in the key ring")
         try:
-            return AESGCM(key).decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], _aad(task_id, sequence, field))
+            return AESGCM(key).decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], aad)
         except InvalidTag:
-            raise JournalIntegrityError(
-                f"journal step {task_id}/{sequence} {field} failed authentication (altered or misplaced)"
-            ) from None
+            raise JournalIntegrityError("failed authentication (altered or misplaced)") from None
 
     def digest(self, key_id: str, value: Any) -> bytes:
         """A keyed digest of a payload, to recognise an identical re-send without decrypting."""
@@ -94,10 +92,6 @@ class KeyRing:
         return hmac.new(
             hmac.new(key, b"abada.journal.digest", hashlib.sha256).digest(), canonical(value), hashlib.sha256
         ).digest()
-
-
-def _aad(task_id: uuid.UUID, sequence: int, field: str) -> bytes:
-    return f"abada.journal/v1|{task_id}|{sequence}|{field}".encode()
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,9 @@ class ListedApproval(ApprovalRow):
     instance_state: str
     definition_id: uuid.UUID
     step_key_id: str
+    step_aad_version: int
+    step_kind: str
+    step_tool_ref: str
     step_state: str
     step_attempt: int
     request_ciphertext: bytes | None
@@ -77,6 +80,9 @@ def _listed_query():  # type: ignore[no-untyped-def]
             instances.c.state.label("instance_state"),
             instances.c.definition_id,
             journal_steps.c.key_id.label("step_key_id"),
+            journal_steps.c.aad_version.label("step_aad_version"),
+            journal_steps.c.kind.label("step_kind"),
+            journal_steps.c.tool_ref.label("step_tool_ref"),
             journal_steps.c.state.label("step_state"),
             journal_steps.c.attempt.label("step_attempt"),
             journal_steps.c.request_ciphertext,
@@ -141,9 +147,15 @@ async def open_for_awaiting_steps(
 
 
 async def lock(conn: AsyncConnection, approval_id: uuid.UUID) -> ListedApproval | None:
-    """The approval with its instance and step, the approval row locked for the caller's transaction."""
+    """The approval with its instance and step, the approval and step rows locked for the caller's
+    transaction (the decision seals the step's response as the step is sealed: nothing may seal the
+    step again in between)."""
     row = (
-        await conn.execute(_listed_query().where(approvals.c.id == approval_id).with_for_update(of=approvals))
+        await conn.execute(
+            _listed_query()
+            .where(approvals.c.id == approval_id)
+            .with_for_update(of=[approvals, journal_steps])
+        )
     ).one_or_none()
     return typed(ListedApproval, row._mapping) if row is not None else None
 

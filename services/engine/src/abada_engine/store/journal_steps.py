@@ -29,6 +29,7 @@ class StepRow:
     state: str
     tool_ref: str
     key_id: str
+    aad_version: int  # which associated data the payloads were sealed with (runtime/sealing.py)
     request_ciphertext: bytes | None
     response_ciphertext: bytes | None
     request_digest: bytes | None
@@ -68,6 +69,7 @@ class AppendContext:
     step_state: str | None
     tool_ref: str | None
     key_id: str | None
+    aad_version: int | None
     request_digest: bytes | None
     response_digest: bytes | None
     input_tokens: int | None
@@ -77,7 +79,7 @@ class AppendContext:
 
 
 _STEP_COLUMNS = (
-    "task_id, sequence, attempt, kind, state, tool_ref, key_id, request_ciphertext, response_ciphertext, "
+    "task_id, sequence, attempt, kind, state, tool_ref, key_id, aad_version, request_ciphertext, response_ciphertext, "
     "request_digest, response_digest, input_tokens, output_tokens, abandoned, created_at, updated_at"
 )
 
@@ -99,7 +101,7 @@ APPEND_CONTEXT = HandWritten(
            i.state AS instance_state, i.xmin::text AS instance_xmin,
            agg.steps, agg.model_calls, agg.tool_calls, agg.tokens,
            s.sequence AS taken_sequence, s.attempt AS step_attempt, s.kind, s.state AS step_state, s.tool_ref,
-           s.key_id, s.request_digest, s.response_digest, s.input_tokens, s.output_tokens, s.abandoned
+           s.key_id, s.aad_version, s.request_digest, s.response_digest, s.input_tokens, s.output_tokens, s.abandoned
     FROM tasks t
     JOIN instances i ON i.id = t.instance_id
     CROSS JOIN LATERAL (
@@ -136,11 +138,12 @@ def _insert_step_sql(gate: str) -> str:
         WHERE task_id = CAST(:task_id AS uuid) AND kind = '{StepKind.MODEL_CALL}' AND state = '{StepState.STARTED}'
           AND attempt < CAST(:attempt AS integer) AND NOT abandoned AND EXISTS (SELECT 1 FROM {gate})
     )
-    INSERT INTO journal_steps (task_id, sequence, attempt, kind, state, tool_ref, key_id, request_ciphertext,
-        response_ciphertext, request_digest, response_digest, input_tokens, output_tokens, abandoned,
-        created_at, updated_at)
+    INSERT INTO journal_steps (task_id, sequence, attempt, kind, state, tool_ref, key_id, aad_version,
+        request_ciphertext, response_ciphertext, request_digest, response_digest, input_tokens, output_tokens,
+        abandoned, created_at, updated_at)
     SELECT CAST(:task_id AS uuid), CAST(:sequence AS integer), CAST(:attempt AS integer), CAST(:kind AS text),
-        CAST(:state AS text), CAST(:tool_ref AS text), CAST(:key_id AS text), CAST(:request_ct AS bytea),
+        CAST(:state AS text), CAST(:tool_ref AS text), CAST(:key_id AS text), CAST(:aad_version AS smallint),
+        CAST(:request_ct AS bytea),
         CAST(:response_ct AS bytea), CAST(:request_digest AS bytea), CAST(:response_digest AS bytea),
         CAST(:input_tokens AS bigint), CAST(:output_tokens AS bigint), false, now(), now()
     WHERE EXISTS (SELECT 1 FROM {gate})
@@ -150,13 +153,17 @@ def _insert_step_sql(gate: str) -> str:
 
 
 def _finish_step_sql(also: str = "") -> str:
-    """Move a STARTED step to its final state under the caller's lease; `also` narrows which step."""
+    """Move a STARTED step to its final state under the caller's lease; `also` narrows which step.
+
+    The response was sealed under the key and associated data version the caller read for the row:
+    the row must still have them (`abada-engine reseal` may have sealed the row again meanwhile)."""
     return f"""
     UPDATE journal_steps SET state = CAST(:state AS text), response_ciphertext = CAST(:response_ct AS bytea),
         response_digest = CAST(:response_digest AS bytea), input_tokens = CAST(:input_tokens AS bigint),
         output_tokens = CAST(:output_tokens AS bigint), updated_at = now()
     WHERE task_id = CAST(:task_id AS uuid) AND sequence = CAST(:sequence AS integer)
-      AND state = '{StepState.STARTED}' AND NOT abandoned {also}
+      AND state = '{StepState.STARTED}' AND NOT abandoned
+      AND key_id = CAST(:key_id AS text) AND aad_version = CAST(:aad_version AS smallint) {also}
       AND EXISTS ({_HELD_LEASE})
     RETURNING {_STEP_COLUMNS}
     """
@@ -195,10 +202,12 @@ def _insert_checked_sql(lease: str) -> str:
 INSERT_CHECKED = HandWritten(_insert_checked_sql(_LIVE_LEASE))
 INSERT_FINISHED_CHECKED = HandWritten(_insert_checked_sql(_HELD_LEASE))
 
+# The step's own attempt must be the caller's: its response is sealed bound to it. A keyed write an
+# earlier attempt started goes the careful way, which seals under the step's attempt.
 FINISH_CHECKED = HandWritten(
     _finish_step_sql(
-        "AND kind = CAST(:kind AS text) AND tool_ref = CAST(:tool_ref AS text) AND key_id = CAST(:key_id AS text) "
-        "AND (attempt = CAST(:attempt AS integer) OR CAST(:keyed AS boolean))"
+        "AND kind = CAST(:kind AS text) AND tool_ref = CAST(:tool_ref AS text) "
+        "AND attempt = CAST(:attempt AS integer)"
     )
 )
 
@@ -264,11 +273,10 @@ async def mark_outcome_unknown(conn: AsyncConnection, task_id: uuid.UUID, sequen
     )
 
 
-async def lock_key_id(conn: AsyncConnection, task_id: uuid.UUID, sequence: int) -> str:
-    """The key a step is sealed under, with the step locked for the caller's transaction."""
-    return (
-        await conn.execute(select(journal_steps.c.key_id).where(_at(task_id, sequence)).with_for_update())
-    ).scalar_one()
+async def lock_step(conn: AsyncConnection, task_id: uuid.UUID, sequence: int) -> StepRow:
+    """The step (what its payloads are sealed under), locked for the caller's transaction."""
+    row = (await conn.execute(select(journal_steps).where(_at(task_id, sequence)).with_for_update())).one()
+    return typed(StepRow, row._mapping)
 
 
 async def complete_with_response(

@@ -29,7 +29,7 @@ from ..crypto import IdempotencyKeys, KeyRing
 from ..handed_out import HandedOut
 from ..leases import hash_token, held_from_row
 from ..model_quota import Budgets, ModelQuotas, cost_usd, has_quota
-from ..sealing import StepSealer
+from ..sealing import Place, StepSealer
 from ..views import StepView
 from .rules import StepRequest, binding_for, check_limits, check_shape
 
@@ -150,15 +150,14 @@ class Journal:
             binding = None
             if step.tool_ref:
                 return None
-        key_id = self.sealer.primary_key_id
+        place = self._new_place(step)
         starts_first = step.kind == StepKind.MODEL_CALL or (binding is not None and binding.policy == "write")
         async with self._hot.connect() as conn:
             if step.state in FINISHED_STEP_STATES and starts_first:
                 if step.request is not None:
                     return None  # the request must be compared with the STARTED one: the careful path
-                keyed = binding is not None and binding.idempotency == "key"
                 row = await step_store.finish_checked(
-                    conn, {**self._write_params(step, key_id, with_request=False), "keyed": keyed}
+                    conn, self._write_params(step, place, with_request=False)
                 )
                 if row is None:
                     return None
@@ -168,7 +167,7 @@ class Journal:
             row = await step_store.insert_checked(
                 conn,
                 {
-                    **self._write_params(step, key_id),
+                    **self._write_params(step, place),
                     "max_model_calls": node.limits.max_model_calls,
                     "max_tool_calls": node.limits.max_tool_calls,
                     "max_tokens": node.limits.max_tokens,
@@ -248,7 +247,7 @@ class Journal:
         check_limits(step, context, node.limits)
         inserted = await step_store.insert_guarded(
             conn,
-            self._write_params(step, self.sealer.primary_key_id),
+            self._write_params(step, self._new_place(step)),
             finished=step.state in FINISHED_STEP_STATES,
         )
         if inserted is None:
@@ -279,7 +278,8 @@ class Journal:
         bindings: dict[str, ToolBinding],
     ) -> AppendResult | None:
         """A step at a taken sequence: the same step again, a STARTED step finishing, or a conflict."""
-        assert taken.key_id is not None and taken.tool_ref is not None
+        assert taken.key_id is not None and taken.tool_ref is not None and taken.kind is not None
+        assert taken.step_attempt is not None and taken.aad_version is not None
         binding = bindings.get(taken.tool_ref)
         same_request = step.request is None or self.sealer.digest(taken.key_id, step.request) == bytes(
             taken.request_digest or b""
@@ -320,23 +320,35 @@ class Journal:
                 f"({taken.kind} {taken.step_state}{' ' + taken.tool_ref if taken.tool_ref else ''})",
                 field="sequence",
             )
-        finished = await step_store.finish_guarded(
-            conn, self._write_params(step, taken.key_id, with_request=False)
+        # The rest of a row is sealed as the row is: its key, its attempt, its associated data version.
+        place = Place(
+            step.task_id,
+            step.sequence,
+            taken.step_attempt,
+            taken.kind,
+            taken.tool_ref,
+            taken.key_id,
+            taken.aad_version,
         )
+        finished = await step_store.finish_guarded(conn, self._write_params(step, place, with_request=False))
         if finished is None:
             return None
         return AppendResult(
             self.sealer.view(finished, response=step.response), self.sealer.key_for(finished, binding)
         )
 
-    def _write_params(self, step: StepRequest, key_id: str, with_request: bool = True) -> dict[str, Any]:
+    def _new_place(self, step: StepRequest) -> Place:
+        """Where a new row's payloads are sealed: the primary key, the current associated data."""
+        return Place(
+            step.task_id, step.sequence, step.attempt, step.kind, step.tool_ref, self.sealer.primary_key_id
+        )
+
+    def _write_params(self, step: StepRequest, place: Place, with_request: bool = True) -> dict[str, Any]:
         """The parameters every step write takes: the lease guard, the step, its sealed payloads."""
         request_ct, request_digest = self.sealer.seal(
-            key_id, step.task_id, step.sequence, "request", step.request if with_request else None
+            place, "request", step.request if with_request else None
         )
-        response_ct, response_digest = self.sealer.seal(
-            key_id, step.task_id, step.sequence, "response", step.response
-        )
+        response_ct, response_digest = self.sealer.seal(place, "response", step.response)
         return {
             "task_id": step.task_id,
             "worker_id": step.worker_id,
@@ -346,7 +358,8 @@ class Journal:
             "kind": step.kind,
             "state": step.state,
             "tool_ref": step.tool_ref,
-            "key_id": key_id,
+            "key_id": place.key_id,
+            "aad_version": place.aad_version,
             "request_ct": request_ct,
             "request_digest": request_digest,
             "response_ct": response_ct,

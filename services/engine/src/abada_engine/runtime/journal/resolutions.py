@@ -11,7 +11,7 @@ from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.incidents import IncidentRow
 
-from ..sealing import StepSealer
+from ..sealing import Place, StepSealer
 
 
 class JournalResolutions:
@@ -28,8 +28,9 @@ class JournalResolutions:
             raise invalid("INVALID_ARGUMENT", "result", "say what the tool returned when it happened")
         assert incident.task_id is not None  # a journal incident always names its task
         sequence = int(incident.details["sequence"])
-        key_id = await step_store.lock_key_id(conn, incident.task_id, sequence)
-        sealed, digest = self._sealer.seal(key_id, incident.task_id, sequence, "response", result)
+        # Locked: the row cannot be sealed again (`abada-engine reseal`) between this read and the write.
+        step = await step_store.lock_step(conn, incident.task_id, sequence)
+        sealed, digest = self._sealer.seal(Place.of(step), "response", result)
         assert sealed is not None and digest is not None
         await step_store.complete_with_response(conn, incident.task_id, sequence, sealed, digest)
         await task_store.offer_again(conn, incident.task_id)
