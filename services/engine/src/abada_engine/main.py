@@ -1,4 +1,5 @@
-"""`abada-engine`: serve the engine, or apply its migrations (`abada-engine migrate`)."""
+"""`abada-engine`: serve the engine, apply its migrations (`abada-engine migrate`), or seal every
+journal value at rest again under the primary key (`abada-engine reseal`)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ from .db.database import create_engine
 from .db.embedded import start_embedded_postgres
 from .db.migrate import migrate
 from .definitions.tool_contracts import McpContractCheck, credentials_from_env
-from .runtime.crypto import idempotency_from_env, journal_keys_from_env
+from .runtime.crypto import IdempotencyKeys, KeyRing, idempotency_from_env, journal_keys_from_env
 from .runtime.queue_stats import QueueStats
+from .runtime.reseal import Resealer
+from .runtime.sealing import StepSealer
 
 log = logging.getLogger("abada_engine")
 
@@ -169,10 +172,58 @@ async def migrate_only(settings: EngineSettings) -> None:
     log.info("migrations applied")
 
 
+async def reseal(settings: EngineSettings, dry_run: bool, batch_size: int) -> None:
+    """Seal every journal value at rest again under the primary key; print what was found and done."""
+    keys = _existing_journal_keys(settings)
+    url, _embedded = _database_url(settings)
+    db = create_engine(url, 2)
+    try:
+        # Only journal keys are used: the idempotency secret derives nothing here.
+        sealer = StepSealer(keys, IdempotencyKeys(b"unused"))
+        report = await Resealer(db, sealer, batch_size).run(dry_run=dry_run)
+    finally:
+        await db.dispose()
+    for line in report.lines(keys):
+        print(line)
+    if not dry_run and not report.done:
+        raise SystemExit(1)
+
+
+def _existing_journal_keys(settings: EngineSettings) -> KeyRing:
+    """The engines' key ring, never a generated one: sealing under a key no engine has would lose the journal."""
+    text = os.environ.get("ABADA_JOURNAL_KEYS", "").strip()
+    kept = settings.state_dir / "journal-keys"
+    if not text and kept.exists():
+        text = kept.read_text().strip()
+    if not text:
+        raise SystemExit(
+            "abada-engine reseal: set ABADA_JOURNAL_KEYS to the engines' key ring (the new key first)"
+        )
+    try:
+        return KeyRing.parse(text)
+    except ValueError as error:
+        raise SystemExit(f"abada-engine reseal: {error}") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="abada-engine", description=__doc__)
-    parser.add_argument("command", nargs="?", default="serve", choices=["serve", "migrate"])
     parser.add_argument("--version", action="version", version=f"%(prog)s {metadata.version('abada-engine')}")
+    commands = parser.add_subparsers(dest="command", metavar="{serve,migrate,reseal}")
+    commands.add_parser("serve", help="serve the engine (the default)")
+    commands.add_parser("migrate", help="apply the database migrations and stop")
+    resealing = commands.add_parser(
+        "reseal",
+        help="seal every journal value at rest again under the first key of ABADA_JOURNAL_KEYS",
+        description="Seal every journal value at rest again under the first key of ABADA_JOURNAL_KEYS and "
+        "the current associated data, in short batches beside running engines; then a key nothing is "
+        "sealed under any more may leave the ring. Safe to stop and run again.",
+    )
+    resealing.add_argument(
+        "--dry-run", action="store_true", help="count what would be re-sealed, change nothing"
+    )
+    resealing.add_argument(
+        "--batch-size", type=_batch_size, default=200, help="rows per transaction (1-10000)"
+    )
     args = parser.parse_args()
     try:
         settings = EngineSettings.from_env()
@@ -180,8 +231,21 @@ def main() -> None:
         raise SystemExit(f"abada-engine: {error}") from None
     configure_logging(JsonFormatter("engine"), settings.log_level)
     configure_tracing("abada-engine")
+    if args.command == "reseal":
+        run(reseal(settings, args.dry_run, args.batch_size))
+        return
     with contextlib.suppress(KeyboardInterrupt):
-        run(serve(settings) if args.command == "serve" else migrate_only(settings))
+        run(migrate_only(settings) if args.command == "migrate" else serve(settings))
+
+
+def _batch_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= 10_000:
+        raise argparse.ArgumentTypeError("must be from 1 to 10000")
+    return value
 
 
 def run(main: Coroutine[Any, Any, None]) -> None:

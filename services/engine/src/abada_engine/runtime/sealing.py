@@ -82,6 +82,10 @@ class StepSealer:
         blob = self._keys.seal(place.key_id, dumps(value).encode(), place.aad(field))
         return blob, self._keys.digest(place.key_id, value)
 
+    def knows(self, key_id: str) -> bool:
+        """Whether the key ring holds `key_id`."""
+        return key_id in self._keys.keys
+
     def digest(self, key_id: str, value: Any) -> bytes:
         """A keyed digest of a payload, to recognise an identical re-send without decrypting."""
         return self._keys.digest(key_id, value)
