@@ -200,6 +200,21 @@ async def test_a_merge_key_is_an_alias_too(engine):
     assert "aliases" in error.details() and error_info(error).metadata["line"] == "6"
 
 
+async def test_a_big_bundle_is_parsed_off_the_event_loop(engine):
+    """Within the node cap a bundle still takes a while to read (pure-Python YAML): other calls are
+    served meanwhile. Measured against the deploy's own time, so a slow machine does not decide."""
+    big = "processes: []\nnotes: [" + ", ".join(["a note long enough to take scanning time"] * 15_000) + "]\n"
+    async with _Heartbeat() as heartbeat:
+        began = time.monotonic()
+        await _refusal(engine, big)
+        took = time.monotonic() - began
+    # On the event loop the longest gap would be the whole parse, most of `took`.
+    assert heartbeat.longest_gap < min(LONGEST_ACCEPTABLE_STALL_SECONDS, took / 3), (
+        heartbeat.longest_gap,
+        took,
+    )
+
+
 @pytest.mark.parametrize("form", ["scalar", "sequence"])
 async def test_a_python_tag_constructs_nothing(engine, tmp_path, form):
     """The review's negative finding stays true: bundles are read with SafeLoader, no tag runs code."""
