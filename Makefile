@@ -32,14 +32,18 @@ $(GEN_STAMP): $(PROTOS)
 
 proto: $(STAMP) $(GEN_STAMP)
 
-lint: venv
+# mypy reads mypy.ini: the services, the SDK and abada-common, strict on abada-common and the
+# engine's store; its cache (.mypy_cache) makes a second run take seconds.
+lint: venv proto
 	$(VENV)/bin/buf lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test: venv proto
 	@$(STEP) "buf lint" $(VENV)/bin/buf lint
 	@$(STEP) "ruff check" $(VENV)/bin/ruff check .
+	@$(STEP) "mypy (types)" $(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
 # make demo PROVIDER=openai | anthropic | gemini (the default)

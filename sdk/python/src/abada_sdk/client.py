@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
@@ -90,11 +90,11 @@ class AsyncEngineClient:
         )
         self.timeout = timeout
         self._channel: grpc.aio.Channel | None = None
-        self._definitions: definition_pb2_grpc.DefinitionServiceStub
-        self._processes: process_pb2_grpc.ProcessServiceStub
-        self._incidents: incident_pb2_grpc.IncidentServiceStub
-        self._approvals: approval_pb2_grpc.ApprovalServiceStub
-        self.tasks: external_task_pb2_grpc.ExternalTaskServiceStub
+        self._definitions: definition_pb2_grpc.DefinitionServiceAsyncStub
+        self._processes: process_pb2_grpc.ProcessServiceAsyncStub
+        self._incidents: incident_pb2_grpc.IncidentServiceAsyncStub
+        self._approvals: approval_pb2_grpc.ApprovalServiceAsyncStub
+        self.tasks: external_task_pb2_grpc.ExternalTaskServiceAsyncStub
 
     async def __aenter__(self) -> AsyncEngineClient:
         return self
@@ -119,7 +119,7 @@ class AsyncEngineClient:
 
     async def call(
         self,
-        method: Callable[[], Callable[..., Awaitable[Reply]]],
+        method: Callable[[], grpc.aio.UnaryUnaryMultiCallable[Any, Reply]],
         request: Any,
         timeout: float | None = None,
     ) -> Reply:

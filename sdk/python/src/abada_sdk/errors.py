@@ -126,9 +126,9 @@ _KINDS: dict[grpc.StatusCode, type[AbadaError]] = {
 
 def error_from_rpc(error: grpc.RpcError) -> AbadaError:
     """The SDK exception for a failed call, with the engine's ErrorInfo and BadRequest details read out."""
-    code: grpc.StatusCode = error.code()  # type: ignore[attr-defined]
-    message: str = error.details() or code.name  # type: ignore[attr-defined]
-    reason, metadata, violations = _rich_details(error.trailing_metadata() or ())  # type: ignore[attr-defined]
+    code = error.code()
+    message = error.details() or code.name
+    reason, metadata, violations = _rich_details(error.trailing_metadata() or ())
     kind = LeaseLost if reason in LEASE_LOST_REASONS else _KINDS.get(code, AbadaError)
     return kind(message, code=code, reason=reason, metadata=metadata, violations=violations)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from abada.engine.v1 import approval_pb2, definition_pb2, external_task_pb2, incident_pb2, process_pb2
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
@@ -48,8 +48,11 @@ class InstanceState(enum.StrEnum):
     def of(cls, value: int) -> InstanceState:
         return cls(process_pb2.InstanceState.Name(value).removeprefix("INSTANCE_STATE_"))
 
-    def to_proto(self) -> int:
-        return int(process_pb2.InstanceState.Value(f"INSTANCE_STATE_{self.value}"))
+    def to_proto(self) -> process_pb2.InstanceState:
+        # `Value` is typed int; the number is one of the enum's (protobuf enum values are ints).
+        return cast(
+            process_pb2.InstanceState, process_pb2.InstanceState.Value(f"INSTANCE_STATE_{self.value}")
+        )
 
 
 class Resolution(enum.StrEnum):
@@ -58,8 +61,9 @@ class Resolution(enum.StrEnum):
     DID_NOT_HAPPEN = "DID_NOT_HAPPEN"
     CANCEL_INSTANCE = "CANCEL_INSTANCE"
 
-    def to_proto(self) -> int:
-        return int(incident_pb2.Resolution.Value(f"RESOLUTION_{self.value}"))
+    def to_proto(self) -> incident_pb2.Resolution:
+        # `Value` is typed int; the number is one of the enum's (protobuf enum values are ints).
+        return cast(incident_pb2.Resolution, incident_pb2.Resolution.Value(f"RESOLUTION_{self.value}"))
 
 
 class ApprovalState(enum.StrEnum):
@@ -73,8 +77,11 @@ class ApprovalState(enum.StrEnum):
     def of(cls, value: int) -> ApprovalState:
         return cls(approval_pb2.ApprovalState.Name(value).removeprefix("APPROVAL_STATE_"))
 
-    def to_proto(self) -> int:
-        return int(approval_pb2.ApprovalState.Value(f"APPROVAL_STATE_{self.value}"))
+    def to_proto(self) -> approval_pb2.ApprovalState:
+        # `Value` is typed int; the number is one of the enum's (protobuf enum values are ints).
+        return cast(
+            approval_pb2.ApprovalState, approval_pb2.ApprovalState.Value(f"APPROVAL_STATE_{self.value}")
+        )
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from abada.engine.v1 import external_task_pb2
 
 from .errors import AttemptFailed
 from .interruption import TaskInterruption
 
-TaskHandler = Callable[[external_task_pb2.ExternalTask, TaskInterruption], Awaitable[None]]
+TaskHandler = Callable[[external_task_pb2.ExternalTask, TaskInterruption], Coroutine[Any, Any, None]]
 
 
 class TaskRouter:

@@ -15,14 +15,14 @@ from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Sequen
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 from abada_common.tool_schemas import description_sha256, schema_sha256
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolResult, PaginatedRequestParams, Tool
+from mcp_types import CallToolResult, PaginatedRequestParams, RequestParamsMeta, Tool
 
 from .broker_client import Secret
 from .errors import AttemptEnded, AttemptFailed
@@ -191,7 +191,12 @@ class ToolServer:
         self, tool: str, arguments: dict[str, Any], idempotency_key: str | None, timeout_seconds: float
     ) -> dict[str, Any]:
         """The CallToolResult as JSON; a tool error comes back as a result with `isError`, not raised."""
-        meta = {IDEMPOTENCY_META_KEY: idempotency_key} if idempotency_key is not None else None
+        # RequestParamsMeta is an open TypedDict (extra_items=Any), which mypy does not read yet.
+        meta = (
+            cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: idempotency_key})
+            if idempotency_key is not None
+            else None
+        )
         reset = _idempotency_key.set(idempotency_key)
         try:
             result = await self._session.call_tool(

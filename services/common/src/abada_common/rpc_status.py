@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import grpc
 import grpc.aio
@@ -71,7 +72,7 @@ def status_details(
 
 
 async def abort(
-    context: grpc.aio.ServicerContext,
+    context: grpc.aio.ServicerContext[Any, Any],
     category: Category,
     reason: str,
     message: str,
@@ -146,9 +147,11 @@ def read_status(error: grpc.RpcError) -> RpcStatus:
     A malformed trailer (bytes that are no `google.rpc.Status`, a detail of another type, one that does
     not unpack) is skipped: it must never hide the status itself.
     """
-    code: grpc.StatusCode = error.code()  # type: ignore[attr-defined]  # grpc.RpcError declares no methods; its call errors have them
-    message: str = error.details() or code.name  # type: ignore[attr-defined]  # as above
-    trailers: Iterable[tuple[str, str | bytes]] = error.trailing_metadata() or ()  # type: ignore[attr-defined]  # as above
+    code = error.code()
+    message = error.details() or code.name
+    # types-grpcio types each trailer as a `_Metadatum` with attributes; at run time, sync and aio calls
+    # alike give (key, value) pairs, as gRPC documents them.
+    trailers = cast(Iterable[tuple[str, str | bytes]], error.trailing_metadata() or ())
     return status_from_trailers(code, message, trailers)
 
 

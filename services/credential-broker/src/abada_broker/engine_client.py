@@ -199,7 +199,7 @@ class EngineLeaseClient:
             return grpc.aio.secure_channel(self._address, self._tls.channel_credentials())
         return grpc.aio.insecure_channel(self._address)
 
-    def _current_stub(self) -> lease_pb2_grpc.LeaseServiceStub:
+    def _current_stub(self) -> lease_pb2_grpc.LeaseServiceAsyncStub:
         if self._tls.enabled:
             seen = self._tls.fingerprint()
             if seen != self._tls_seen:

@@ -183,9 +183,9 @@ class CredentialIssuer:
             raise
         except Exception:
             log.exception("unexpected failure while issuing a credential")
-            error = internal()
-            self._audit.refused(record, error)
-            raise error from None
+            refusal = internal()
+            self._audit.refused(record, refusal)
+            raise refusal from None
 
     async def _read(self, credential: str) -> Secret:
         try:

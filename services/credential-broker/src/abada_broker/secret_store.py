@@ -298,7 +298,8 @@ class VaultSecretStore:
             token="",
             verify=verify,
             cert=cert,
-            timeout=settings.request_timeout_seconds,
+            # types-hvac says int; hvac hands the timeout to requests, which takes seconds as a float.
+            timeout=settings.request_timeout_seconds,  # type: ignore[arg-type]
             namespace=settings.namespace,
         )
         self._keeper = VaultTokenKeeper(

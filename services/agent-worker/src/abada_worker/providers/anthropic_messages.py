@@ -87,7 +87,8 @@ class AnthropicMessagesProvider:
 def _call_error(error: anthropic.APIStatusError) -> ModelCallError:
     status = error.status_code
     body = error.body if isinstance(error.body, dict) else {}
-    detail = body.get("error") if isinstance(body.get("error"), dict) else {}
+    raw_detail = body.get("error")
+    detail = raw_detail if isinstance(raw_detail, dict) else {}
     kind = str(detail.get("type") or "")
     return ModelCallError(
         f"Anthropic answered {status}{f' {kind}' if kind else ''}: {detail.get('message') or error.message}",

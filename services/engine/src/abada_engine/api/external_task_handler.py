@@ -188,12 +188,9 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
             (result.verdict, result.routed), external_task_pb2.COMPLETE_OUTCOME_INCIDENT_RAISED
         )
         next_tasks = []
-        if subscriptions:
+        if subscriptions and fetch_next is not None:
             next_tasks = await self._leases.fetch_and_lock(
-                request.worker_id,
-                subscriptions,
-                fetch_next.max_tasks,
-                0,  # type: ignore[union-attr]
+                request.worker_id, subscriptions, fetch_next.max_tasks, 0
             )
         return external_task_pb2.CompleteResponse(
             outcome=outcome,

@@ -51,7 +51,7 @@ class Guard:
                         Category.UNAUTHENTICATED, "UNKNOWN_CREDENTIAL", "the bearer token is not known"
                     )
         if caller is None:
-            names = (context.auth_context() or {}).get("x509_common_name") or []
+            names = list((context.auth_context() or {}).get("x509_common_name") or [])
             if names:
                 caller = self._registry.by_certificate(names[0].decode())
         if caller is None:

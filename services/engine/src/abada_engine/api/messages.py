@@ -20,22 +20,22 @@ from .convert import timestamp, to_struct
 
 _POLICY = {"read": common_pb2.TOOL_POLICY_READ, "write": common_pb2.TOOL_POLICY_WRITE}
 _IDEMPOTENCY = {"key": common_pb2.IDEMPOTENCY_KEY, "none": common_pb2.IDEMPOTENCY_NONE}
-_INSTANCE_STATE = {
+_INSTANCE_STATE: dict[str, process_pb2.InstanceState] = {
     InstanceState.ACTIVE: process_pb2.INSTANCE_STATE_ACTIVE,
     InstanceState.COMPLETED: process_pb2.INSTANCE_STATE_COMPLETED,
     InstanceState.CANCELED: process_pb2.INSTANCE_STATE_CANCELED,
 }
 INSTANCE_STATE_NAMES = {v: k for k, v in _INSTANCE_STATE.items()}
-_INCIDENT_STATE = {
+_INCIDENT_STATE: dict[str, incident_pb2.IncidentState] = {
     IncidentState.OPEN: incident_pb2.INCIDENT_STATE_OPEN,
     IncidentState.RESOLVED: incident_pb2.INCIDENT_STATE_RESOLVED,
 }
 INCIDENT_STATE_NAMES = {v: k for k, v in _INCIDENT_STATE.items()}
-STEP_KINDS = {
+STEP_KINDS: dict[str, external_task_pb2.StepKind] = {
     StepKind.MODEL_CALL: external_task_pb2.STEP_KIND_MODEL_CALL,
     StepKind.TOOL_CALL: external_task_pb2.STEP_KIND_TOOL_CALL,
 }
-STEP_STATES = {
+STEP_STATES: dict[str, external_task_pb2.StepState] = {
     StepState.STARTED: external_task_pb2.STEP_STATE_STARTED,
     StepState.COMPLETED: external_task_pb2.STEP_STATE_COMPLETED,
     StepState.FAILED: external_task_pb2.STEP_STATE_FAILED,

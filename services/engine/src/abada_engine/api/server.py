@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,7 +198,8 @@ async def start_grpc_server(
     if shared_port:
         options.append(("grpc.so_reuseport", 1))
     server = grpc.aio.server(options=options)
-    handlers = (
+    # Each servicer with its registration function; the pairs differ in type, so they are Any here.
+    handlers: tuple[tuple[Callable[[Any, grpc.aio.Server], None], Any], ...] = (
         (definition_pb2_grpc.add_DefinitionServiceServicer_to_server, DefinitionHandler(core.catalog)),
         (process_pb2_grpc.add_ProcessServiceServicer_to_server, ProcessHandler(core.instances)),
         (
@@ -213,7 +215,7 @@ async def start_grpc_server(
         # Health and reflection stay open: probes carry no credentials.
         handler.guard = guard
         # A request that finds PostgreSQL gone turns health NOT_SERVING at once (see db/watch.py).
-        handler.database = core.database  # type: ignore[attr-defined]
+        handler.database = core.database
         add(handler, server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

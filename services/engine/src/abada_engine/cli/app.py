@@ -51,7 +51,7 @@ class _ReportingGroup(TyperGroup):
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, hoist(self, ctx, args))
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except CliError as error:
@@ -591,7 +591,7 @@ def approvals(
             process_id=process or "",
             business_key=business_key or "",
             tool_ref=tool or "",
-            state=approval_pb2.ApprovalState.Value(f"APPROVAL_STATE_{state.value.upper()}"),
+            state=f"APPROVAL_STATE_{state.value.upper()}",
         ),
     )
     found = list(response.approvals)

@@ -37,7 +37,7 @@ NO_TOKEN_HINT = "give --token-file FILE (or set ABADA_TOKEN_FILE), or --token / 
 def from_rpc_error(error: grpc.RpcError, address: str, timeout: float, has_token: bool = True) -> CliError:
     status = read_status(error)
     code = status.code
-    text: str = error.details() or ""  # type: ignore[attr-defined]  # grpc.RpcError declares no methods
+    text = error.details() or ""
     violations = status.violations
     exit_code = INVALID_INPUT if code in _INVALID_INPUT_CODES else FAILURE
     if code == grpc.StatusCode.UNAUTHENTICATED:

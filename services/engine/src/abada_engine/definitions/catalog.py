@@ -121,7 +121,10 @@ class DefinitionCatalog:
             await definition_store.lock_for_deploy(conn)
             for process in bundle.processes:
                 bindings = freeze_bindings(bundle, process, observed)
-                frozen = {"process": process.to_json(), "tool_bindings": [b.to_json() for b in bindings]}
+                frozen: dict[str, Any] = {
+                    "process": process.to_json(),
+                    "tool_bindings": [b.to_json() for b in bindings],
+                }
                 digest = hashlib.sha256(_canonical(frozen).encode()).hexdigest()
                 latest = await definition_store.latest(conn, process.id)
                 if latest is not None and latest.content_sha256 == digest:

@@ -108,7 +108,7 @@ class _BundleLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._nodes = 0
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:  # type: ignore[override]
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise _Refused(
@@ -125,7 +125,7 @@ class _BundleLoader(yaml.SafeLoader):
                 f"the bundle has more than {MAX_YAML_NODES} YAML nodes",
                 self.peek_event().start_mark,
             )
-        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        return super().compose_node(parent, index)
 
 
 def _load(text: str) -> _Located:
@@ -141,7 +141,7 @@ def _load(text: str) -> _Located:
         if isinstance(node, yaml.MappingNode):
             result: dict[str, Any] = {}
             for key_node, value_node in node.value:
-                key = yaml.SafeLoader.construct_scalar(yaml.SafeLoader(""), key_node)  # type: ignore[arg-type]
+                key = yaml.SafeLoader.construct_scalar(yaml.SafeLoader(""), key_node)
                 key = str(key)
                 result[key] = build(value_node, (*path, key))
                 lines[(*path, key)] = key_node.start_mark.line + 1

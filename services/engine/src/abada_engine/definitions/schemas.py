@@ -95,8 +95,8 @@ def schema_problems(schema: dict[str, Any]) -> list[str]:
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as error:
-        where = "/".join(str(p) for p in error.path)
-        return [f"not a valid JSON Schema 2020-12{f' at {where}' if where else ''}: {error.message}"]
+        at = "/".join(str(p) for p in error.path)
+        return [f"not a valid JSON Schema 2020-12{f' at {at}' if at else ''}: {error.message}"]
     problems: list[str] = []
     uses_pattern_properties = False
     uses_unevaluated_properties = False

@@ -12,6 +12,7 @@ takes `on_approval_timeout`, or an APPROVAL_TIMEOUT incident holds the task.
 
 from __future__ import annotations
 
+import builtins  # builtins.list: annotations after the class's own `list` method, which shadows it
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
@@ -281,7 +282,7 @@ class Approvals:
         return handled
 
     async def _time_out(
-        self, conn: AsyncConnection, task_id: uuid.UUID, state: str, overdue: list[ApprovalRow]
+        self, conn: AsyncConnection, task_id: uuid.UUID, state: str, overdue: builtins.list[ApprovalRow]
     ) -> None:
         first = overdue[0]
         reason = "nobody decided within the node's approval_timeout"
@@ -291,10 +292,11 @@ class Approvals:
             return  # the task moved on meanwhile (cancelled, say): nothing left to route
         definition = await self._catalog.get(instance.definition_id)
         node = definition.process.node(first.node_id)
+        tool_refs = [r.tool_ref for r in overdue]
         details = {
             "task_id": str(task_id),
             "approval_ids": [str(r.id) for r in overdue],
-            "tool_refs": [r.tool_ref for r in overdue],
+            "tool_refs": tool_refs,
             "approval_timeout_seconds": node.approval_timeout_seconds,
         }
         timed_out = HistoryEntry("APPROVAL_TIMED_OUT", node.id, details)
@@ -317,7 +319,7 @@ class Approvals:
             )
             return
         message = (
-            f"{', '.join(sorted(set(details['tool_refs'])))} waited for approval longer than the node's "
+            f"{', '.join(sorted(set(tool_refs)))} waited for approval longer than the node's "
             "approval_timeout and the node has no on_approval_timeout: retry to ask again, or cancel"
         )
         await task_store.hold_as_incident(conn, task_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins  # builtins.list: annotations after the class's own `list` method, which shadows it
 import logging
 import uuid
 from typing import Any
@@ -109,7 +110,7 @@ class Instances:
             )
         return [_view(r) for r in rows]
 
-    async def history(self, instance_id: uuid.UUID) -> list[HistoryView]:
+    async def history(self, instance_id: uuid.UUID) -> builtins.list[HistoryView]:
         await self.get(instance_id)
         async with self._reads.connect() as conn:
             rows = await history_store.of_instance(conn, instance_id)
@@ -122,7 +123,7 @@ class Instances:
             await cancel_instance(conn, instance_id, reason)
         return await self.get(instance_id)
 
-    async def user_tasks(self, instance_id: uuid.UUID | None) -> list[UserTaskView]:
+    async def user_tasks(self, instance_id: uuid.UUID | None) -> builtins.list[UserTaskView]:
         async with self._reads.connect() as conn:
             rows = await task_store.waiting_user_tasks(conn, instance_id)
         return [

@@ -51,6 +51,7 @@ from abada_engine.errors import Category, EngineError, invalid, not_found
 from abada_engine.metrics import LEASE_EXPIRIES
 from abada_engine.store import tasks as task_store
 from abada_engine.store.hand_written import Executor, HotPath
+from abada_engine.store.journal_steps import AppendContext
 from abada_engine.store.states import InstanceState, TaskState
 from abada_engine.store.tasks import LeaseRow, LockedRow
 
@@ -277,7 +278,12 @@ async def hold_lease(
 
 
 def held_from_row(
-    row: LeaseRow | None, task_id: uuid.UUID, worker_id: str, lease_token: str, *, expired_ok: bool = False
+    row: LeaseRow | AppendContext | None,
+    task_id: uuid.UUID,
+    worker_id: str,
+    lease_token: str,
+    *,
+    expired_ok: bool = False,
 ) -> LeaseHeld:
     """The lease checks of `hold_lease`, on a row that has the columns of `LeaseRow`."""
     if row is None or row.state == TaskState.WAITING:
@@ -309,10 +315,12 @@ def held_from_row(
             field="lease_token",
         )
     if row.lease_expires_at is None or (not row.live and not expired_ok):
+        # A row without an expiry (no lease at all) is refused the same way, without a time to show.
+        when = f" at {row.lease_expires_at.isoformat()}" if row.lease_expires_at is not None else ""
         raise EngineError(
             Category.FAILED_PRECONDITION,
             "LEASE_EXPIRED",
-            f"the lease on task {task_id} expired at {row.lease_expires_at.isoformat()}",
+            f"the lease on task {task_id} expired{when}",
             field="lease_token",
         )
     return LeaseHeld(

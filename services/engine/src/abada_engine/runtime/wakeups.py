@@ -67,8 +67,9 @@ class TaskWakeups:
                 if not self._waiters[topic]:
                     del self._waiters[topic]
 
-    def _on_notify(self, _connection: Any, _pid: int, _channel: str, topic: str) -> None:
-        for event in list(self._waiters.get(topic, ())):
+    def _on_notify(self, con_ref: Any, pid: int, channel: str, payload: object) -> None:
+        # asyncpg's listener signature; the payload is the topic that has work.
+        for event in list(self._waiters.get(str(payload), ())):
             event.set()
 
     def _wake_everyone(self) -> None:

@@ -9,10 +9,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
+    ColumnClause,
     DateTime,
     Float,
+    Select,
     Text,
     Uuid,
     and_,
@@ -32,7 +35,7 @@ from abada_engine.db.schema import approvals, instances, journal_steps
 from .hand_written import Executor, HandWritten, typed
 from .states import ApprovalState, StepKind, StepState, is_
 
-_SECOND = literal_column("interval '1 second'")
+_SECOND: ColumnClause[Any] = literal_column("interval '1 second'")
 
 
 @dataclass(slots=True)
@@ -71,7 +74,7 @@ class ListedApproval(ApprovalRow):
     response_ciphertext: bytes | None
 
 
-def _listed_query():  # type: ignore[no-untyped-def]
+def _listed_query() -> Select[*tuple[Any, ...]]:
     return (
         select(
             approvals,

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import re
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -70,7 +70,9 @@ class HandWritten:
 
 async def _driver(conn: Executor) -> asyncpg.Pool | asyncpg.Connection:
     if isinstance(conn, AsyncConnection):
-        return (await conn.get_raw_connection()).driver_connection
+        driver = (await conn.get_raw_connection()).driver_connection
+        # SQLAlchemy types the DBAPI's own connection as Any; under the asyncpg dialect it is asyncpg's.
+        return cast(asyncpg.Connection, driver)
     return conn
 
 
@@ -127,7 +129,7 @@ def _as_json_text(value: Any) -> str:
     return value if isinstance(value, str) else dumps(value)
 
 
-def typed(cls: type[R], record: Mapping[str, Any]) -> R:
+def typed(cls: type[R], record: Mapping[Any, Any]) -> R:
     """A typed row from a result row: the dataclass's fields, taken by name."""
     return cls(**{name: record[name] for name in _field_names(cls)})
 

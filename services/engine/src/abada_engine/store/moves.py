@@ -256,4 +256,5 @@ async def start_instance(conn: Executor, instance: NewInstance, first_move: Toke
         },
     )
     assert row is not None
-    return row.created_at
+    created_at: datetime = row.created_at
+    return created_at

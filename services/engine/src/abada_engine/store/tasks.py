@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, and_, bindparam, extract, func, literal_column, select, update
+from sqlalchemy import ColumnClause, Integer, and_, bindparam, extract, func, literal_column, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -30,7 +30,7 @@ from .states import (
 # PostgreSQL NOTIFY channel on which every transaction that makes a task fetchable names its topic.
 TASK_CHANNEL = "abada_tasks"
 
-_MILLISECOND = literal_column("interval '1 millisecond'")
+_MILLISECOND: ColumnClause[Any] = literal_column("interval '1 millisecond'")
 
 
 @dataclass(slots=True)
@@ -168,7 +168,7 @@ async def read_lease(conn: Executor, task_id: uuid.UUID, lock: bool = False) -> 
 
 async def extend_lease(conn: AsyncConnection, task_id: uuid.UUID, lease_ms: int) -> datetime:
     until = func.now() + bindparam("ms", lease_ms, Integer) * _MILLISECOND
-    return (
+    expires: datetime = (
         await conn.execute(
             update(tasks)
             .where(tasks.c.id == task_id)
@@ -176,6 +176,7 @@ async def extend_lease(conn: AsyncConnection, task_id: uuid.UUID, lease_ms: int)
             .returning(tasks.c.lease_expires_at)
         )
     ).scalar_one()
+    return expires
 
 
 _NO_LEASE = {"lease_owner": None, "lease_token_hash": None, "lease_expires_at": None}
@@ -200,7 +201,8 @@ async def release_for_retry(
         )
     ).one()
     await announce_work(conn, topic)
-    return retry_at
+    due: datetime = retry_at
+    return due
 
 
 async def release_unstarted(conn: AsyncConnection, task_id: uuid.UUID) -> None:

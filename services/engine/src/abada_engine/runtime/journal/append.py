@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
-from abada_engine.definitions.model import ModelProfile, Node, ToolBinding
+from abada_engine.definitions.model import ModelProfile, Node, Process, ToolBinding
 from abada_engine.errors import Category, EngineError, not_found
 from abada_engine.store import approvals as approval_store
 from abada_engine.store import journal_steps as step_store
@@ -98,7 +98,9 @@ class Journal:
                 return direct
         return await self._append_checked(step)
 
-    async def _model_call_rules(self, task_id: uuid.UUID) -> tuple[ModelProfile | None, Any]:
+    async def _model_call_rules(
+        self, task_id: uuid.UUID
+    ) -> tuple[ModelProfile | None, tuple[Process, str] | None]:
         """The model profile of the task's node, and (process, node id) when a spend budget applies."""
         placed = self.handed_out.placement(task_id)
         if placed is None:
