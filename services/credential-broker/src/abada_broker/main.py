@@ -46,7 +46,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="serve CredentialService over gRPC (the default command)")
+    serve = commands.add_parser(
+        "serve",
+        help="serve CredentialService over gRPC (the default command)",
+        epilog=BrokerSettings.describe()
+        + "\n\nThe secret store reads ABADA_SECRET_BACKEND, ABADA_SECRETS_FILE, VAULT_*, ABADA_VAULT_* and "
+        "ABADA_SECRET_* (services/credential-broker/README.md).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     serve.add_argument(
         "--address", dest="grpc_address", help="listen on HOST:PORT (ABADA_BROKER_GRPC_ADDRESS)"
     )
@@ -193,7 +200,7 @@ def _serve_command(arguments: argparse.Namespace) -> int:
     configure_logging(level if level in logging.getLevelNamesMapping() else "INFO")
     configure_tracing("abada-broker")
     try:
-        settings = BrokerSettings.from_env(overrides=overrides)
+        settings = BrokerSettings.from_env(**overrides)
         asyncio.run(serve(settings))
     except (
         ConfigError,

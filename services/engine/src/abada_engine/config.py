@@ -1,97 +1,106 @@
-"""Engine settings, read from the environment (documented in the README).
+"""Engine settings: every ABADA_* variable the engine reads, typed and described (`abada-engine --help`).
 
 A bad value stops the engine with one line naming the variable and what it accepts, never a
-traceback: `SettingsError` carries that line and `main` prints it.
+traceback: `SettingsError` carries that line and `main` prints it. The journal keys, the
+idempotency secret and the deploy-time credential variables are declared here too (listed and
+type-checked); `runtime/crypto.py` and `definitions/tool_contracts.py` read and check their contents.
 """
 
 from __future__ import annotations
 
-import math
-import os
 import pathlib
-from dataclasses import dataclass
+from typing import Literal
+
+from abada_common.settings import LogLevel, ServiceSettings, variable
+from abada_common.settings import SettingsError as SettingsError  # what `main` catches
+from pydantic import SecretStr
 
 EXTRA_PROCESS = "ABADA_ENGINE_EXTRA_PROCESS"
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-class SettingsError(ValueError):
-    """A setting's value is unusable; the message names the variable."""
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    database_url: str | None
-    grpc_address: str
-    http_address: str
-    state_dir: pathlib.Path
-    log_level: str
-    db_pool_size: int
+class EngineSettings(ServiceSettings):
+    database_url: str | None = variable(
+        "ABADA_DATABASE_URL",
+        None,
+        "PostgreSQL (postgresql://…); unset: an embedded pgserver in $ABADA_STATE_DIR/pgdata",
+    )
+    grpc_address: str = variable("ABADA_GRPC_ADDRESS", "127.0.0.1:50051", "where gRPC listens (host:port)")
+    http_address: str = variable(
+        "ABADA_HTTP_ADDRESS", "127.0.0.1:8080", "where HTTP listens: /healthz, /metrics, queue stats"
+    )
+    state_dir: pathlib.Path = variable(
+        "ABADA_STATE_DIR",
+        pathlib.Path(".abada"),
+        "development state: the embedded database, generated keys and callers",
+    )
+    log_level: LogLevel = variable("ABADA_LOG_LEVEL", "INFO", "the least severe log lines written")
+    db_pool_size: int = variable(
+        "ABADA_DB_POOL_SIZE", 20, "PostgreSQL connections in all, per engine process", ge=1, le=1_000
+    )
     # Engine processes serving one gRPC port (SO_REUSEPORT): one per core on a bigger machine.
-    processes: int = 1
+    processes: int = variable(
+        "ABADA_ENGINE_PROCESSES",
+        1,
+        "engine processes on the one gRPC port (SO_REUSEPORT); the first alone migrates and serves HTTP",
+        ge=1,
+        le=256,
+    )
     # Set in the extra processes the first one starts: they serve gRPC only.
-    extra_process: bool = False
-    deploy_mcp_timeout_seconds: float = 10.0
-
-    @staticmethod
-    def from_env(env: dict[str, str] | None = None) -> EngineSettings:
-        env = dict(os.environ if env is None else env)
-        return EngineSettings(
-            database_url=env.get("ABADA_DATABASE_URL") or None,
-            grpc_address=env.get("ABADA_GRPC_ADDRESS", "127.0.0.1:50051"),
-            http_address=env.get("ABADA_HTTP_ADDRESS", "127.0.0.1:8080"),
-            state_dir=pathlib.Path(env.get("ABADA_STATE_DIR", ".abada")),
-            log_level=_log_level(env, "ABADA_LOG_LEVEL", "INFO"),
-            db_pool_size=_whole_number(env, "ABADA_DB_POOL_SIZE", 20, low=1, high=1_000),
-            processes=_whole_number(env, "ABADA_ENGINE_PROCESSES", 1, low=1, high=256),
-            extra_process=env.get(EXTRA_PROCESS) == "1",
-            deploy_mcp_timeout_seconds=_seconds(env, "ABADA_DEPLOY_MCP_TIMEOUT_SECONDS", 10.0),
-        )
-
-
-def _raw(env: dict[str, str], name: str) -> str | None:
-    value = env.get(name, "").strip()
-    return value or None
-
-
-def _shown(value: str) -> str:
-    return repr(value if len(value) <= 40 else value[:40] + "…")
-
-
-def _whole_number(env: dict[str, str], name: str, default: int, *, low: int, high: int) -> int:
-    raw = _raw(env, name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(
-            f"{name} must be a whole number from {low} to {high}, not {_shown(raw)}"
-        ) from None
-    if not low <= value <= high:
-        raise SettingsError(f"{name} must be a whole number from {low} to {high}, not {value}")
-    return value
-
-
-def _seconds(env: dict[str, str], name: str, default: float) -> float:
-    raw = _raw(env, name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(
-            f"{name} must be a number of seconds (e.g. 10 or 2.5), not {_shown(raw)}"
-        ) from None
-    if not math.isfinite(value) or value <= 0:
-        raise SettingsError(f"{name} must be a positive number of seconds, not {_shown(raw)}")
-    return value
-
-
-def _log_level(env: dict[str, str], name: str, default: str) -> str:
-    raw = _raw(env, name)
-    if raw is None:
-        return default
-    if raw.upper() not in LOG_LEVELS:
-        raise SettingsError(f"{name} must be one of {', '.join(LOG_LEVELS)}, not {_shown(raw)}")
-    return raw.upper()
+    extra_process: bool = variable(
+        EXTRA_PROCESS, False, "set by the engine itself in the extra processes it starts", accepts="1 or 0"
+    )
+    deploy_mcp_timeout_seconds: float = variable(
+        "ABADA_DEPLOY_MCP_TIMEOUT_SECONDS",
+        10.0,
+        "how long deploy waits for a tool server",
+        accepts="a positive number of seconds (e.g. 10 or 2.5)",
+        gt=0,
+        allow_inf_nan=False,
+    )
+    development: bool = variable(
+        "ABADA_DEVELOPMENT",
+        False,
+        "1 allows generated development keys and callers with ABADA_DATABASE_URL set",
+    )
+    event_loop: Literal["uvloop", "asyncio"] = variable(
+        "ABADA_EVENT_LOOP", "uvloop", "uvloop, or asyncio for the standard event loop"
+    )
+    auth_tokens_file: pathlib.Path | None = variable(
+        "ABADA_AUTH_TOKENS_FILE",
+        None,
+        "the callers: identity, roles, topics, token_sha256 or certificate_cn; unset: development callers "
+        "in $ABADA_STATE_DIR/dev-tokens",
+    )
+    tls_cert_file: pathlib.Path | None = variable(
+        "ABADA_TLS_CERT_FILE", None, "mTLS on the gRPC port: the server certificate"
+    )
+    tls_key_file: pathlib.Path | None = variable("ABADA_TLS_KEY_FILE", None, "and its private key")
+    tls_client_ca_file: pathlib.Path | None = variable(
+        "ABADA_TLS_CLIENT_CA_FILE", None, "the CA of client certificates; a caller's identity is its CN"
+    )
+    journal_keys: SecretStr | None = variable(
+        "ABADA_JOURNAL_KEYS",
+        None,
+        "id:base64key,… AES-256 keys: the first seals, all open; unset: a generated development key",
+    )
+    idempotency_secret: SecretStr | None = variable(
+        "ABADA_IDEMPOTENCY_SECRET",
+        None,
+        "HMAC secret for idempotency keys, at least 32 bytes, the same on every replica",
+    )
+    broker_address: str | None = variable(
+        "ABADA_BROKER_ADDRESS", None, "the credential broker (host:port) for deploy-time tool credentials"
+    )
+    broker_token_file: pathlib.Path | None = variable(
+        "ABADA_BROKER_TOKEN_FILE", None, "the engine's token towards the broker"
+    )
+    broker_tls_ca_file: pathlib.Path | None = variable(
+        "ABADA_BROKER_TLS_CA_FILE", None, "CA for TLS to the broker; set, the broker is dialed over TLS"
+    )
+    broker_tls_cert_file: pathlib.Path | None = variable(
+        "ABADA_BROKER_TLS_CERT_FILE", None, "client certificate for mTLS to the broker"
+    )
+    broker_tls_key_file: pathlib.Path | None = variable("ABADA_BROKER_TLS_KEY_FILE", None, "its private key")
+    deploy_credentials_file: pathlib.Path | None = variable(
+        "ABADA_DEPLOY_CREDENTIALS_FILE", None, "or deploy-time credentials from a YAML file name: value"
+    )

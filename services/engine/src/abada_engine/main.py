@@ -44,7 +44,7 @@ def _database_url(settings: EngineSettings) -> tuple[str, object | None]:
 
 async def serve(settings: EngineSettings) -> None:
     env = dict(os.environ)
-    _require_real_secrets(settings, env)
+    _require_real_secrets(settings)
     url, embedded = _database_url(settings)
     # ABADA_DB_POOL_SIZE connections in all: most for the hot statements on asyncpg's own pool, a
     # quarter for everything else through SQLAlchemy.
@@ -65,9 +65,13 @@ async def serve(settings: EngineSettings) -> None:
         McpContractCheck(credentials_from_env(env), settings.deploy_mcp_timeout_seconds),
         hot_pool_size=max(2, settings.db_pool_size - cold),
     )
-    registry = CallerRegistry(_callers_file(settings, env))
+    registry = CallerRegistry(_callers_file(settings))
     running = await start_grpc_server(
-        core, settings.grpc_address, Guard(registry), _server_tls(env), shared_port=settings.processes > 1
+        core,
+        settings.grpc_address,
+        Guard(registry),
+        _server_tls(settings),
+        shared_port=settings.processes > 1,
     )
     http = None
     extra: list[subprocess.Popen[bytes]] = []
@@ -121,15 +125,16 @@ def _start_extra_processes(settings: EngineSettings, url: str, port: int) -> lis
     ]
 
 
-def _require_real_secrets(settings: EngineSettings, env: dict[str, str]) -> None:
+def _require_real_secrets(settings: EngineSettings) -> None:
     """Development defaults only go with the embedded database: replicas over a real one must share keys."""
-    if not settings.database_url or env.get("ABADA_DEVELOPMENT") == "1":
+    if not settings.database_url or settings.development:
         return
-    missing = [
-        name
-        for name in ("ABADA_JOURNAL_KEYS", "ABADA_IDEMPOTENCY_SECRET", "ABADA_AUTH_TOKENS_FILE")
-        if not env.get(name, "").strip()
-    ]
+    shared = {
+        "ABADA_JOURNAL_KEYS": settings.journal_keys,
+        "ABADA_IDEMPOTENCY_SECRET": settings.idempotency_secret,
+        "ABADA_AUTH_TOKENS_FILE": settings.auth_tokens_file,
+    }
+    missing = [name for name, value in shared.items() if value is None]
     if missing:
         raise SystemExit(
             f"ABADA_DATABASE_URL is set but {', '.join(missing)} is not: every replica must share these. "
@@ -137,10 +142,9 @@ def _require_real_secrets(settings: EngineSettings, env: dict[str, str]) -> None
         )
 
 
-def _callers_file(settings: EngineSettings, env: dict[str, str]) -> pathlib.Path:
-    configured = env.get("ABADA_AUTH_TOKENS_FILE")
-    if configured:
-        return pathlib.Path(configured)
+def _callers_file(settings: EngineSettings) -> pathlib.Path:
+    if settings.auth_tokens_file is not None:
+        return settings.auth_tokens_file
     directory = settings.state_dir / "dev-tokens"
     registry = write_dev_callers(directory)
     log.warning(
@@ -151,17 +155,15 @@ def _callers_file(settings: EngineSettings, env: dict[str, str]) -> pathlib.Path
     return registry
 
 
-def _server_tls(env: dict[str, str]) -> ServerTls | None:
-    cert, key, ca = (env.get(f"ABADA_TLS_{name}_FILE") for name in ("CERT", "KEY", "CLIENT_CA"))
+def _server_tls(settings: EngineSettings) -> ServerTls | None:
+    cert, key, ca = settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file
     if not (cert or key or ca):
         return None
     if not (cert and key and ca):
         raise SystemExit(
             "mTLS needs ABADA_TLS_CERT_FILE, ABADA_TLS_KEY_FILE and ABADA_TLS_CLIENT_CA_FILE together"
         )
-    return ServerTls(
-        pathlib.Path(cert).read_bytes(), pathlib.Path(key).read_bytes(), pathlib.Path(ca).read_bytes()
-    )
+    return ServerTls(cert.read_bytes(), key.read_bytes(), ca.read_bytes())
 
 
 async def migrate_only(settings: EngineSettings) -> None:
@@ -206,7 +208,12 @@ def _existing_journal_keys(settings: EngineSettings) -> KeyRing:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="abada-engine", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="abada-engine",
+        description=__doc__,
+        epilog=EngineSettings.describe(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {metadata.version('abada-engine')}")
     commands = parser.add_subparsers(dest="command", metavar="{serve,migrate,reseal}")
     commands.add_parser("serve", help="serve the engine (the default)")
@@ -232,10 +239,10 @@ def main() -> None:
     configure_logging(JsonFormatter("engine"), settings.log_level)
     configure_tracing("abada-engine")
     if args.command == "reseal":
-        run(reseal(settings, args.dry_run, args.batch_size))
+        run(reseal(settings, args.dry_run, args.batch_size), settings.event_loop)
         return
     with contextlib.suppress(KeyboardInterrupt):
-        run(migrate_only(settings) if args.command == "migrate" else serve(settings))
+        run(migrate_only(settings) if args.command == "migrate" else serve(settings), settings.event_loop)
 
 
 def _batch_size(text: str) -> int:
@@ -248,9 +255,9 @@ def _batch_size(text: str) -> int:
     return value
 
 
-def run(main: Coroutine[Any, Any, None]) -> None:
+def run(main: Coroutine[Any, Any, None], event_loop: str = "uvloop") -> None:
     """On uvloop unless ABADA_EVENT_LOOP=asyncio: its loop costs less per gRPC call and per statement."""
-    if os.environ.get("ABADA_EVENT_LOOP", "uvloop") == "uvloop":
+    if event_loop == "uvloop":
         import uvloop
 
         uvloop.run(main)
