@@ -2,6 +2,7 @@
 
     python bench/profile_engine.py task_cycle --seconds 20
     python bench/profile_engine.py append_step --seconds 20
+    python bench/profile_engine.py start_instance --seconds 20
 
 Prints the engine's CPU use, the share of samples spent in each layer (inclusive) and the top
 functions by own time. Needs py-spy (bench/requirements.txt).
@@ -22,6 +23,7 @@ import time
 
 import append_step
 import psutil
+import start_instance
 import task_cycle
 from common import engine_process, scratch_database
 
@@ -46,6 +48,8 @@ def _workload(kind: str, engine, stop: threading.Event) -> None:  # type: ignore
         if kind == "task_cycle":
             asyncio.run(task_cycle.create_instances(engine, 1500))
             asyncio.run(task_cycle.run_workers(engine, 1500, 8, 16))
+        elif kind == "start_instance":
+            asyncio.run(start_instance.run(engine, 1000))
         else:
             asyncio.run(append_step.run(engine, 8, 100))
 
@@ -54,7 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("workload", choices=["task_cycle", "append_step"])
+    parser.add_argument("workload", choices=["task_cycle", "append_step", "start_instance"])
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
@@ -109,6 +113,14 @@ def summarize(raw: str, top: int = 25) -> str:
     own = collections.Counter[str]()
     for stack, n in samples.items():
         own[stack.split(";")[-1]] += n
+    inclusive = collections.Counter[str]()
+    for stack, n in samples.items():
+        for frame in set(stack.split(";")):
+            if "abada_engine/" in frame:
+                inclusive[frame] += n
+    lines.append(f"top {top} engine functions, inclusive:")
+    for frame, n in inclusive.most_common(top):
+        lines.append(f"  {100 * n / total:5.1f}%  {frame[:150]}")
     lines.append(f"top {top} functions by own time:")
     for frame, n in own.most_common(top):
         lines.append(f"  {100 * n / total:5.1f}%  {frame[:150]}")
