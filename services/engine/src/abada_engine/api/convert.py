@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from datetime import datetime
+from typing import Any
 
 from abada_common.struct_codec import from_struct as from_struct  # the handlers' Struct codec
 from abada_common.struct_codec import to_struct as to_struct
 from google.protobuf import timestamp_pb2
 
 from abada_engine.errors import invalid
+
+# A NUL character in JSON text: \\u0000 after an even number (or none) of other backslashes.
+_NUL_IN_JSON = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def storable(values: dict[str, Any], field: str, max_bytes: int | None = None) -> dict[str, Any]:
+    """`values`, which the engine stores as JSON, refused naming `field` when larger than `max_bytes`
+    as JSON or holding a NUL character (PostgreSQL's jsonb cannot store one)."""
+    as_json = json.dumps(values)
+    if max_bytes is not None and len(as_json) > max_bytes:
+        raise invalid("INVALID_ARGUMENT", field, f"are larger than {max_bytes} bytes as JSON")
+    if "\\u0000" in as_json and _NUL_IN_JSON.search(as_json):
+        raise invalid("INVALID_ARGUMENT", field, "must not contain NUL characters (U+0000)")
+    return values
+
+
+def storable_text(value: str, field: str) -> str:
+    if "\x00" in value:
+        raise invalid("INVALID_ARGUMENT", field, "must not contain NUL characters (U+0000)")
+    return value
 
 
 def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:

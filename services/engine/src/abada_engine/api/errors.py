@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import grpc
 from abada_common import rpc_status
 
-from abada_engine.db.outage import database_unreachable
+from abada_engine.db.outage import database_unreachable, unstorable_text
 from abada_engine.errors import Category, EngineError
 from abada_engine.metrics import RPC_SECONDS
 
@@ -26,6 +26,14 @@ DATABASE_UNAVAILABLE = EngineError(
 
 def _violations(error: EngineError) -> list[rpc_status.Violation]:
     return [rpc_status.Violation(problem.field, str(problem)) for problem in error.problems]
+
+
+# The checks of each field run first; this catches a text the database refuses that no check named.
+UNSTORABLE_TEXT = EngineError(
+    Category.INVALID_ARGUMENT,
+    "INVALID_ARGUMENT",
+    "a text in the request holds a character the database cannot store (such as NUL, U+0000)",
+)
 
 
 async def abort(context: grpc.aio.ServicerContext, error: EngineError) -> None:
@@ -76,6 +84,9 @@ def _wrap(method: Callable[..., Any]) -> Callable[..., Any]:
                     watch.report_unreachable()
                 log.warning("%s: the database is unreachable (%s)", method.__qualname__, type(error).__name__)
                 await abort(context, DATABASE_UNAVAILABLE)
+            elif unstorable_text(error):
+                code = "INVALID_ARGUMENT"
+                await abort(context, UNSTORABLE_TEXT)
             else:
                 code = "INTERNAL"
                 log.exception("unexpected error in %s", method.__qualname__)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
 from abada_common.telemetry import inject_traceparent
@@ -21,7 +19,7 @@ from abada_engine.runtime.leases import Leases, Subscription, check_fetch
 from abada_engine.store.states import WORKER_STEP_STATES
 
 from . import messages
-from .convert import from_struct, parse_uuid, timestamp
+from .convert import from_struct, parse_uuid, storable, timestamp
 from .errors import translates_errors
 from .guard import Guard, current_caller
 
@@ -170,12 +168,8 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
             subscriptions = [Subscription(t.name, t.lease_ms) for t in fetch_next.topics]
             require_worker(caller, request.worker_id, [s.topic for s in subscriptions])
             check_fetch(request.worker_id, subscriptions, fetch_next.max_tasks, 0, field_prefix="fetch_next.")
-        variables = from_struct(request.variables)
         # Worker (and so model) data that conditions and the output schema will read: bounded like Start's.
-        if len(json.dumps(variables)) > MAX_VARIABLES_BYTES:
-            raise invalid(
-                "INVALID_ARGUMENT", "variables", f"are larger than {MAX_VARIABLES_BYTES} bytes as JSON"
-            )
+        variables = storable(from_struct(request.variables), "variables", MAX_VARIABLES_BYTES)
         result = await self._completions.complete(
             parse_uuid(request.task_id, "task_id"),
             request.worker_id,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import grpc
 from abada.engine.v1 import process_pb2, process_pb2_grpc
 
@@ -11,17 +9,14 @@ from abada_engine.errors import invalid
 from abada_engine.runtime.instances import MAX_VARIABLES_BYTES, Instances
 
 from . import messages
-from .convert import from_struct, optional_uuid, parse_uuid
+from .convert import from_struct, optional_uuid, parse_uuid, storable, storable_text
 from .errors import translates_errors
 from .guard import Guard
 from .paging import page
 
 
 def _variables(struct: object, field: str) -> dict:
-    values = from_struct(struct)  # type: ignore[arg-type]
-    if len(json.dumps(values)) > MAX_VARIABLES_BYTES:
-        raise invalid("INVALID_ARGUMENT", field, f"are larger than {MAX_VARIABLES_BYTES} bytes as JSON")
-    return values
+    return storable(from_struct(struct), field, MAX_VARIABLES_BYTES)  # type: ignore[arg-type]
 
 
 @translates_errors
@@ -41,7 +36,7 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
             request.process_id,
             request.version,
             _variables(request.variables, "variables"),
-            request.business_key,
+            storable_text(request.business_key, "business_key"),
         )
         return process_pb2.StartInstanceResponse(instance=messages.instance(started))
 

@@ -43,3 +43,21 @@ def database_unreachable(error: BaseException) -> bool:
                 return True
         current = current.__cause__ or current.__context__
     return False
+
+
+# SQLSTATEs of a value PostgreSQL cannot store as text: a NUL character (22P05) or one the database
+# encoding lacks (22021). The caller sent it; nothing about the database is wrong.
+_UNSTORABLE_TEXT = frozenset({"22P05", "22021"})
+
+
+def unstorable_text(error: BaseException) -> bool:
+    """True when `error` (or what caused it) is PostgreSQL refusing a character of a value it was given."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if getattr(current, "sqlstate", None) in _UNSTORABLE_TEXT:
+            return True
+        orig = getattr(current, "orig", None)
+        current = orig if isinstance(orig, BaseException) else (current.__cause__ or current.__context__)
+    return False
