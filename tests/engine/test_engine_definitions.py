@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from abada.engine.v1 import definition_pb2, process_pb2
+from abada.engine.v1 import definition_pb2, external_task_pb2, process_pb2
+from abada_engine.definitions.catalog import DefinitionCatalog
 from engine_helpers import bad_request, deploy, error_info, start
 
 SIMPLE = """
@@ -61,6 +62,25 @@ async def test_changed_process_gets_a_new_version_and_instances_stay_on_theirs(e
     latest = await engine.definitions.GetDefinition(definition_pb2.GetDefinitionRequest(process_id="greet"))
     assert latest.definition.version == 2
     assert latest.definition.spec["nodes"][0]["topic"] == "salutations"
+
+
+async def test_a_start_takes_the_version_another_replica_just_deployed(engine, db):
+    """The serving replica remembers v1 as the latest; a deploy through another replica is seen by the
+    very next start there, with no wait and no stale version."""
+    await deploy(engine, SIMPLE)
+    first = await start(engine, "greet")
+    other_replica = DefinitionCatalog(db)
+    await other_replica.deploy(SIMPLE.replace("topic: greetings", "topic: salutations"), "greet.yaml")
+    second = await start(engine, "greet")
+    assert (first.version, second.version) == (1, 2)
+    tasks = await engine.tasks.FetchAndLock(
+        external_task_pb2.FetchAndLockRequest(
+            worker_id="w",
+            max_tasks=2,
+            topics=[external_task_pb2.TopicSubscription(name="salutations", lease_ms=60_000)],
+        )
+    )
+    assert [t.instance_id for t in tasks.tasks] == [second.id]
 
 
 async def test_bundle_with_two_processes_deploys_both(engine):

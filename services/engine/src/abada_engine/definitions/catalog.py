@@ -1,6 +1,8 @@
 """Deploying bundles and reading frozen definition versions back.
 
-A version never changes once written, so every replica may cache it forever.
+A version never changes once written, so every replica may cache it forever. Which version is the
+latest can change under any replica (another one deploys): the catalog only *believes* it knows,
+and a start that relies on the belief has its statement re-check it (see `Instances.start`).
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ class DefinitionCatalog:
         self._contract_check = contract_check
         self._cache: OrderedDict[uuid.UUID, Definition] = OrderedDict()
         self._cache_size = cache_size
+        self._believed_latest: dict[str, uuid.UUID] = {}
+        self._by_version: dict[tuple[str, int], uuid.UUID] = {}
 
     async def deploy(self, content: str, source_name: str, deployed_by: str = "") -> DeployResult:
         """Validate, check the live tool contracts, then freeze every changed process: all or nothing."""
@@ -159,6 +163,8 @@ class DefinitionCatalog:
                 "tool_servers_checked": sorted({server for server, _tool in observed}),
             },
         )
+        for definition in results:
+            self._believed_latest[definition.process_id] = definition.id
         return DeployResult(results, created)
 
     async def get(self, definition_id: uuid.UUID) -> Definition:
@@ -173,12 +179,34 @@ class DefinitionCatalog:
         return self._from_row(row)
 
     async def find(self, process_id: str, version: int = 0) -> Definition:
+        """The definition of `process_id` at `version` (0: the latest), read from the database."""
         async with self._reads.connect() as conn:
             row = await definition_store.by_version(conn, process_id, version)
         if row is None:
             ident = f"{process_id} v{version}" if version else process_id
             raise not_found("process definition", ident, "version" if version else "process_id")
-        return self._from_row(row)
+        definition = self._from_row(row)
+        if not version:
+            self._believed_latest[process_id] = definition.id
+        return definition
+
+    async def find_remembered(self, process_id: str, version: int = 0) -> Definition:
+        """`find` without a database read when the answer is remembered.
+
+        A numbered version is exact. For the latest (0) the answer is only what this replica saw
+        last: a caller must check it is still the latest where it writes (a newer version deployed
+        by any replica makes the check fail), and then ask `find` again.
+        """
+        remembered = (
+            self._by_version.get((process_id, version)) if version else self._believed_latest.get(process_id)
+        )
+        cached = self._cache.get(remembered) if remembered is not None else None
+        if cached is not None:
+            return cached
+        definition = await self.find(process_id, version)
+        if version:
+            self._by_version[(process_id, version)] = definition.id
+        return definition
 
     async def list(self, process_id: str = "", limit: int = 100, offset: int = 0) -> list[Definition]:
         async with self._reads.connect() as conn:

@@ -7,7 +7,6 @@ one transaction holding the task's row lock.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import uuid
 from dataclasses import asdict, dataclass
@@ -23,10 +22,11 @@ from abada_engine.store import tasks as task_store
 from abada_engine.store.hand_written import Executor, HotPath
 from abada_engine.store.states import TaskState
 
-from .contract import Verdict, check_written_variables, judge
+from .contract import Verdict, check_written_variables, judge, judging_can_take_long
 from .handed_out import HandedOut, LeaseHeld
 from .leases import hash_token, hold_lease
-from .navigator import Advance, HistoryEntry, IncidentToRaise, advance, leave_node
+from .navigator import Advance, HistoryEntry, IncidentToRaise, advance, evaluates_conditions, leave_node
+from .offload import run_cpu_work
 from .tokens import LeaseGuard, apply_advance, history_record, write_history
 
 MAX_BACKOFF_MS = 600_000
@@ -139,7 +139,9 @@ class Completions:
             cost = profile.price.cost_usd(metadata.input_tokens, metadata.output_tokens)
             metadata = dataclasses.replace(metadata, cost_usd=round(cost, 9))
         # Schema validation and conditions are CPU work on worker data: off the event loop.
-        decision = await asyncio.to_thread(judge, node, variables, metadata.confidence, invalid_output_reason)
+        decision = await run_cpu_work(
+            judging_can_take_long(node), judge, node, variables, metadata.confidence, invalid_output_reason
+        )
         completed = HistoryEntry(
             "TASK_COMPLETED",
             node.id,
@@ -153,8 +155,14 @@ class Completions:
         preceding = [completed]
         new_variables: dict[str, Any] | None = None
         if decision.verdict is Verdict.ACCEPTED:
-            new_variables, leaving, moved = await asyncio.to_thread(
-                leave_node, definition.process, node, held.variables, variables
+            assert node.next is not None
+            new_variables, leaving, moved = await run_cpu_work(
+                evaluates_conditions(definition.process, node.next),
+                leave_node,
+                definition.process,
+                node,
+                held.variables,
+                variables,
             )
             preceding += leaving
         else:
@@ -166,8 +174,13 @@ class Completions:
             }
             preceding.append(HistoryEntry("OUTPUT_REJECTED", node.id, rejected))
             if decision.route is not None:
-                moved = await asyncio.to_thread(
-                    advance, definition.process, held.variables, decision.route, {"rejected": rejected}
+                moved = await run_cpu_work(
+                    evaluates_conditions(definition.process, decision.route),
+                    advance,
+                    definition.process,
+                    held.variables,
+                    decision.route,
+                    {"rejected": rejected},
                 )
             else:
                 # No route: an incident holds the instance at this node; nothing of the output is kept.

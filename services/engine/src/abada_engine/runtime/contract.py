@@ -47,6 +47,12 @@ def check_written_variables(node: Node, variables: dict[str, Any]) -> None:
         )
 
 
+def judging_can_take_long(node: Node) -> bool:
+    """Whether `judge` validates against an output schema (patterns on model output): the only part
+    of judging that is more than a few comparisons."""
+    return node.type == "agent" and node.output_schema is not None
+
+
 def judge(
     node: Node, variables: dict[str, Any], confidence: float | None, invalid_output_reason: str = ""
 ) -> Decision:

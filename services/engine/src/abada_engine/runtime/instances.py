@@ -6,6 +6,7 @@ import asyncio
 import builtins  # builtins.list: annotations after the class's own `list` method, which shadows it
 import logging
 import uuid
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -18,19 +19,23 @@ from abada_engine.store import history as history_store
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
+from abada_engine.store.group_commit import GroupCommit
 from abada_engine.store.hand_written import HotPath
 from abada_engine.store.instances import ListedInstance
-from abada_engine.store.moves import NewInstance
+from abada_engine.store.moves import NewInstance, StartToWrite, start_instances
 from abada_engine.store.states import InstanceState, TaskKind, TaskState
 
-from .navigator import HistoryEntry, advance, leave_node
-from .tokens import apply_advance, history_record, start_moved, write_history
+from .navigator import HistoryEntry, advance, evaluates_conditions, leave_node
+from .offload import run_cpu_work
+from .tokens import apply_advance, history_record, start_move, write_history
 from .views import HistoryView, InstanceView, UserTaskView
 
 log = logging.getLogger(__name__)
 
 INSTANCE_STATES = tuple(InstanceState)
 MAX_VARIABLES_BYTES = 1_000_000
+# A start retried only because another replica deployed a newer version meanwhile.
+_STARTS_BEFORE_GIVING_UP = 3
 
 
 class Instances:
@@ -39,34 +44,48 @@ class Instances:
         self._reads = autocommit(engine)
         self._hot = hot if hot is not None else HotPath(engine)
         self._catalog = catalog
+        self._starts = GroupCommit(self._write_starts)
+
+    async def _write_starts(self, starts: list[StartToWrite]) -> list[datetime | None]:
+        async with self._hot.connect() as conn:
+            return await start_instances(conn, starts)
+
+    async def close(self) -> None:
+        await self._starts.close()
 
     async def start(
         self, process_id: str, version: int, variables: dict[str, Any], business_key: str = ""
     ) -> InstanceView:
         if not process_id:
             raise invalid("INVALID_ARGUMENT", "process_id", "is required")
-        definition = await self._catalog.find(process_id, version)
-        instance_id = uuid.uuid4()
-        started = HistoryEntry(
-            "INSTANCE_STARTED",
-            None,
-            {"definition_id": str(definition.id), "version": definition.version, "variables": variables},
-        )
-        # Conditions are CPU work on caller data: evaluated off the event loop.
-        moved = await asyncio.to_thread(advance, definition.process, variables, definition.process.start)
-        async with self._hot.connect() as conn:
-            _, created_at = await start_moved(
-                conn,
-                NewInstance(
-                    instance_id,
-                    definition.id,
-                    definition.process_id,
-                    definition.version,
-                    variables,
-                    business_key,
-                ),
-                moved,
-                [started],
+        # The latest version as this replica remembers it, re-checked by the write itself: one
+        # statement per start instead of a read and a write; on a miss, read it and write again.
+        definition = await self._catalog.find_remembered(process_id, version)
+        for _ in range(_STARTS_BEFORE_GIVING_UP):
+            instance_id = uuid.uuid4()
+            started = HistoryEntry(
+                "INSTANCE_STARTED",
+                None,
+                {"definition_id": str(definition.id), "version": definition.version, "variables": variables},
+            )
+            process = definition.process
+            moved = await run_cpu_work(
+                evaluates_conditions(process, process.start), advance, process, variables, process.start
+            )
+            new = NewInstance(
+                instance_id, definition.id, definition.process_id, definition.version, variables, business_key
+            )
+            created_at = await self._starts.write(
+                StartToWrite(new, start_move(instance_id, moved, [started]), must_be_latest=not version)
+            )
+            if created_at is not None:
+                break
+            definition = await self._catalog.find(process_id)
+        else:
+            raise EngineError(
+                Category.ABORTED,
+                "CONCURRENT_CHANGE",
+                f"new versions of {process_id!r} kept being deployed while starting it; try again",
             )
         # One line per start, for an operator following a case from the log (the variables stay out:
         # they are the caller's data).

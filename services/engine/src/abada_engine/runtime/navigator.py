@@ -111,6 +111,12 @@ def leave_node(
     return new_variables, history, advance(process, new_variables, node.next)
 
 
+def evaluates_conditions(process: Process, node_id: str) -> bool:
+    """Whether `advance` into `node_id` evaluates conditions: only a gateway does, and its branches
+    lead on from there; any other node creates its task (or ends the instance) at once."""
+    return process.node(node_id).type == "exclusive"
+
+
 def task_payload(node: Node, variables: dict[str, Any]) -> dict[str, Any]:
     """The resolved inputs (and for agents the rendered prompt) a task carries."""
     inputs = render(node.inputs, variables) if node.inputs is not None else dict(variables)

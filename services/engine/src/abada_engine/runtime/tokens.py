@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -15,17 +14,15 @@ from abada_engine.store.history import HistoryRecord
 from abada_engine.store.moves import (
     LeaseGuard,
     NewIncident,
-    NewInstance,
     NewTask,
     TokenMove,
     move_token,
-    start_instance,
 )
 from abada_engine.store.states import TaskKind, TaskState
 
 from .navigator import Advance, HistoryEntry
 
-__all__ = ["AppliedAdvance", "LeaseGuard", "apply_advance", "history_record", "start_moved", "write_history"]
+__all__ = ["AppliedAdvance", "LeaseGuard", "apply_advance", "history_record", "start_move", "write_history"]
 
 
 @dataclass(frozen=True)
@@ -73,13 +70,9 @@ async def apply_advance(
     return _applied(move, advance, applied)
 
 
-async def start_moved(
-    conn: Executor, instance: NewInstance, advance: Advance, preceding: list[HistoryEntry]
-) -> tuple[AppliedAdvance, datetime]:
-    """Write a new instance where its first `advance` left it, in one statement; and when it was created."""
-    move = _token_move(instance.id, advance, None, preceding, None)
-    created_at = await start_instance(conn, instance, move)
-    return _applied(move, advance, True), created_at
+def start_move(instance_id: uuid.UUID, advance: Advance, preceding: list[HistoryEntry]) -> TokenMove:
+    """The first move of a new instance: where its first `advance` left it, with the history before."""
+    return _token_move(instance_id, advance, None, preceding, None)
 
 
 def _token_move(

@@ -184,77 +184,128 @@ class NewInstance:
     business_key: str
 
 
-# Hand-written: every StartInstance runs it. The new instance is written where its first move left
-# it, with that move's task or incident and history, in one statement: no transaction to open and
-# commit around an insert and an update (StartInstance ~2x the rate of the two-statement form).
-START_INSTANCE = HandWritten(
+# Hand-written: every StartInstance runs it. Each new instance is written where its first move left
+# it, with that move's task or incident and history; the starts that arrive together share the one
+# statement (a group commit: one round trip and one commit for all of them, see runtime/instances.py).
+# A start with must_be_latest carries the version a replica believed latest without reading it: if a
+# newer one exists by now (or the believed one is gone), nothing of that start is written and its id
+# is missing from the result. Every insert below joins `instance`, so all of them skip it together.
+START_INSTANCES = HandWritten(
     f"""
-    WITH instance AS (
+    WITH start AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:starts AS jsonb)) AS s(
+            n integer, instance_id uuid, definition_id uuid, process_id text, version integer,
+            completed boolean, variables jsonb, current_node text, business_key text, must_be_latest boolean,
+            task_id uuid, task_node text, task_kind text, task_topic text, task_state text, task_payload jsonb,
+            task_retries integer, incident_id uuid, incident_task uuid, incident_node text, incident_type text,
+            incident_message text, incident_details jsonb, history jsonb)
+    ),
+    instance AS (
         INSERT INTO instances (id, definition_id, process_id, version, state, variables, current_node_id,
                                business_key, created_at, ended_at)
-        VALUES (CAST(:instance_id AS uuid), CAST(:definition_id AS uuid), CAST(:process_id AS text),
-                CAST(:version AS integer),
-                CASE WHEN CAST(:completed AS boolean) THEN '{InstanceState.COMPLETED}' ELSE '{InstanceState.ACTIVE}' END,
-                CAST(:instance_variables AS jsonb), CAST(:current_node AS text), CAST(:business_key AS text), now(),
-                CASE WHEN CAST(:completed AS boolean) THEN now() END)
-        RETURNING created_at
+        SELECT s.instance_id, s.definition_id, s.process_id, s.version,
+               CASE WHEN s.completed THEN '{InstanceState.COMPLETED}' ELSE '{InstanceState.ACTIVE}' END,
+               s.variables, s.current_node, s.business_key, now(), CASE WHEN s.completed THEN now() END
+        FROM start s
+        WHERE NOT s.must_be_latest
+           OR (EXISTS (SELECT 1 FROM definitions AS believed WHERE believed.id = s.definition_id)
+               AND NOT EXISTS (SELECT 1 FROM definitions AS newer
+                               WHERE newer.process_id = s.process_id AND newer.version > s.version))
+        ORDER BY s.n
+        RETURNING id, created_at
     ),
     new_task AS (
         INSERT INTO tasks (id, instance_id, node_id, kind, topic, state, payload, attempt, retries_left, due_at,
                            created_at)
-        SELECT CAST(:task_id AS uuid), CAST(:instance_id AS uuid), CAST(:task_node AS text), CAST(:task_kind AS text),
-               CAST(:task_topic AS text), CAST(:task_state AS text), CAST(:task_payload AS jsonb), 0,
-               CAST(:task_retries AS integer), now(), now()
-        WHERE CAST(:task_id AS uuid) IS NOT NULL
-        RETURNING id
+        SELECT s.task_id, s.instance_id, s.task_node, s.task_kind, s.task_topic, s.task_state, s.task_payload, 0,
+               s.task_retries, now(), now()
+        FROM start s JOIN instance i ON i.id = s.instance_id
+        WHERE s.task_id IS NOT NULL
+        ORDER BY s.n
+        RETURNING topic
     ),
     new_incident AS (
         INSERT INTO incidents (id, instance_id, task_id, node_id, type, message, details, state, created_at)
-        SELECT CAST(:incident_id AS uuid), CAST(:instance_id AS uuid), CAST(:incident_task AS uuid),
-               CAST(:incident_node AS text), CAST(:incident_type AS text), CAST(:incident_message AS text),
-               CAST(:incident_details AS jsonb), '{IncidentState.OPEN}', now()
-        WHERE CAST(:incident_id AS uuid) IS NOT NULL
+        SELECT s.incident_id, s.instance_id, s.incident_task, s.incident_node, s.incident_type,
+               s.incident_message, s.incident_details, '{IncidentState.OPEN}', now()
+        FROM start s JOIN instance i ON i.id = s.instance_id
+        WHERE s.incident_id IS NOT NULL
         RETURNING id
     ),
     written AS (
         INSERT INTO history (instance_id, type, node_id, task_id, data)
-        SELECT CAST(:instance_id AS uuid), h.item ->> 'type', h.item ->> 'node_id',
-               CAST(h.item ->> 'task_id' AS uuid), h.item -> 'data'
-        FROM jsonb_array_elements(CAST(:history AS jsonb)) WITH ORDINALITY AS h(item, n)
-        ORDER BY h.n
+        SELECT s.instance_id, h.item ->> 'type', h.item ->> 'node_id', CAST(h.item ->> 'task_id' AS uuid),
+               h.item -> 'data'
+        FROM start s JOIN instance i ON i.id = s.instance_id,
+             jsonb_array_elements(s.history) WITH ORDINALITY AS h(item, n)
+        ORDER BY s.n, h.n
         RETURNING id
+    ),
+    notified AS (
+        SELECT count(pg_notify(CAST(:channel AS text), topic)) AS topics
+        FROM (SELECT DISTINCT topic FROM new_task WHERE topic IS NOT NULL) AS created
     )
-    SELECT created_at,
-           CASE WHEN CAST(:task_topic AS text) IS NOT NULL
-                THEN pg_notify(CAST(:channel AS text), CAST(:task_topic AS text)) END AS notified
-    FROM instance
+    SELECT i.id, i.created_at, (SELECT topics FROM notified) AS notified FROM instance i
     """
 )
 
 
-async def start_instance(conn: Executor, instance: NewInstance, first_move: TokenMove) -> datetime:
-    """Write a new instance already moved by `first_move` (which carries no guard and finishes no task)."""
-    params = _move_params(first_move)
-    for unused in (
-        "guard_worker",
-        "guard_hash",
-        "guard_xmin",
-        "finished_task_id",
-        "finished_state",
-        "variables",
-    ):
-        del params[unused]
-    row = await START_INSTANCE.fetchrow(
+@dataclass(frozen=True, slots=True)
+class StartToWrite:
+    """A new instance already moved by `first_move` (which carries no guard and finishes no task)."""
+
+    instance: NewInstance
+    first_move: TokenMove
+    must_be_latest: bool = False
+
+
+def _start_json(n: int, start: StartToWrite) -> dict[str, Any]:
+    instance, move = start.instance, start.first_move
+    task, incident = move.new_task, move.new_incident
+    return {
+        "n": n,
+        "instance_id": str(instance.id),
+        "definition_id": str(instance.definition_id),
+        "process_id": instance.process_id,
+        "version": instance.version,
+        "completed": move.completed,
+        "variables": instance.variables,
+        "current_node": move.current_node_id,
+        "business_key": instance.business_key,
+        "must_be_latest": start.must_be_latest,
+        "task_id": str(task.id) if task else None,
+        "task_node": task.node_id if task else None,
+        "task_kind": task.kind.value if task else None,
+        "task_topic": task.topic if task else None,
+        "task_state": (TaskState.READY if task.kind is TaskKind.EXTERNAL else TaskState.WAITING).value
+        if task
+        else None,
+        "task_payload": task.payload if task else None,
+        "task_retries": task.retries if task else 0,
+        "incident_id": str(incident.id) if incident else None,
+        "incident_task": str(incident.task_id) if incident and incident.task_id else None,
+        "incident_node": incident.node_id if incident else None,
+        "incident_type": incident.type if incident else None,
+        "incident_message": incident.message if incident else None,
+        "incident_details": incident.details if incident else None,
+        "history": [
+            {
+                "type": r.type,
+                "node_id": r.node_id,
+                "task_id": str(r.task_id) if r.task_id else None,
+                "data": r.data,
+            }
+            for r in move.history
+        ],
+    }
+
+
+async def start_instances(conn: Executor, starts: list[StartToWrite]) -> list[datetime | None]:
+    """Write new instances in one statement: when each was created, or None for a start whose
+    `must_be_latest` no longer held (nothing of it written)."""
+    rows = await START_INSTANCES.fetch(
         conn,
-        {
-            **params,
-            "definition_id": str(instance.definition_id),
-            "process_id": instance.process_id,
-            "version": instance.version,
-            "instance_variables": dumps(instance.variables),
-            "business_key": instance.business_key,
-        },
+        {"starts": dumps([_start_json(n, start) for n, start in enumerate(starts)]), "channel": TASK_CHANNEL},
     )
-    assert row is not None
-    created_at: datetime = row.created_at
-    return created_at
+    created = {str(row["id"]): row["created_at"] for row in rows}
+    return [created.get(str(start.instance.id)) for start in starts]

@@ -1,0 +1,79 @@
+"""Starts that arrive together share one statement and one commit, and each is still answered on its own."""
+
+from __future__ import annotations
+
+import asyncio
+
+from abada_engine.store.group_commit import GroupCommit
+from engine_helpers import deploy, fetch, history_types, start
+from sqlalchemy import text
+
+SIMPLE = """
+processes:
+  - id: greet
+    start: hello
+    nodes:
+      - { id: hello, type: service, topic: greetings, next: done }
+      - { id: done, type: end }
+"""
+
+
+async def test_starts_arriving_together_share_commits_and_each_is_whole(engine, db):
+    await deploy(engine, SIMPLE)
+    started = await asyncio.gather(*(start(engine, "greet", n=n) for n in range(40)))
+    assert len({i.id for i in started}) == 40
+    assert sorted(i.variables["n"] for i in started) == list(range(40))
+    async with db.connect() as conn:
+        # Rows written in one transaction carry its id as xmin: fewer transactions than starts.
+        transactions = (await conn.execute(text("SELECT count(DISTINCT xmin::text) FROM instances"))).scalar()
+    assert transactions < 40
+    for instance in started[:5]:
+        assert await history_types(engine, instance.id) == [
+            ("INSTANCE_STARTED", ""),
+            ("NODE_ENTERED", "hello"),
+            ("TASK_CREATED", "hello"),
+        ]
+    tasks = await fetch(engine, "w", "greetings", max_tasks=50)
+    assert sorted(t.instance_id for t in tasks) == sorted(i.id for i in started)
+    assert {t.variables["n"] for t in tasks} == set(range(40))
+
+
+async def test_a_write_that_fails_in_a_group_fails_alone():
+    groups: list[list[int]] = []
+
+    async def write_group(items: list[int]) -> list[str]:
+        groups.append(items)
+        await asyncio.sleep(0.01)
+        if 13 in items:
+            raise ValueError("thirteen is refused")
+        return [f"wrote {i}" for i in items]
+
+    commit: GroupCommit[int, str] = GroupCommit(write_group, writers=1)
+    results = await asyncio.gather(*(commit.write(i) for i in range(20)), return_exceptions=True)
+    await commit.close()
+    assert [r for r in results if isinstance(r, Exception)] == [results[13]]
+    assert str(results[13]) == "thirteen is refused"
+    assert [r for i, r in enumerate(results) if i != 13] == [f"wrote {i}" for i in range(20) if i != 13]
+    # All twenty arrived together and went as one group; when it failed, each was written alone.
+    assert groups == [list(range(20)), *([i] for i in range(20))]
+
+
+async def test_a_caller_that_gives_up_does_not_stop_the_others():
+    release = asyncio.Event()
+
+    async def write_group(items: list[int]) -> list[int]:
+        await release.wait()
+        return items
+
+    commit: GroupCommit[int, int] = GroupCommit(write_group, writers=1)
+    first = asyncio.ensure_future(commit.write(1))
+    await asyncio.sleep(0)
+    impatient = asyncio.ensure_future(commit.write(2))
+    patient = asyncio.ensure_future(commit.write(3))
+    await asyncio.sleep(0.01)
+    impatient.cancel()
+    release.set()
+    assert await first == 1
+    assert await patient == 3
+    assert impatient.cancelled()
+    await commit.close()
