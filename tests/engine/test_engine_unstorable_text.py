@@ -59,3 +59,16 @@ async def test_a_character_the_database_refuses_where_no_check_names_it_is_inval
         )
     )
     assert failed.will_retry
+
+
+async def test_a_number_json_cannot_carry_is_refused_naming_the_field(engine):
+    await deploy(engine, SIMPLE)
+    for number in (float("nan"), float("inf")):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await engine.processes.StartInstance(
+                process_pb2.StartInstanceRequest(process_id="greet", variables=struct({"score": number}))
+            )
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(caught.value).metadata["field"] == "variables"
+    whole = await start(engine, "greet", count=3, ratio=0.5, big=2.0**60)
+    assert (whole.variables["count"], whole.variables["ratio"], whole.variables["big"]) == (3, 0.5, 2.0**60)

@@ -8,9 +8,9 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from abada_common.struct_codec import from_struct as from_struct  # the handlers' Struct codec
-from abada_common.struct_codec import to_struct as to_struct
-from google.protobuf import timestamp_pb2
+from abada_common import struct_codec
+from abada_common.struct_codec import to_struct as to_struct  # the handlers' Struct codec
+from google.protobuf import struct_pb2, timestamp_pb2
 
 from abada_engine.errors import invalid
 
@@ -33,6 +33,15 @@ def storable_text(value: str, field: str) -> str:
     if "\x00" in value:
         raise invalid("INVALID_ARGUMENT", field, "must not contain NUL characters (U+0000)")
     return value
+
+
+def from_struct(message: struct_pb2.Struct, field: str = "") -> dict[str, Any]:
+    """The Struct as plain values (see abada_common.struct_codec); a number JSON cannot carry (NaN,
+    infinity) is refused naming `field`."""
+    try:
+        return struct_codec.from_struct(message)
+    except struct_codec.NotFinite as error:
+        raise invalid("INVALID_ARGUMENT", field, f"holds {error}, which JSON cannot carry") from None
 
 
 def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:

@@ -100,6 +100,8 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
             raise invalid(
                 "INVALID_ARGUMENT", "state", "must be STARTED, COMPLETED, FAILED or AWAITING_APPROVAL"
             )
+        sent_request = from_struct(request.request, "request") if request.HasField("request") else None
+        sent_response = from_struct(request.response, "response") if request.HasField("response") else None
         result = await self._journal.append(
             StepRequest(
                 task_id=parse_uuid(request.task_id, "task_id"),
@@ -110,14 +112,16 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
                 kind=kind,
                 state=state,
                 tool_ref=request.tool_ref,
-                request=from_struct(request.request) if request.HasField("request") else None,
-                response=from_struct(request.response) if request.HasField("response") else None,
+                request=sent_request,
+                response=sent_response,
                 input_tokens=request.tokens.input_tokens,
                 output_tokens=request.tokens.output_tokens,
             )
         )
+        sent = [(sent_request, request.request), (sent_response, request.response)]
         return external_task_pb2.AppendStepResponse(
-            step=messages.step(result.step), idempotency_key=result.idempotency_key
+            step=messages.step(result.step, [(plain, struct) for plain, struct in sent if plain is not None]),
+            idempotency_key=result.idempotency_key,
         )
 
     async def GetJournal(
@@ -169,7 +173,7 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
             require_worker(caller, request.worker_id, [s.topic for s in subscriptions])
             check_fetch(request.worker_id, subscriptions, fetch_next.max_tasks, 0, field_prefix="fetch_next.")
         # Worker (and so model) data that conditions and the output schema will read: bounded like Start's.
-        variables = storable(from_struct(request.variables), "variables", MAX_VARIABLES_BYTES)
+        variables = storable(from_struct(request.variables, "variables"), "variables", MAX_VARIABLES_BYTES)
         result = await self._completions.complete(
             parse_uuid(request.task_id, "task_id"),
             request.worker_id,

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from abada.engine.v1 import common_pb2, definition_pb2, external_task_pb2, incident_pb2, process_pb2
+from google.protobuf import struct_pb2
 
 from abada_engine.definitions.catalog import Definition
 from abada_engine.definitions.model import Limits, ToolBinding
@@ -137,7 +141,12 @@ def incident(value: IncidentView) -> incident_pb2.Incident:
     )
 
 
-def step(value: StepView) -> external_task_pb2.JournalStep:
+def step(
+    value: StepView, sent: Sequence[tuple[dict[str, Any], struct_pb2.Struct]] = ()
+) -> external_task_pb2.JournalStep:
+    """The step as a message. `sent` pairs the payloads the caller sent with the Structs they came in:
+    a payload of the step that is one of them (the same object) is copied back as it came, not
+    converted twice."""
     message = external_task_pb2.JournalStep(
         sequence=value.sequence,
         attempt=value.attempt,
@@ -153,10 +162,14 @@ def step(value: StepView) -> external_task_pb2.JournalStep:
         update_time=timestamp(value.updated_at),
         cost_usd=value.cost_usd,
     )
-    if value.request is not None:
-        message.request.CopyFrom(to_struct(value.request))
-    if value.response is not None:
-        message.response.CopyFrom(to_struct(value.response))
+    for payload, field in ((value.request, message.request), (value.response, message.response)):
+        if payload is None:
+            continue
+        as_sent = next((struct for plain, struct in sent if plain is payload), None)
+        if as_sent is not None:
+            field.CopyFrom(as_sent)
+        else:
+            field.update(payload)
     return message
 
 

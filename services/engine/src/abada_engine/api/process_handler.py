@@ -16,7 +16,7 @@ from .paging import page
 
 
 def _variables(struct: object, field: str) -> dict:
-    return storable(from_struct(struct), field, MAX_VARIABLES_BYTES)  # type: ignore[arg-type]
+    return storable(from_struct(struct, field), field, MAX_VARIABLES_BYTES)  # type: ignore[arg-type]
 
 
 @translates_errors
