@@ -113,8 +113,12 @@ async def run(engine: EngineProcess, tasks: int, pairs: int) -> dict[str, object
 
 def measure(tasks: int, pairs: int) -> dict[str, float]:
     with scratch_database() as url, engine_process(url) as engine:
+        cpu = engine.cpu_seconds()
         floor_before = asyncio.run(bare_grpc_rate(engine.address))
+        cpu_bare = engine.cpu_seconds() - cpu
+        cpu = engine.cpu_seconds()
         result = asyncio.run(run(engine, tasks, pairs))
+        cpu_append = engine.cpu_seconds() - cpu
         floor_after = asyncio.run(bare_grpc_rate(engine.address))
         raw = asyncio.run(raw_commit_rate(url, connections=8))
     rate = result["calls"] / result["elapsed"]
@@ -131,6 +135,8 @@ def measure(tasks: int, pairs: int) -> dict[str, float]:
         "bare_grpc_after": floor_after,
         "raw": raw,
         "ratio": rate / floor,
+        "cpu_per_append": cpu_append / result["calls"],
+        "cpu_per_bare": cpu_bare / 4000,
     }
 
 
@@ -145,6 +151,10 @@ def report(figures: dict[str, float], tasks: int) -> None:
         f"{figures['bare_grpc_before']:,.0f} before, {figures['bare_grpc_after']:,.0f} after)"
     )
     print(f"AppendStep / bare gRPC:    {figures['ratio']:.2f}  (target >= 0.5)")
+    print(
+        f"engine CPU per call:       {figures['cpu_per_append'] * 1e6:,.0f} us per AppendStep "
+        f"(includes the run's set-up), {figures['cpu_per_bare'] * 1e6:,.0f} us per bare call"
+    )
     print(f"raw single-row commits:    {figures['raw']:,.0f}/s at 8 connections (same PostgreSQL, same run)")
     sys.stdout.flush()
 

@@ -13,6 +13,7 @@ import sys
 import append_step
 import many_in_flight
 import quota_admission
+import start_instance
 import task_cycle
 from common import median
 
@@ -25,7 +26,7 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=5000, help="task cycles: N")
     parser.add_argument("--in-flight", type=int, default=10_000, help="many in flight: the high level")
     args = parser.parse_args()
-    cycles, appends, flights, quotas = [], [], [], []
+    cycles, appends, flights, quotas, starts = [], [], [], [], []
     for run in range(1, args.runs + 1):
         print(f"== run {run} of {args.runs}")
         cycles.append(task_cycle.measure(args.instances, 8, 16))
@@ -35,6 +36,8 @@ def main() -> None:
         levels = [100, args.in_flight]
         flights.append(many_in_flight.measure(levels, 300))
         many_in_flight.report(flights[-1], levels)
+        starts.append(start_instance.measure(3000))
+        start_instance.report(starts[-1])
         quotas.append(quota_admission.measure(32, 60))
         quota_admission.report(quotas[-1], 32)
         sys.stdout.flush()
@@ -79,7 +82,13 @@ def main() -> None:
             None,
         ),
         (
-            "StartInstance at 8 callers",
+            "StartInstance at 8 callers (start_instance.py; vs bare gRPC)",
+            f"{m(starts, 'rate'):,.0f}/s vs {m(starts, 'bare_grpc'):,.0f}/s = {m(starts, 'ratio'):.2f}x",
+            ">= 1,500/s",
+            m(starts, "rate") >= 1500,
+        ),
+        (
+            f"StartInstance at 8 callers, filling to {high:,} in flight",
             f"{m(flights, 'start_rate'):,.0f}/s",
             ">= 1,500/s",
             m(flights, "start_rate") >= 1500,
