@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
-from abada_engine.store.group_commit import GroupCommit
+from abada_engine.runtime.group_commit import GroupCommit
 from engine_helpers import deploy, fetch, history_types, start
 from sqlalchemy import text
 
@@ -41,16 +42,15 @@ async def test_starts_arriving_together_share_commits_and_each_is_whole(engine, 
 async def test_a_write_that_fails_in_a_group_fails_alone():
     groups: list[list[int]] = []
 
-    async def write_group(items: list[int]) -> list[str]:
-        groups.append(items)
+    async def write_group(items: Sequence[int]) -> list[str]:
+        groups.append(list(items))
         await asyncio.sleep(0.01)
         if 13 in items:
             raise ValueError("thirteen is refused")
         return [f"wrote {i}" for i in items]
 
-    commit: GroupCommit[int, str] = GroupCommit(write_group, writers=1)
-    results = await asyncio.gather(*(commit.write(i) for i in range(20)), return_exceptions=True)
-    await commit.close()
+    commit: GroupCommit[int, str] = GroupCommit(write_group, each_alone_on_failure=True)
+    results = await asyncio.gather(*(commit.submit(i) for i in range(20)), return_exceptions=True)
     assert [r for r in results if isinstance(r, Exception)] == [results[13]]
     assert str(results[13]) == "thirteen is refused"
     assert [r for i, r in enumerate(results) if i != 13] == [f"wrote {i}" for i in range(20) if i != 13]
@@ -61,19 +61,18 @@ async def test_a_write_that_fails_in_a_group_fails_alone():
 async def test_a_caller_that_gives_up_does_not_stop_the_others():
     release = asyncio.Event()
 
-    async def write_group(items: list[int]) -> list[int]:
+    async def write_group(items: Sequence[int]) -> list[int]:
         await release.wait()
-        return items
+        return list(items)
 
-    commit: GroupCommit[int, int] = GroupCommit(write_group, writers=1)
-    first = asyncio.ensure_future(commit.write(1))
+    commit: GroupCommit[int, int] = GroupCommit(write_group)
+    first = asyncio.ensure_future(commit.submit(1))
     await asyncio.sleep(0)
-    impatient = asyncio.ensure_future(commit.write(2))
-    patient = asyncio.ensure_future(commit.write(3))
+    impatient = asyncio.ensure_future(commit.submit(2))
+    patient = asyncio.ensure_future(commit.submit(3))
     await asyncio.sleep(0.01)
     impatient.cancel()
     release.set()
     assert await first == 1
     assert await patient == 3
     assert impatient.cancelled()
-    await commit.close()

@@ -163,7 +163,6 @@ class EngineCore:
         await self.database.stop()
         await self.reaper.stop()
         await self.wakeups.stop()
-        await self.instances.close()
         await self.hot.close()
 
 

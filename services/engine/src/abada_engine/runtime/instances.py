@@ -6,6 +6,7 @@ import asyncio
 import builtins  # builtins.list: annotations after the class's own `list` method, which shadows it
 import logging
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -19,12 +20,12 @@ from abada_engine.store import history as history_store
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
-from abada_engine.store.group_commit import GroupCommit
 from abada_engine.store.hand_written import HotPath
 from abada_engine.store.instances import ListedInstance
 from abada_engine.store.moves import NewInstance, StartToWrite, start_instances
 from abada_engine.store.states import InstanceState, TaskKind, TaskState
 
+from .group_commit import GroupCommit
 from .navigator import HistoryEntry, advance, evaluates_conditions, leave_node
 from .offload import run_cpu_work
 from .tokens import apply_advance, history_record, start_move, write_history
@@ -44,14 +45,12 @@ class Instances:
         self._reads = autocommit(engine)
         self._hot = hot if hot is not None else HotPath(engine)
         self._catalog = catalog
-        self._starts = GroupCommit(self._write_starts)
+        # Starts arriving together share one statement and one commit; one that fails is tried alone.
+        self._starts = GroupCommit(self._write_starts, max_batch=64, each_alone_on_failure=True)
 
-    async def _write_starts(self, starts: list[StartToWrite]) -> list[datetime | None]:
+    async def _write_starts(self, starts: Sequence[StartToWrite]) -> list[datetime | None]:
         async with self._hot.connect() as conn:
-            return await start_instances(conn, starts)
-
-    async def close(self) -> None:
-        await self._starts.close()
+            return await start_instances(conn, list(starts))
 
     async def start(
         self, process_id: str, version: int, variables: dict[str, Any], business_key: str = ""
@@ -75,7 +74,7 @@ class Instances:
             new = NewInstance(
                 instance_id, definition.id, definition.process_id, definition.version, variables, business_key
             )
-            created_at = await self._starts.write(
+            created_at = await self._starts.submit(
                 StartToWrite(new, start_move(instance_id, moved, [started]), must_be_latest=not version)
             )
             if created_at is not None:
