@@ -21,6 +21,17 @@ async def until_lease_ran_out(*tasks: external_task_pb2.ExternalTask) -> None:
     await asyncio.sleep(max(left, 0.0))
 
 
+# The smallest process with a task: one service task on topic `greetings`, then the end.
+GREET = """
+processes:
+  - id: greet
+    start: hello
+    nodes:
+      - { id: hello, type: service, topic: greetings, next: done }
+      - { id: done, type: end }
+"""
+
+
 def error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
     """The ErrorInfo the engine attached to a failed call."""
     for key, value in error.trailing_metadata() or ():

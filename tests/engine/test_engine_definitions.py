@@ -6,16 +6,7 @@ import grpc
 import pytest
 from abada.engine.v1 import definition_pb2, external_task_pb2, process_pb2
 from abada_engine.definitions.catalog import DefinitionCatalog
-from engine_helpers import bad_request, deploy, error_info, start
-
-SIMPLE = """
-processes:
-  - id: greet
-    start: hello
-    nodes:
-      - { id: hello, type: service, topic: greetings, next: done }
-      - { id: done, type: end }
-"""
+from engine_helpers import GREET, bad_request, deploy, error_info, start
 
 TWO_PROCESSES = """
 processes:
@@ -33,10 +24,10 @@ processes:
 
 
 async def test_deploy_creates_version_one_and_identical_redeploy_returns_it(engine):
-    first = await deploy(engine, SIMPLE, "greet.yaml")
+    first = await deploy(engine, GREET, "greet.yaml")
     assert [(d.process_id, d.version) for d in first.definitions] == [("greet", 1)]
     assert list(first.created_process_ids) == ["greet"]
-    again = await deploy(engine, SIMPLE + "\n# only a comment changed\n", "greet.yaml")
+    again = await deploy(engine, GREET + "\n# only a comment changed\n", "greet.yaml")
     assert again.definitions[0].id == first.definitions[0].id
     assert list(again.created_process_ids) == []
     listed = await engine.definitions.ListDefinitions(
@@ -46,9 +37,9 @@ async def test_deploy_creates_version_one_and_identical_redeploy_returns_it(engi
 
 
 async def test_changed_process_gets_a_new_version_and_instances_stay_on_theirs(engine):
-    await deploy(engine, SIMPLE)
+    await deploy(engine, GREET)
     old = await start(engine, "greet")
-    changed = SIMPLE.replace("topic: greetings", "topic: salutations")
+    changed = GREET.replace("topic: greetings", "topic: salutations")
     second = await deploy(engine, changed)
     assert second.definitions[0].version == 2
     new = await start(engine, "greet")
@@ -67,10 +58,10 @@ async def test_changed_process_gets_a_new_version_and_instances_stay_on_theirs(e
 async def test_a_start_takes_the_version_another_replica_just_deployed(engine, db):
     """The serving replica remembers v1 as the latest; a deploy through another replica is seen by the
     very next start there, with no wait and no stale version."""
-    await deploy(engine, SIMPLE)
+    await deploy(engine, GREET)
     first = await start(engine, "greet")
     other_replica = DefinitionCatalog(db)
-    await other_replica.deploy(SIMPLE.replace("topic: greetings", "topic: salutations"), "greet.yaml")
+    await other_replica.deploy(GREET.replace("topic: greetings", "topic: salutations"), "greet.yaml")
     second = await start(engine, "greet")
     assert (first.version, second.version) == (1, 2)
     tasks = await engine.tasks.FetchAndLock(
@@ -92,13 +83,13 @@ async def test_bundle_with_two_processes_deploys_both(engine):
     ("bundle", "field", "line", "why"),
     [
         (
-            SIMPLE.replace("next: done }", "next: nowhere }"),
+            GREET.replace("next: done }", "next: nowhere }"),
             "processes[0].nodes[0].next",
             6,
             "unknown node 'nowhere'",
         ),
         (
-            SIMPLE.replace(
+            GREET.replace(
                 "- { id: done, type: end }", "- { id: done, type: end }\n      - { id: lost, type: end }"
             ),
             "processes[0].nodes[2].id",
@@ -106,21 +97,21 @@ async def test_bundle_with_two_processes_deploys_both(engine):
             "unreachable",
         ),
         (
-            SIMPLE.replace(
+            GREET.replace(
                 "- { id: done, type: end }", "- { id: done, type: end }\n      - { id: hello, type: end }"
             ),
             "processes[0].nodes[2].id",
             8,
             "duplicate node id 'hello'",
         ),
-        (SIMPLE.replace("type: service", "type: robot"), "processes[0].nodes[0].type", 6, "is not one of"),
+        (GREET.replace("type: service", "type: robot"), "processes[0].nodes[0].type", 6, "is not one of"),
         (
-            SIMPLE.replace("topic: greetings", "topik: greetings"),
+            GREET.replace("topic: greetings", "topik: greetings"),
             "processes[0].nodes[0].topik",
             6,
             "unknown field",
         ),
-        (SIMPLE.replace("start: hello", "start: nope"), "processes[0].start", 4, "unknown node 'nope'"),
+        (GREET.replace("start: hello", "start: nope"), "processes[0].start", 4, "unknown node 'nope'"),
         ("processes: [", "(bundle)", 1, "not valid YAML"),
     ],
 )

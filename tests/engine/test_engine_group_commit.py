@@ -6,21 +6,12 @@ import asyncio
 from collections.abc import Sequence
 
 from abada_engine.runtime.group_commit import GroupCommit
-from engine_helpers import deploy, fetch, history_types, start
+from engine_helpers import GREET, deploy, fetch, history_types, start
 from sqlalchemy import text
-
-SIMPLE = """
-processes:
-  - id: greet
-    start: hello
-    nodes:
-      - { id: hello, type: service, topic: greetings, next: done }
-      - { id: done, type: end }
-"""
 
 
 async def test_starts_arriving_together_share_commits_and_each_is_whole(engine, db):
-    await deploy(engine, SIMPLE)
+    await deploy(engine, GREET)
     started = await asyncio.gather(*(start(engine, "greet", n=n) for n in range(40)))
     assert len({i.id for i in started}) == 40
     assert sorted(i.variables["n"] for i in started) == list(range(40))

@@ -5,21 +5,12 @@ from __future__ import annotations
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2, process_pb2
-from engine_helpers import deploy, error_info, fetch, start, struct
+from engine_helpers import GREET, deploy, error_info, fetch, start, struct
 from sqlalchemy import text
-
-SIMPLE = """
-processes:
-  - id: greet
-    start: hello
-    nodes:
-      - { id: hello, type: service, topic: greetings, next: done }
-      - { id: done, type: end }
-"""
 
 
 async def test_a_nul_character_is_refused_naming_the_field_and_nothing_is_written(engine, db):
-    await deploy(engine, SIMPLE)
+    await deploy(engine, GREET)
     for request, field in (
         (process_pb2.StartInstanceRequest(process_id="greet", business_key="order\x00-1"), "business_key"),
         (
@@ -41,7 +32,7 @@ async def test_a_nul_character_is_refused_naming_the_field_and_nothing_is_writte
 
 
 async def test_a_character_the_database_refuses_where_no_check_names_it_is_invalid_argument(engine):
-    await deploy(engine, SIMPLE)
+    await deploy(engine, GREET)
     await start(engine, "greet")
     [task] = await fetch(engine, "w", "greetings")
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -62,7 +53,7 @@ async def test_a_character_the_database_refuses_where_no_check_names_it_is_inval
 
 
 async def test_a_number_json_cannot_carry_is_refused_naming_the_field(engine):
-    await deploy(engine, SIMPLE)
+    await deploy(engine, GREET)
     for number in (float("nan"), float("inf")):
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await engine.processes.StartInstance(

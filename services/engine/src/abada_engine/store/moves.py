@@ -122,33 +122,16 @@ MOVE_TOKEN = HandWritten(
 )
 
 
-def _history_json(records: list[HistoryRecord]) -> str:
-    return dumps(
-        [
-            {
-                "type": r.type,
-                "node_id": r.node_id,
-                "task_id": str(r.task_id) if r.task_id else None,
-                "data": r.data,
-            }
-            for r in records
-        ]
-    )
-
-
 async def move_token(conn: Executor, move: TokenMove) -> bool:
     """Write the move; False if its guard refused it (then nothing was written)."""
     result = await MOVE_TOKEN.fetchrow(conn, _move_params(move))
     return bool(result is not None and result.applied)
 
 
-def _move_params(move: TokenMove) -> dict[str, Any]:
-    task, incident, guard = move.new_task, move.new_incident, move.guard
+def _created_by(move: TokenMove) -> dict[str, Any]:
+    """The task or incident a move creates, as the columns the statements take (JSON values as values)."""
+    task, incident = move.new_task, move.new_incident
     return {
-        "guard_worker": guard.worker_id if guard else None,
-        "guard_hash": guard.token_hash if guard else None,
-        "guard_xmin": guard.instance_xmin if guard else None,
-        "instance_id": str(move.instance_id),
         "task_id": str(task.id) if task else None,
         "task_node": task.node_id if task else None,
         "task_kind": task.kind.value if task else None,
@@ -156,20 +139,47 @@ def _move_params(move: TokenMove) -> dict[str, Any]:
         "task_state": (TaskState.READY if task.kind is TaskKind.EXTERNAL else TaskState.WAITING).value
         if task
         else None,
-        "task_payload": dumps(task.payload) if task else None,
+        "task_payload": task.payload if task else None,
         "task_retries": task.retries if task else 0,
         "incident_id": str(incident.id) if incident else None,
         "incident_node": incident.node_id if incident else None,
         "incident_task": str(incident.task_id) if incident and incident.task_id else None,
-        "finished_task_id": str(move.finished_task_id) if move.finished_task_id else None,
-        "finished_state": move.finished_state.value,
         "incident_type": incident.type if incident else None,
         "incident_message": incident.message if incident else None,
-        "incident_details": dumps(incident.details) if incident else None,
+        "incident_details": incident.details if incident else None,
+    }
+
+
+def _history_items(records: list[HistoryRecord]) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": r.type,
+            "node_id": r.node_id,
+            "task_id": str(r.task_id) if r.task_id else None,
+            "data": r.data,
+        }
+        for r in records
+    ]
+
+
+def _move_params(move: TokenMove) -> dict[str, Any]:
+    guard = move.guard
+    created = _created_by(move)
+    return {
+        "guard_worker": guard.worker_id if guard else None,
+        "guard_hash": guard.token_hash if guard else None,
+        "guard_xmin": guard.instance_xmin if guard else None,
+        "instance_id": str(move.instance_id),
+        **created,
+        # The single-move statement takes its JSON values as text parameters.
+        "task_payload": dumps(created["task_payload"]) if move.new_task else None,
+        "incident_details": dumps(created["incident_details"]) if move.new_incident else None,
+        "finished_task_id": str(move.finished_task_id) if move.finished_task_id else None,
+        "finished_state": move.finished_state.value,
         "current_node": move.current_node_id,
         "variables": dumps(move.variables) if move.variables is not None else None,
         "completed": move.completed,
-        "history": _history_json(move.history),
+        "history": dumps(_history_items(move.history)),
         "channel": TASK_CHANNEL,
     }
 
@@ -261,7 +271,6 @@ class StartToWrite:
 
 def _start_json(n: int, start: StartToWrite) -> dict[str, Any]:
     instance, move = start.instance, start.first_move
-    task, incident = move.new_task, move.new_incident
     return {
         "n": n,
         "instance_id": str(instance.id),
@@ -273,30 +282,8 @@ def _start_json(n: int, start: StartToWrite) -> dict[str, Any]:
         "current_node": move.current_node_id,
         "business_key": instance.business_key,
         "must_be_latest": start.must_be_latest,
-        "task_id": str(task.id) if task else None,
-        "task_node": task.node_id if task else None,
-        "task_kind": task.kind.value if task else None,
-        "task_topic": task.topic if task else None,
-        "task_state": (TaskState.READY if task.kind is TaskKind.EXTERNAL else TaskState.WAITING).value
-        if task
-        else None,
-        "task_payload": task.payload if task else None,
-        "task_retries": task.retries if task else 0,
-        "incident_id": str(incident.id) if incident else None,
-        "incident_task": str(incident.task_id) if incident and incident.task_id else None,
-        "incident_node": incident.node_id if incident else None,
-        "incident_type": incident.type if incident else None,
-        "incident_message": incident.message if incident else None,
-        "incident_details": incident.details if incident else None,
-        "history": [
-            {
-                "type": r.type,
-                "node_id": r.node_id,
-                "task_id": str(r.task_id) if r.task_id else None,
-                "data": r.data,
-            }
-            for r in move.history
-        ],
+        **_created_by(move),
+        "history": _history_items(move.history),
     }
 
 
