@@ -1,14 +1,16 @@
 """Finishing an attempt: `Complete` under the output contract, and `Fail` with retries.
 
 Both first prove the caller holds the live lease, and a refusal changes nothing. `Complete` reads,
-decides, and writes everything in one statement that re-checks the lease itself; `Fail` runs in
-one transaction holding the task's row lock.
+decides, and writes everything in one statement that re-checks the lease itself (shared by the
+Completes that arrive together: a group commit); `Fail` runs in one transaction holding the task's
+row lock.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -19,15 +21,17 @@ from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
-from abada_engine.store.hand_written import Executor, HotPath
+from abada_engine.store.hand_written import HotPath
+from abada_engine.store.moves import TokenMove, move_tokens
 from abada_engine.store.states import TaskState
 
 from .contract import Verdict, check_written_variables, judge, judging_can_take_long
+from .group_commit import GroupCommit
 from .handed_out import HandedOut, LeaseHeld
 from .leases import hash_token, hold_lease
 from .navigator import Advance, HistoryEntry, IncidentToRaise, advance, evaluates_conditions, leave_node
 from .offload import run_cpu_work
-from .tokens import LeaseGuard, apply_advance, history_record, write_history
+from .tokens import LeaseGuard, advance_move, applied_advance, history_record, write_history
 
 MAX_BACKOFF_MS = 600_000
 
@@ -83,6 +87,9 @@ class Completions:
         self._hot = hot if hot is not None else HotPath(engine)
         self._catalog = catalog
         self._handed_out = handed_out if handed_out is not None else HandedOut()
+        # Completes that arrive while the previous batch is in the database move their tokens together
+        # next, in one statement (each under its own lease guard, answered on its own).
+        self._moves = GroupCommit(self._move_many, each_alone_on_failure=True)
 
     async def complete(
         self,
@@ -100,29 +107,44 @@ class Completions:
         changed it (or a Complete on another replica's lease) takes the careful path: read, then write.
         """
         snapshot = self._handed_out.take_lease(task_id)
+        if snapshot is not None:
+            try:
+                done = await self._judge_and_move(
+                    snapshot, worker_id, lease_token, variables, metadata, invalid_output_reason
+                )
+            except EngineError:
+                done = None  # say nothing before the lease is proven: the careful path decides
+            if done is not None:
+                return done
         async with self._hot.connect() as conn:
-            if snapshot is not None:
-                try:
-                    done = await self._judge_and_move(
-                        conn, snapshot, worker_id, lease_token, variables, metadata, invalid_output_reason
-                    )
-                except EngineError:
-                    done = None  # say nothing before the lease is proven: the careful path decides
-                if done is not None:
-                    return done
             held = await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
-            done = await self._judge_and_move(
-                conn, held, worker_id, lease_token, variables, metadata, invalid_output_reason
-            )
-            if done is None:
-                # The lease or the instance changed between the read and the write; say how.
+        done = await self._judge_and_move(
+            held, worker_id, lease_token, variables, metadata, invalid_output_reason
+        )
+        if done is None:
+            # The lease or the instance changed between the read and the write; say how.
+            async with self._hot.connect() as conn:
                 await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
-                raise EngineError(Category.ABORTED, "CONCURRENT_CHANGE", f"task {task_id} changed; try again")
+            raise EngineError(Category.ABORTED, "CONCURRENT_CHANGE", f"task {task_id} changed; try again")
         return done
+
+    async def _move_many(self, moves: Sequence[TokenMove]) -> list[bool]:
+        """One batch of the Completes' group commit. A second move of an instance in the batch is not
+        sent (both would pass the instance's version guard in one statement): it comes back refused
+        and its Complete takes the careful path, which reads the instance again."""
+        first_of: dict[uuid.UUID, int] = {}
+        for index, move in enumerate(moves):
+            first_of.setdefault(move.instance_id, index)
+        sent = list(first_of.values())
+        async with self._hot.connect() as conn:
+            written = await move_tokens(conn, [moves[index] for index in sent])
+        applied = [False] * len(moves)
+        for index, ok in zip(sent, written, strict=True):
+            applied[index] = ok
+        return applied
 
     async def _judge_and_move(
         self,
-        conn: Executor,
         held: LeaseHeld,
         worker_id: str,
         lease_token: str,
@@ -194,8 +216,7 @@ class Completions:
                         task_id=task_id,
                     ),
                 )
-        applied = await apply_advance(
-            conn,
+        move = advance_move(
             instance_id=held.instance_id,
             advance=moved,
             variables=new_variables,
@@ -209,6 +230,7 @@ class Completions:
             if decision.verdict is Verdict.ACCEPTED or decision.route
             else TaskState.INCIDENT,
         )
+        applied = applied_advance(move, moved, await self._moves.submit(move))
         if not applied.applied:
             return None
         routed = decision.verdict is not Verdict.ACCEPTED and decision.route is not None

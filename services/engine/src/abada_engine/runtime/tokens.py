@@ -22,7 +22,16 @@ from abada_engine.store.states import TaskKind, TaskState
 
 from .navigator import Advance, HistoryEntry
 
-__all__ = ["AppliedAdvance", "LeaseGuard", "apply_advance", "history_record", "start_move", "write_history"]
+__all__ = [
+    "AppliedAdvance",
+    "LeaseGuard",
+    "advance_move",
+    "applied_advance",
+    "apply_advance",
+    "history_record",
+    "start_move",
+    "write_history",
+]
 
 
 @dataclass(frozen=True)
@@ -64,10 +73,33 @@ async def apply_advance(
     incident holds it for a retry); with `guard`, only while that lease is live,
     and otherwise nothing at all is written (`applied` is False).
     """
+    move = advance_move(
+        instance_id=instance_id,
+        advance=advance,
+        variables=variables,
+        preceding=preceding,
+        preceding_task_id=preceding_task_id,
+        finished_task_id=finished_task_id,
+        guard=guard,
+        finished_state=finished_state,
+    )
+    return applied_advance(move, advance, await move_token(conn, move))
+
+
+def advance_move(
+    *,
+    instance_id: uuid.UUID,
+    advance: Advance,
+    variables: dict[str, Any] | None,
+    preceding: list[HistoryEntry],
+    preceding_task_id: uuid.UUID | None = None,
+    finished_task_id: uuid.UUID | None = None,
+    guard: LeaseGuard | None = None,
+    finished_state: TaskState = TaskState.COMPLETED,
+) -> TokenMove:
+    """The move `apply_advance` writes, for a caller that writes it itself (with others: group commit)."""
     move = _token_move(instance_id, advance, variables, preceding, preceding_task_id)
-    move = replace(move, finished_task_id=finished_task_id, finished_state=finished_state, guard=guard)
-    applied = await move_token(conn, move)
-    return _applied(move, advance, applied)
+    return replace(move, finished_task_id=finished_task_id, finished_state=finished_state, guard=guard)
 
 
 def start_move(instance_id: uuid.UUID, advance: Advance, preceding: list[HistoryEntry]) -> TokenMove:
@@ -122,7 +154,8 @@ def _token_move(
     )
 
 
-def _applied(move: TokenMove, advance: Advance, applied: bool) -> AppliedAdvance:
+def applied_advance(move: TokenMove, advance: Advance, applied: bool) -> AppliedAdvance:
+    """What a written (or, `applied` False, refused) move did."""
     return AppliedAdvance(
         move.new_task.id if move.new_task else None,
         move.new_incident.id if move.new_incident else None,

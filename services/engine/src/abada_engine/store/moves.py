@@ -128,6 +128,106 @@ async def move_token(conn: Executor, move: TokenMove) -> bool:
     return bool(result is not None and result.applied)
 
 
+# Hand-written: the Completes that arrive together (a group commit, see runtime/completion.py), each
+# moved exactly as MOVE_TOKEN moves one, in one statement: a move whose guard refuses it writes nothing
+# and its `n` is missing from the result. The caller sends at most one move per instance and per task:
+# two moves of one instance in one statement would both pass the instance's xmin guard.
+MOVE_TOKENS = HandWritten(
+    f"""
+    WITH move AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:moves AS jsonb)) AS m(
+            n integer, instance_id uuid, guard_worker text, guard_hash text, guard_xmin text,
+            finished_task_id uuid, finished_state text, task_id uuid, task_node text, task_kind text,
+            task_topic text, task_state text, task_payload jsonb, task_retries integer, incident_id uuid,
+            incident_task uuid, incident_node text, incident_type text, incident_message text,
+            incident_details jsonb, current_node text, variables jsonb, completed boolean, history jsonb)
+    ),
+    finished AS (
+        UPDATE tasks t SET state = m.finished_state, completed_at = now(), lease_token_hash = NULL
+        FROM move m
+        WHERE t.id = m.finished_task_id
+          AND (m.guard_worker IS NULL OR (
+               t.state = '{TaskState.LEASED}' AND t.lease_owner = m.guard_worker
+               AND t.lease_token_hash = decode(m.guard_hash, 'hex') AND t.lease_expires_at > now()
+               AND EXISTS (SELECT 1 FROM instances i WHERE i.id = m.instance_id
+                           AND i.state = '{InstanceState.ACTIVE}'
+                           AND (m.guard_xmin IS NULL OR i.xmin::text = m.guard_xmin))))
+        RETURNING m.n
+    ),
+    proceed AS (
+        SELECT m.* FROM move m WHERE m.finished_task_id IS NULL OR m.n IN (SELECT n FROM finished)
+    ),
+    new_task AS (
+        INSERT INTO tasks (id, instance_id, node_id, kind, topic, state, payload, attempt, retries_left, due_at,
+                           created_at)
+        SELECT p.task_id, p.instance_id, p.task_node, p.task_kind, p.task_topic, p.task_state, p.task_payload, 0,
+               p.task_retries, now(), now()
+        FROM proceed p WHERE p.task_id IS NOT NULL
+        ORDER BY p.n
+        RETURNING topic
+    ),
+    new_incident AS (
+        INSERT INTO incidents (id, instance_id, task_id, node_id, type, message, details, state, created_at)
+        SELECT p.incident_id, p.instance_id, p.incident_task, p.incident_node, p.incident_type, p.incident_message,
+               p.incident_details, '{IncidentState.OPEN}', now()
+        FROM proceed p WHERE p.incident_id IS NOT NULL
+        RETURNING id
+    ),
+    moved AS (
+        UPDATE instances i
+        SET current_node_id = p.current_node,
+            variables = COALESCE(p.variables, i.variables),
+            state = CASE WHEN p.completed THEN '{InstanceState.COMPLETED}' ELSE i.state END,
+            ended_at = CASE WHEN p.completed THEN now() ELSE i.ended_at END
+        FROM proceed p WHERE i.id = p.instance_id
+        RETURNING i.id
+    ),
+    written AS (
+        INSERT INTO history (instance_id, type, node_id, task_id, data)
+        SELECT p.instance_id, h.item ->> 'type', h.item ->> 'node_id', CAST(h.item ->> 'task_id' AS uuid),
+               h.item -> 'data'
+        FROM proceed p, jsonb_array_elements(p.history) WITH ORDINALITY AS h(item, k)
+        ORDER BY p.n, h.k
+        RETURNING id
+    ),
+    notified AS (
+        SELECT count(pg_notify(CAST(:channel AS text), topic)) AS topics
+        FROM (SELECT DISTINCT topic FROM new_task WHERE topic IS NOT NULL) AS created
+    )
+    SELECT p.n, (SELECT topics FROM notified) AS notified FROM proceed p
+    """
+)
+
+
+async def move_tokens(conn: Executor, moves: list[TokenMove]) -> list[bool]:
+    """Write many moves in one statement, each under its own guard; per move, whether it was written.
+    At most one move per instance (and so per task) in a call."""
+    assert len({move.instance_id for move in moves}) == len(moves), "one move per instance"
+    rows = await MOVE_TOKENS.fetch(
+        conn, {"moves": dumps([_move_json(n, move) for n, move in enumerate(moves)]), "channel": TASK_CHANNEL}
+    )
+    written = {row["n"] for row in rows}
+    return [n in written for n in range(len(moves))]
+
+
+def _move_json(n: int, move: TokenMove) -> dict[str, Any]:
+    guard = move.guard
+    return {
+        "n": n,
+        "instance_id": str(move.instance_id),
+        "guard_worker": guard.worker_id if guard else None,
+        "guard_hash": guard.token_hash.hex() if guard else None,
+        "guard_xmin": guard.instance_xmin if guard else None,
+        "finished_task_id": str(move.finished_task_id) if move.finished_task_id else None,
+        "finished_state": move.finished_state.value,
+        **_created_by(move),
+        "current_node": move.current_node_id,
+        "variables": move.variables,
+        "completed": move.completed,
+        "history": _history_items(move.history),
+    }
+
+
 def _created_by(move: TokenMove) -> dict[str, Any]:
     """The task or incident a move creates, as the columns the statements take (JSON values as values)."""
     task, incident = move.new_task, move.new_incident
