@@ -112,5 +112,8 @@ async def test_a_reset_empties_the_crm_as_if_it_had_just_started() -> None:
 
     assert again["ticketId"] == first["ticketId"]
     assert [ticket["idempotencyKey"] for ticket in stored] == ["key-1"]
-    assert lookup["finished"] - lookup["started"] >= 0.3
+    # The latency was applied: 300 ms, give or take the millisecond uvicorn's loop (uvloop: libuv's
+    # clock, in whole milliseconds and read once per turn of the loop) may end a sleep early by the
+    # wall clock. Seen once under two CPU hogs: 0.29988 s.
+    assert lookup["finished"] - lookup["started"] >= 0.295
     assert refused.value.code == 400
