@@ -1,12 +1,16 @@
-"""Starts that arrive together share one statement and one commit, and each is still answered on its own."""
+"""Starts, journal steps and Completes that arrive together share one statement and one commit, and each is
+still checked and answered on its own."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
 
+import grpc
+from abada.engine.v1 import process_pb2
 from abada_engine.runtime.group_commit import GroupCommit
-from engine_helpers import GREET, deploy, fetch, history_types, start
+from engine_helpers import GREET, append, complete, deploy, error_info, fetch, history_types, journal, start
+from engine_helpers import instance as instance_of
 from sqlalchemy import text
 
 
@@ -67,3 +71,94 @@ async def test_a_caller_that_gives_up_does_not_stop_the_others():
     assert await first == 1
     assert await patient == 3
     assert impatient.cancelled()
+
+
+AGENT = """
+processes:
+  - id: think
+    start: agent
+    nodes:
+      - id: agent
+        type: agent
+        model: gemini-3.6-flash
+        prompt: p
+        result_variable: answer
+        limits: { max_model_calls: 1 }
+        next: done
+      - { id: done, type: end }
+"""
+
+
+async def leased_agents(engine, count: int):
+    await deploy(engine, AGENT)
+    for n in range(count):
+        await start(engine, "think", n=n)
+    tasks = await fetch(engine, "w", "abada:agent", max_tasks=count)
+    assert len(tasks) == count
+    return tasks
+
+
+async def test_steps_arriving_together_share_commits_and_each_is_checked_on_its_own(engine, db):
+    tasks = await leased_agents(engine, 30)
+    # Every task's model call at once; one of them with a stale token, one past its node's limit.
+    stale, over_limit, *others = tasks
+    await append(engine, over_limit, 1, "MODEL_CALL", "STARTED", request={"turn": 0})
+    await append(engine, over_limit, 1, "MODEL_CALL", "COMPLETED", response={"text": "done"})
+    results = await asyncio.gather(
+        append(engine, stale, 1, "MODEL_CALL", "STARTED", request={"turn": 0}, lease_token="stale"),
+        append(engine, over_limit, 2, "MODEL_CALL", "STARTED", request={"turn": 1}),
+        *(append(engine, task, 1, "MODEL_CALL", "STARTED", request={"task": task.id}) for task in others),
+        return_exceptions=True,
+    )
+    refused_stale, refused_limit, *written = results
+    assert isinstance(refused_stale, grpc.aio.AioRpcError)
+    assert error_info(refused_stale).reason == "NOT_LEASE_HOLDER"
+    assert isinstance(refused_limit, grpc.aio.AioRpcError)
+    assert error_info(refused_limit).reason == "LIMIT_EXCEEDED"
+    assert [w.step.sequence for w in written] == [1] * len(others)
+    assert await transactions_writing(db, "journal_steps WHERE sequence = 1") < len(others) + 1
+    # Each finished at once too, each with its own response.
+    finished = await asyncio.gather(
+        *(
+            append(engine, task, 1, "MODEL_CALL", "COMPLETED", response={"text": task.id}, tokens=(3, 2))
+            for task in others
+        )
+    )
+    assert [f.step.state for f in finished] == [finished[0].step.state] * len(others)
+    for task in others[:5]:
+        [step] = await journal(engine, task.id)
+        assert (step.request["task"], step.response["text"]) == (task.id, task.id)
+    assert await journal(engine, stale.id) == []
+    assert await transactions_writing(db, "journal_steps WHERE sequence = 1") < len(others) + 1
+
+
+async def transactions_writing(db, rows: str) -> int:
+    """How many transactions last wrote these rows: a row carries the id of the one that wrote it (xmin)."""
+    async with db.connect() as conn:
+        return (await conn.execute(text(f"SELECT count(DISTINCT xmin::text) FROM {rows}"))).scalar()
+
+
+async def test_completes_arriving_together_share_commits_and_a_refused_one_changes_nothing(engine, db):
+    tasks = await leased_agents(engine, 30)
+    stale, *others = tasks
+    stale_token = type(stale)()
+    stale_token.CopyFrom(stale)
+    stale_token.lease_token = "stale"
+    results = await asyncio.gather(
+        complete(engine, stale_token, "w", {"answer": {"n": -1}}),
+        *(complete(engine, task, "w", {"answer": {"task": task.id}}) for task in others),
+        return_exceptions=True,
+    )
+    refused, *completed = results
+    assert isinstance(refused, grpc.aio.AioRpcError)
+    assert error_info(refused).reason == "NOT_LEASE_HOLDER"
+    assert all(not isinstance(c, BaseException) and c.next_node_id == "done" for c in completed), completed
+    for task in others:
+        found = await instance_of(engine, task.instance_id)
+        assert found.state == process_pb2.INSTANCE_STATE_COMPLETED
+        assert found.variables["answer"]["task"] == task.id
+    still = await instance_of(engine, stale.instance_id)
+    assert still.current_node_id == "agent" and "answer" not in still.variables
+    # The refused Complete left the task with its holder, who can still complete it.
+    await complete(engine, stale, "w", {"answer": {"n": 0}})
+    assert await transactions_writing(db, "instances WHERE current_node_id = 'done'") < len(others)
