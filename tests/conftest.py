@@ -112,6 +112,11 @@ async def engine_core(
         # The reaper leaves an expired unkeyed write to its holder this long (30 s in production):
         # long beside a test's pauses, short enough for the test that waits it out.
         unkeyed_write_grace_seconds=UNKEYED_WRITE_GRACE_SECONDS,
+        # The session's engine starts once, with the first test that needs it: taking over expired
+        # leases at once keeps that test's timings those of every other. The grace after a start or
+        # a database outage is tested on its own (test_engine_leases.py) and by the fault suite's
+        # engine processes, which run with the default.
+        takeover_grace_seconds=0.0,
     )
     yield core
     await core.close()

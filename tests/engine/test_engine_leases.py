@@ -73,6 +73,31 @@ async def test_expired_lease_is_offered_again_with_the_next_attempt_and_the_old_
     assert (await instance(engine, started.id)).state == process_pb2.INSTANCE_STATE_COMPLETED
 
 
+async def test_after_an_outage_a_holder_gets_a_grace_to_come_back_before_its_expired_lease_is_taken(
+    engine, engine_core
+):
+    """The engine starting again, or its database coming back: nobody could renew a lease meanwhile."""
+    await deploy(engine, ONE_STEP)
+    await start(engine, "job")
+    [held] = await fetch(engine, "cut-off", "jobs", lease_ms=1000)
+    await until_lease_ran_out(held)
+    engine_core.leases.hold_takeovers(2.0)  # as when the database answers again
+    asked = time.monotonic()
+    assert await fetch(engine, "other", "jobs") == []
+    # The holder comes back within the grace: its lease is re-granted, same attempt, same token.
+    await engine.tasks.ExtendLease(
+        external_task_pb2.ExtendLeaseRequest(
+            task_id=held.id, worker_id="cut-off", lease_token=held.lease_token, lease_ms=1000
+        )
+    )
+    await until_lease_ran_out(held)
+    # A holder that does not come back: a long poll takes the task over when the grace ends, not before.
+    [taken] = await fetch(engine, "other", "jobs", wait_ms=5000)
+    waited = time.monotonic() - asked
+    assert (taken.id, taken.attempt) == (held.id, 2)
+    assert 2.0 <= waited < 4.5, waited
+
+
 async def test_complete_after_expiry_by_the_holder_is_lease_expired_and_changes_nothing(engine):
     await deploy(engine, ONE_STEP)
     started = await start(engine, "job")

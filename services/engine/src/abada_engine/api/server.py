@@ -38,7 +38,7 @@ from abada_engine.runtime.handed_out import HandedOut
 from abada_engine.runtime.incidents import Incidents
 from abada_engine.runtime.instances import Instances
 from abada_engine.runtime.journal import UNKEYED_WRITE_GRACE_SECONDS, Journal, JournalResolutions, Takeover
-from abada_engine.runtime.leases import Leases
+from abada_engine.runtime.leases import TAKEOVER_GRACE_SECONDS, Leases
 from abada_engine.runtime.queue_stats import QueueStats
 from abada_engine.runtime.reaper import Periodic
 from abada_engine.runtime.views import IncidentView
@@ -101,6 +101,7 @@ class EngineCore:
         hot_pool_size: int | None = None,
         database_check_seconds: float = 1.0,
         unkeyed_write_grace_seconds: float = UNKEYED_WRITE_GRACE_SECONDS,
+        takeover_grace_seconds: float = TAKEOVER_GRACE_SECONDS,
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
         handed_out = HandedOut()
@@ -138,13 +139,23 @@ class EngineCore:
             "approval-timeout reaper", approvals.expire_overdue, reaper_interval_seconds
         )
         approval_reaper.start()
+        leases = Leases(
+            db,
+            catalog,
+            wakeups,
+            handed_out,
+            after_lock=takeover,
+            hot=hot,
+            takeover_grace_seconds=takeover_grace_seconds,
+        )
         database = DatabaseWatch(db, interval_seconds=database_check_seconds)
+        database.subscribe(leases.database_changed)
         database.start()
         return EngineCore(
             db=db,
             catalog=catalog,
             instances=Instances(db, catalog, hot),
-            leases=Leases(db, catalog, wakeups, handed_out, after_lock=takeover, hot=hot),
+            leases=leases,
             completions=Completions(db, catalog, handed_out, hot),
             incidents=incidents,
             journal=journal,

@@ -17,6 +17,14 @@ off (the engine restarting, PostgreSQL away, the network down) may come back:
   broker's credentials last no longer than the lease) still needs a live lease, so the holder renews
   first and a takeover racing it never meets two workers both starting work.
 
+An expired lease is evidence that its holder is dead only if the holder could have renewed it. While
+the engine was away (this replica starting again after a crash, or its database coming back) nobody
+could; and once it answers again, a holder that was cut off needs a moment to notice (its next try is
+up to a few seconds away). So for `TAKEOVER_GRACE_SECONDS` after a replica starts, and after its
+database comes back, its fetches take over no expired lease: the holders that are alive renew or
+journal what they have first. (Without it, one engine restart in a few hundred let a long-polling
+worker take over a task whose holder had a finished model turn in hand, and the turn was paid twice.)
+
 The row lock of the holder's request and the fetch's `FOR UPDATE SKIP LOCKED` settle the race with
 a fetcher: whichever locks the row first wins; the other sees a fresh lease or a new holder
 (NOT_LEASE_HOLDER: the lease is truly lost). The alternative, attempt + 1 with the late result
@@ -65,8 +73,20 @@ MIN_LEASE_MS = 1_000
 MAX_LEASE_MS = 3_600_000
 MAX_WAIT_MS = 60_000
 MAX_TASKS = 500
+# Longer than a cut-off worker takes to try again once the engine answers (at most about 2.4 s between
+# tries, with jitter) by a margin.
+TAKEOVER_GRACE_SECONDS = 5.0
 
-__all__ = ["LeaseHeld", "Leases", "Subscription", "check_fetch", "hash_token", "held_from_row", "hold_lease"]
+__all__ = [
+    "TAKEOVER_GRACE_SECONDS",
+    "LeaseHeld",
+    "Leases",
+    "Subscription",
+    "check_fetch",
+    "hash_token",
+    "held_from_row",
+    "hold_lease",
+]
 
 
 class AfterLock(Protocol):
@@ -95,14 +115,30 @@ class Leases:
         handed_out: HandedOut | None = None,
         after_lock: AfterLock | None = None,
         hot: HotPath | None = None,
+        takeover_grace_seconds: float = TAKEOVER_GRACE_SECONDS,
     ) -> None:
         self._hot = hot if hot is not None else HotPath(engine)
         self._after_lock = after_lock
+        self._takeover_grace = takeover_grace_seconds
+        self._takeovers_from = 0.0
+        self.hold_takeovers(takeover_grace_seconds)
         self._handed_out = handed_out if handed_out is not None else HandedOut()
         self._engine = engine
         self._reads = autocommit(engine)
         self._catalog = catalog
         self._wakeups = wakeups
+
+    def hold_takeovers(self, seconds: float) -> None:
+        """Take over no expired lease for `seconds` from now (see the module's docstring)."""
+        self._takeovers_from = max(self._takeovers_from, time.monotonic() + seconds)
+
+    def database_changed(self, reachable: bool) -> None:
+        """The database came back (or went away): its leases' holders could renew nothing meanwhile."""
+        if reachable:
+            self.hold_takeovers(self._takeover_grace)
+
+    def _takeovers_held_for(self) -> float:
+        return max(0.0, self._takeovers_from - time.monotonic())
 
     async def fetch_and_lock(
         self, worker_id: str, subscriptions: Sequence[Subscription], max_tasks: int, wait_ms: int
@@ -120,6 +156,10 @@ class Leases:
             # Sleep until new work is announced, or until a backoff or a lease runs out.
             async with self._reads.connect() as conn:
                 due_in = await task_store.seconds_until_due(conn, topics)
+            if due_in is not None and due_in <= 0:
+                # Due but not ours: an expired lease while takeovers are held (or a task another fetch
+                # has locked). Not before the grace ends, then.
+                due_in = self._takeovers_held_for()
             timeout = remaining if due_in is None else min(remaining, max(due_in, 0.0) + 0.005)
             if self._wakeups is None:
                 await asyncio.sleep(min(timeout, 0.5))
@@ -139,6 +179,7 @@ class Leases:
                 [s.lease_ms for s in subscriptions],
                 max_tasks,
                 [hash_token(t) for t in tokens],
+                takeovers=self._takeovers_held_for() == 0.0,
             )
         if not rows:
             return []

@@ -93,6 +93,7 @@ LEASE_DUE = HandWritten(
         CROSS JOIN LATERAL (
             SELECT t.id, t.state, t.due_at FROM tasks t
             WHERE t.topic = s.topic AND t.state IN {sql_list(FETCHABLE)} AND t.due_at <= now()
+              AND (t.state <> '{TaskState.LEASED}' OR CAST(:takeovers AS boolean))
             ORDER BY t.due_at
             LIMIT CAST(:max_tasks AS integer)
             FOR UPDATE SKIP LOCKED
@@ -124,8 +125,10 @@ async def lease_due(
     lease_ms: Sequence[int],
     max_tasks: int,
     token_hashes: Sequence[bytes],
+    takeovers: bool = True,
 ) -> list[LockedRow]:
-    """Lease up to `max_tasks` due tasks of `topics`, the n-th taking `token_hashes[n-1]`."""
+    """Lease up to `max_tasks` due tasks of `topics`, the n-th taking `token_hashes[n-1]`; an expired
+    lease is taken over only with `takeovers`."""
     rows = await LEASE_DUE.fetch(
         conn,
         {
@@ -134,6 +137,7 @@ async def lease_due(
             "max_tasks": max_tasks,
             "worker_id": worker_id,
             "hashes": list(token_hashes),
+            "takeovers": takeovers,
         },
     )
     return [typed(LockedRow, row) for row in rows]
