@@ -4,7 +4,7 @@ marks (outcome unknown, set aside, completed by a person)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -152,8 +152,8 @@ def _insert_step_sql(gate: str) -> str:
     """
 
 
-def _finish_step_sql() -> str:
-    """Move a STARTED step to its final state under the caller's lease.
+def _finish_step_sql(also: str = "") -> str:
+    """Move a STARTED step to its final state under the caller's lease; `also` narrows which step.
 
     The response was sealed under the key and associated data version the caller read for the row:
     the row must still have them (`abada-engine reseal` may have sealed the row again meanwhile)."""
@@ -163,7 +163,7 @@ def _finish_step_sql() -> str:
         output_tokens = CAST(:output_tokens AS bigint), updated_at = now()
     WHERE task_id = CAST(:task_id AS uuid) AND sequence = CAST(:sequence AS integer)
       AND state = '{StepState.STARTED}' AND NOT abandoned
-      AND key_id = CAST(:key_id AS text) AND aad_version = CAST(:aad_version AS smallint)
+      AND key_id = CAST(:key_id AS text) AND aad_version = CAST(:aad_version AS smallint) {also}
       AND EXISTS ({_HELD_LEASE})
     RETURNING {_STEP_COLUMNS}
     """
@@ -176,139 +176,40 @@ INSERT_FINISHED_GUARDED = HandWritten(f"WITH live AS ({_HELD_LEASE}), {_insert_s
 FINISH_GUARDED = HandWritten(_finish_step_sql())
 
 
-# The direct path's two statements for many steps at once (group commit: runtime/journal/append.py):
-# steps that arrive together are checked and written by one statement, in one transaction. Each step is
-# checked on its own, exactly as the one-step statements above check it; a step refused (or a second
-# step of the same task, which the statement's snapshot cannot count) comes back absent and takes the
-# careful path alone.
-_STEP_ARRAYS = """
-    CAST(:task_ids AS uuid[]), CAST(:sequences AS integer[]), CAST(:attempts AS integer[]),
-    CAST(:kinds AS text[]), CAST(:states AS text[]), CAST(:tool_refs AS text[]), CAST(:key_ids AS text[]),
-    CAST(:aad_versions AS smallint[]), CAST(:response_cts AS bytea[]), CAST(:response_digests AS bytea[]),
-    CAST(:input_tokens AS bigint[]), CAST(:output_tokens AS bigint[]), CAST(:worker_ids AS text[]),
-    CAST(:token_hashes AS bytea[])"""
-_STEP_ARRAY_COLUMNS = """new_task_id, new_sequence, new_attempt, new_kind, new_state, new_tool_ref, new_key_id,
-    new_aad_version, new_response_ct, new_response_digest, new_input_tokens, new_output_tokens, holder, holder_token_hash"""
-_HOLDS_LEASE = f"""
-    t.id = a.new_task_id AND t.state = '{TaskState.LEASED}' AND t.lease_owner = a.holder
-    AND t.lease_token_hash = a.holder_token_hash AND t.attempt = a.new_attempt"""
-
-INSERT_CHECKED_MANY = HandWritten(
-    f"""
-    WITH asked AS (
-        SELECT * FROM unnest({_STEP_ARRAYS}, CAST(:request_cts AS bytea[]), CAST(:request_digests AS bytea[]),
-            CAST(:finished AS boolean[]), CAST(:max_model_calls AS integer[]), CAST(:max_tool_calls AS integer[]),
-            CAST(:max_tokens AS bigint[]))
-        AS a({_STEP_ARRAY_COLUMNS}, new_request_ct, new_request_digest, finished, max_model_calls, max_tool_calls,
-             max_tokens)
+def _insert_checked_sql(lease: str) -> str:
+    return f"""
+    WITH live AS ({lease}),
+    counts AS (
+        SELECT count(*) AS steps,
+               count(*) FILTER (WHERE kind = '{StepKind.MODEL_CALL}' AND NOT abandoned) AS model_calls,
+               count(*) FILTER (WHERE kind = '{StepKind.TOOL_CALL}' AND NOT abandoned
+                                        AND state <> '{StepState.APPROVED}') AS tool_calls,
+               COALESCE(sum(input_tokens + output_tokens), 0) AS tokens
+        FROM journal_steps WHERE task_id = CAST(:task_id AS uuid)
     ),
     allowed AS (
-        SELECT a.* FROM asked a
-        JOIN tasks t ON {_HOLDS_LEASE} AND (a.finished OR t.lease_expires_at > now())
-        CROSS JOIN LATERAL (
-            SELECT count(*) AS steps,
-                   count(*) FILTER (WHERE kind = '{StepKind.MODEL_CALL}' AND NOT abandoned) AS model_calls,
-                   count(*) FILTER (WHERE kind = '{StepKind.TOOL_CALL}' AND NOT abandoned
-                                            AND state <> '{StepState.APPROVED}') AS tool_calls,
-                   COALESCE(sum(input_tokens + output_tokens), 0) AS tokens
-            FROM journal_steps WHERE task_id = a.new_task_id
-        ) counts
-        WHERE counts.steps = a.new_sequence - 1
-          AND CASE WHEN a.new_kind = '{StepKind.MODEL_CALL}'
-                   THEN counts.model_calls < a.max_model_calls AND counts.tokens < a.max_tokens
-                   ELSE counts.tool_calls < a.max_tool_calls END
-    ),
-    abandoned AS (
-        -- A new attempt moving past a model call an earlier attempt left STARTED has re-run it.
-        UPDATE journal_steps j SET abandoned = true, updated_at = now() FROM allowed a
-        WHERE j.task_id = a.new_task_id AND j.kind = '{StepKind.MODEL_CALL}' AND j.state = '{StepState.STARTED}'
-          AND j.attempt < a.new_attempt AND NOT j.abandoned
+        SELECT 1 FROM live, counts
+        WHERE counts.steps = CAST(:sequence AS integer) - 1
+          AND CASE WHEN CAST(:kind AS text) = '{StepKind.MODEL_CALL}'
+                   THEN counts.model_calls < CAST(:max_model_calls AS integer)
+                        AND counts.tokens < CAST(:max_tokens AS bigint)
+                   ELSE counts.tool_calls < CAST(:max_tool_calls AS integer) END
+    ), {_insert_step_sql("allowed")}"""
+
+
+# Hand-written: the direct path, one statement per step. It checks lease, attempt, the sequence being
+# the next one and the node's limits itself, so nothing it relies on can be stale.
+INSERT_CHECKED = HandWritten(_insert_checked_sql(_LIVE_LEASE))
+INSERT_FINISHED_CHECKED = HandWritten(_insert_checked_sql(_HELD_LEASE))
+
+# The step's own attempt must be the caller's: its response is sealed bound to it. A keyed write an
+# earlier attempt started goes the careful way, which seals under the step's attempt.
+FINISH_CHECKED = HandWritten(
+    _finish_step_sql(
+        "AND kind = CAST(:kind AS text) AND tool_ref = CAST(:tool_ref AS text) "
+        "AND attempt = CAST(:attempt AS integer)"
     )
-    INSERT INTO journal_steps (task_id, sequence, attempt, kind, state, tool_ref, key_id, aad_version,
-        request_ciphertext, response_ciphertext, request_digest, response_digest, input_tokens, output_tokens,
-        abandoned, created_at, updated_at)
-    SELECT new_task_id, new_sequence, new_attempt, new_kind, new_state, new_tool_ref, new_key_id, new_aad_version,
-        new_request_ct, new_response_ct, new_request_digest, new_response_digest, new_input_tokens,
-        new_output_tokens, false, now(), now()
-    FROM allowed
-    ON CONFLICT (task_id, sequence) DO NOTHING
-    RETURNING {_STEP_COLUMNS}
-    """
 )
-
-# As FINISH_CHECKED: the step's own attempt must be the caller's, and the row must still be sealed
-# under the key and associated data the caller sealed the response for.
-FINISH_CHECKED_MANY = HandWritten(
-    f"""
-    UPDATE journal_steps j SET state = a.new_state, response_ciphertext = a.new_response_ct,
-        response_digest = a.new_response_digest, input_tokens = a.new_input_tokens,
-        output_tokens = a.new_output_tokens, updated_at = now()
-    FROM unnest({_STEP_ARRAYS}) AS a({_STEP_ARRAY_COLUMNS})
-    WHERE j.task_id = a.new_task_id AND j.sequence = a.new_sequence
-      AND j.state = '{StepState.STARTED}' AND NOT j.abandoned
-      AND j.key_id = a.new_key_id AND j.aad_version = a.new_aad_version
-      AND j.kind = a.new_kind AND j.tool_ref = a.new_tool_ref AND j.attempt = a.new_attempt
-      AND EXISTS (SELECT 1 FROM tasks t WHERE {_HOLDS_LEASE})
-    RETURNING {", ".join("j." + column.strip() for column in _STEP_COLUMNS.split(","))}
-    """
-)
-
-# Each write's parameters, by the name of the array it goes into.
-_ARRAY_OF = {
-    "task_ids": "task_id",
-    "sequences": "sequence",
-    "attempts": "attempt",
-    "kinds": "kind",
-    "states": "state",
-    "tool_refs": "tool_ref",
-    "key_ids": "key_id",
-    "aad_versions": "aad_version",
-    "response_cts": "response_ct",
-    "response_digests": "response_digest",
-    "input_tokens": "input_tokens",
-    "output_tokens": "output_tokens",
-    "worker_ids": "worker_id",
-    "token_hashes": "token_hash",
-}
-_INSERT_ARRAY_OF = {
-    **_ARRAY_OF,
-    "request_cts": "request_ct",
-    "request_digests": "request_digest",
-    "finished": "finished",
-    "max_model_calls": "max_model_calls",
-    "max_tool_calls": "max_tool_calls",
-    "max_tokens": "max_tokens",
-}
-
-
-async def insert_checked_many(conn: Executor, writes: Sequence[Mapping[str, Any]]) -> list[StepRow | None]:
-    """`insert_checked` for many steps in one statement (each with its own `finished` and limits); the
-    inserted row per step, in the order given, or None where a step was not inserted."""
-    return await _many(INSERT_CHECKED_MANY, _INSERT_ARRAY_OF, conn, writes)
-
-
-async def finish_checked_many(conn: Executor, writes: Sequence[Mapping[str, Any]]) -> list[StepRow | None]:
-    """`finish_checked` for many steps in one statement; the finished row per step, in the order given,
-    or None where a step was not finished."""
-    return await _many(FINISH_CHECKED_MANY, _ARRAY_OF, conn, writes)
-
-
-async def _many(
-    statement: HandWritten, array_of: Mapping[str, str], conn: Executor, writes: Sequence[Mapping[str, Any]]
-) -> list[StepRow | None]:
-    # A step asked twice at once goes once: which of the two a returned row answers would be a guess.
-    # The second comes back None and takes the careful path, which answers a re-send or a conflict.
-    first_of: dict[tuple[uuid.UUID, int], int] = {}
-    for index, write in enumerate(writes):
-        first_of.setdefault((write["task_id"], write["sequence"]), index)
-    # In the order of their keys, so that two batches writing the same steps wait for each other
-    # rather than deadlock.
-    sent = sorted(first_of.items())
-    params = {array: [writes[index][name] for _, index in sent] for array, name in array_of.items()}
-    found: list[StepRow | None] = [None] * len(writes)
-    for row in await statement.fetch(conn, params):
-        found[first_of[(row["task_id"], row["sequence"])]] = typed(StepRow, row)
-    return found
 
 
 async def _one(statement: HandWritten, conn: Executor, params: Mapping[str, Any]) -> StepRow | None:
@@ -331,6 +232,19 @@ async def insert_guarded(
 async def finish_guarded(conn: Executor, params: Mapping[str, Any]) -> StepRow | None:
     """Finish a STARTED step if the caller still holds the lease; None otherwise."""
     return await _one(FINISH_GUARDED, conn, params)
+
+
+async def insert_checked(
+    conn: Executor, params: Mapping[str, Any], *, finished: bool = False
+) -> StepRow | None:
+    """Insert the next step if the lease (held, for a `finished` one), the sequence and the limits allow
+    it; None otherwise."""
+    return await _one(INSERT_FINISHED_CHECKED if finished else INSERT_CHECKED, conn, params)
+
+
+async def finish_checked(conn: Executor, params: Mapping[str, Any]) -> StepRow | None:
+    """Finish a STARTED step that is exactly the one described, under the caller's lease; None otherwise."""
+    return await _one(FINISH_CHECKED, conn, params)
 
 
 async def step_at(conn: Executor, task_id: uuid.UUID, sequence: int) -> StepRow | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,11 +22,10 @@ from abada_engine.store import approvals as approval_store
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.hand_written import Executor, HotPath
-from abada_engine.store.journal_steps import AppendContext, StepRow
+from abada_engine.store.journal_steps import AppendContext
 from abada_engine.store.states import FINISHED_STEP_STATES, StepKind, StepState
 
 from ..crypto import IdempotencyKeys, KeyRing
-from ..group_commit import GroupCommit
 from ..handed_out import HandedOut
 from ..leases import hash_token, held_from_row
 from ..model_quota import Budgets, ModelQuotas, cost_usd, has_quota
@@ -60,10 +58,6 @@ class Journal:
         self.sealer = StepSealer(keys, idempotency)
         self.handed_out = handed_out if handed_out is not None else HandedOut()
         self._quotas = ModelQuotas(engine, self._hot)
-        # The direct path's writes go by group commit: the steps that arrive while the previous batch
-        # is in the database are checked and written together next, one statement for all of them.
-        self._inserts = GroupCommit(self._insert_many, each_alone_on_failure=True)
-        self._finishes = GroupCommit(self._finish_many, each_alone_on_failure=True)
         self._budgets = Budgets(engine)
 
     async def append(self, step: StepRequest) -> AppendResult:
@@ -160,37 +154,33 @@ class Journal:
                 return None
         place = self._new_place(step)
         starts_first = step.kind == StepKind.MODEL_CALL or (binding is not None and binding.policy == "write")
-        if step.state in FINISHED_STEP_STATES and starts_first:
-            if step.request is not None:
-                return None  # the request must be compared with the STARTED one: the careful path
-            row = await self._finishes.submit(self._write_params(step, place, with_request=False))
-            if row is None:
-                return None
-            return AppendResult(
-                self.sealer.view(row, response=step.response), self.sealer.key_for(row, binding)
+        async with self._hot.connect() as conn:
+            if step.state in FINISHED_STEP_STATES and starts_first:
+                if step.request is not None:
+                    return None  # the request must be compared with the STARTED one: the careful path
+                row = await step_store.finish_checked(
+                    conn, self._write_params(step, place, with_request=False)
+                )
+                if row is None:
+                    return None
+                return AppendResult(
+                    self.sealer.view(row, response=step.response), self.sealer.key_for(row, binding)
+                )
+            row = await step_store.insert_checked(
+                conn,
+                {
+                    **self._write_params(step, place),
+                    "max_model_calls": node.limits.max_model_calls,
+                    "max_tool_calls": node.limits.max_tool_calls,
+                    "max_tokens": node.limits.max_tokens,
+                },
+                finished=step.state in FINISHED_STEP_STATES,
             )
-        row = await self._inserts.submit(
-            {
-                **self._write_params(step, place),
-                "finished": step.state in FINISHED_STEP_STATES,
-                "max_model_calls": node.limits.max_model_calls,
-                "max_tool_calls": node.limits.max_tool_calls,
-                "max_tokens": node.limits.max_tokens,
-            }
-        )
         if row is None:
             return None
         return AppendResult(
             self.sealer.view(row, step.request, step.response), self.sealer.key_for(row, binding)
         )
-
-    async def _insert_many(self, writes: Sequence[Mapping[str, Any]]) -> list[StepRow | None]:
-        async with self._hot.connect() as conn:
-            return await step_store.insert_checked_many(conn, writes)
-
-    async def _finish_many(self, writes: Sequence[Mapping[str, Any]]) -> list[StepRow | None]:
-        async with self._hot.connect() as conn:
-            return await step_store.finish_checked_many(conn, writes)
 
     async def opened_request(self, task_id: uuid.UUID, sequence: int) -> dict[str, Any] | None:
         """The request of one journal step, opened: for an operator reading an incident about it."""
