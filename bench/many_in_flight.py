@@ -233,6 +233,7 @@ async def explain(database_url: str) -> str:
                     "state": "STARTED",
                     "tool_ref": "",
                     "key_id": "k",
+                    "aad_version": 2,
                     "request_ct": None,
                     "response_ct": None,
                     "request_digest": None,

@@ -1,5 +1,5 @@
-"""Starts, journal steps and Completes that arrive together share one statement and one commit, and each is
-still checked and answered on its own."""
+"""Starts and Completes that arrive together share one statement and one commit, and each is still checked
+and answered on its own."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import grpc
 from abada.engine.v1 import process_pb2
 from abada_engine.runtime.group_commit import GroupCommit
-from engine_helpers import GREET, append, complete, deploy, error_info, fetch, history_types, journal, start
+from engine_helpers import GREET, complete, deploy, error_info, fetch, history_types, start
 from engine_helpers import instance as instance_of
 from sqlalchemy import text
 
@@ -96,40 +96,6 @@ async def leased_agents(engine, count: int):
     tasks = await fetch(engine, "w", "abada:agent", max_tasks=count)
     assert len(tasks) == count
     return tasks
-
-
-async def test_steps_arriving_together_share_commits_and_each_is_checked_on_its_own(engine, db):
-    tasks = await leased_agents(engine, 30)
-    # Every task's model call at once; one of them with a stale token, one past its node's limit.
-    stale, over_limit, *others = tasks
-    await append(engine, over_limit, 1, "MODEL_CALL", "STARTED", request={"turn": 0})
-    await append(engine, over_limit, 1, "MODEL_CALL", "COMPLETED", response={"text": "done"})
-    results = await asyncio.gather(
-        append(engine, stale, 1, "MODEL_CALL", "STARTED", request={"turn": 0}, lease_token="stale"),
-        append(engine, over_limit, 2, "MODEL_CALL", "STARTED", request={"turn": 1}),
-        *(append(engine, task, 1, "MODEL_CALL", "STARTED", request={"task": task.id}) for task in others),
-        return_exceptions=True,
-    )
-    refused_stale, refused_limit, *written = results
-    assert isinstance(refused_stale, grpc.aio.AioRpcError)
-    assert error_info(refused_stale).reason == "NOT_LEASE_HOLDER"
-    assert isinstance(refused_limit, grpc.aio.AioRpcError)
-    assert error_info(refused_limit).reason == "LIMIT_EXCEEDED"
-    assert [w.step.sequence for w in written] == [1] * len(others)
-    assert await transactions_writing(db, "journal_steps WHERE sequence = 1") < len(others) + 1
-    # Each finished at once too, each with its own response.
-    finished = await asyncio.gather(
-        *(
-            append(engine, task, 1, "MODEL_CALL", "COMPLETED", response={"text": task.id}, tokens=(3, 2))
-            for task in others
-        )
-    )
-    assert [f.step.state for f in finished] == [finished[0].step.state] * len(others)
-    for task in others[:5]:
-        [step] = await journal(engine, task.id)
-        assert (step.request["task"], step.response["text"]) == (task.id, task.id)
-    assert await journal(engine, stale.id) == []
-    assert await transactions_writing(db, "journal_steps WHERE sequence = 1") < len(others) + 1
 
 
 async def transactions_writing(db, rows: str) -> int:
