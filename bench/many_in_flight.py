@@ -168,6 +168,7 @@ async def cycles(fill: Fill, count: int) -> tuple[list[float], list[float]]:
 async def explain(database_url: str) -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of the hot statements as they stand now, each rolled back."""
     import hashlib
+    import json
     import uuid
 
     import asyncpg
@@ -189,35 +190,34 @@ async def explain(database_url: str) -> str:
                     "max_tasks": 1,
                     "worker_id": "explain",
                     "hashes": [hashlib.sha256(b"x").digest()],
+                    "takeovers": True,
                 },
             ),
             "read_lease (lease checks)": (tasks.READ_LEASE, {"id": task_id}),
-            "move_token (Complete)": (
-                moves.MOVE_TOKEN,
+            "move_tokens (Complete)": (
+                moves.MOVE_TOKENS,
                 {
-                    "guard_worker": "holder",
-                    "guard_hash": b"wrong",
-                    "guard_xmin": None,
-                    "instance_id": str(instance_id),
-                    "task_id": str(uuid.uuid4()),
-                    "task_node": "done",
-                    "task_kind": "external",
-                    "task_topic": None,
-                    "task_state": "READY",
-                    "task_payload": "{}",
-                    "task_retries": 0,
-                    "incident_id": None,
-                    "incident_node": None,
-                    "incident_task": None,
-                    "finished_task_id": str(task_id),
-                    "finished_state": "COMPLETED",
-                    "incident_type": None,
-                    "incident_message": None,
-                    "incident_details": None,
-                    "current_node": "done",
-                    "variables": None,
-                    "completed": True,
-                    "history": "[]",
+                    "moves": json.dumps(
+                        [
+                            {
+                                "n": 0,
+                                "instance_id": str(instance_id),
+                                "guard_worker": "holder",
+                                "guard_hash": "00",
+                                "finished_task_id": str(task_id),
+                                "finished_state": "COMPLETED",
+                                "task_id": str(uuid.uuid4()),
+                                "task_node": "done",
+                                "task_kind": "external",
+                                "task_state": "READY",
+                                "task_payload": {},
+                                "task_retries": 0,
+                                "current_node": "done",
+                                "completed": True,
+                                "history": [],
+                            }
+                        ]
+                    ),
                     "channel": tasks.TASK_CHANNEL,
                 },
             ),

@@ -36,7 +36,7 @@ from abada_engine.store.states import ApprovalState, InstanceState, StepState, T
 from .leases import hold_lease
 from .navigator import HistoryEntry, advance
 from .sealing import Place, StepSealer
-from .tokens import apply_advance, history_record, write_history
+from .tokens import advance_move, apply_move, history_record, write_history
 
 APPROVAL_TIMEOUT = "APPROVAL_TIMEOUT"
 MAX_COMMENT_CHARS = 4_000
@@ -307,15 +307,17 @@ class Approvals:
                 node.on_approval_timeout,
                 context={"approval_timeout": details},
             )
-            await apply_advance(
+            await apply_move(
                 conn,
-                instance_id=first.instance_id,
-                advance=moved,
-                variables=None,
-                preceding=[timed_out],
-                preceding_task_id=task_id,
-                finished_task_id=task_id,
-                finished_state=TaskState.CANCELED,
+                advance_move(
+                    instance_id=first.instance_id,
+                    advance=moved,
+                    variables=None,
+                    preceding=[timed_out],
+                    preceding_task_id=task_id,
+                    finished_task_id=task_id,
+                    finished_state=TaskState.CANCELED,
+                ),
             )
             return
         message = (

@@ -230,7 +230,7 @@ class Completions:
             if decision.verdict is Verdict.ACCEPTED or decision.route
             else TaskState.INCIDENT,
         )
-        applied = applied_advance(move, moved, await self._moves.submit(move))
+        applied = applied_advance(move, await self._moves.submit(move))
         if not applied.applied:
             return None
         routed = decision.verdict is not Verdict.ACCEPTED and decision.route is not None

@@ -21,7 +21,7 @@ from abada_engine.store.states import IncidentState, InstanceState
 
 from .instances import cancel_instance
 from .navigator import HistoryEntry, advance
-from .tokens import apply_advance, history_record, write_history
+from .tokens import advance_move, apply_move, history_record, write_history
 from .views import IncidentView
 
 RESOLUTIONS = ("RETRY", "HAPPENED", "DID_NOT_HAPPEN", "CANCEL_INSTANCE")
@@ -142,7 +142,9 @@ class Incidents:
         ):
             return
         moved = await asyncio.to_thread(advance, definition.process, instance.variables, node.id)
-        await apply_advance(conn, instance_id=row.instance_id, advance=moved, variables=None, preceding=[])
+        await apply_move(
+            conn, advance_move(instance_id=row.instance_id, advance=moved, variables=None, preceding=[])
+        )
 
 
 # These ask a person what happened in the world; a blind retry is exactly what they exist to prevent.

@@ -28,7 +28,7 @@ from abada_engine.store.states import InstanceState, TaskKind, TaskState
 from .group_commit import GroupCommit
 from .navigator import HistoryEntry, advance, evaluates_conditions, leave_node
 from .offload import run_cpu_work
-from .tokens import apply_advance, history_record, start_move, write_history
+from .tokens import advance_move, apply_move, history_record, start_move, write_history
 from .views import HistoryView, InstanceView, UserTaskView
 
 log = logging.getLogger(__name__)
@@ -167,13 +167,15 @@ class Instances:
                 leave_node, definition.process, node, row.variables, variables
             )
             preceding = [HistoryEntry("USER_TASK_COMPLETED", node.id), *leaving]
-            await apply_advance(
+            await apply_move(
                 conn,
-                instance_id=row.instance_id,
-                advance=moved,
-                variables=new_variables,
-                preceding=preceding,
-                preceding_task_id=user_task_id,
+                advance_move(
+                    instance_id=row.instance_id,
+                    advance=moved,
+                    variables=new_variables,
+                    preceding=preceding,
+                    preceding_task_id=user_task_id,
+                ),
             )
             instance_id = row.instance_id
         return await self.get(instance_id)

@@ -27,7 +27,7 @@ __all__ = [
     "LeaseGuard",
     "advance_move",
     "applied_advance",
-    "apply_advance",
+    "apply_move",
     "history_record",
     "start_move",
     "write_history",
@@ -53,37 +53,11 @@ async def write_history(conn: AsyncConnection, records: list[HistoryRecord]) -> 
     await history_store.append(conn, records)
 
 
-async def apply_advance(
-    conn: Executor,
-    *,
-    instance_id: uuid.UUID,
-    advance: Advance,
-    variables: dict[str, Any] | None,
-    preceding: list[HistoryEntry],
-    preceding_task_id: uuid.UUID | None = None,
-    finished_task_id: uuid.UUID | None = None,
-    guard: LeaseGuard | None = None,
-    finished_state: TaskState = TaskState.COMPLETED,
-) -> AppliedAdvance:
-    """Write what `advance` decided in one statement: the next task or incident, the instance's new
-    position and variables, and the history, in order.
-
-    `variables` is the instance's new variable map, or None when it did not change;
-    `finished_task_id` is a task this move ends (in `finished_state`: COMPLETED, or INCIDENT when an
-    incident holds it for a retry); with `guard`, only while that lease is live,
-    and otherwise nothing at all is written (`applied` is False).
-    """
-    move = advance_move(
-        instance_id=instance_id,
-        advance=advance,
-        variables=variables,
-        preceding=preceding,
-        preceding_task_id=preceding_task_id,
-        finished_task_id=finished_task_id,
-        guard=guard,
-        finished_state=finished_state,
-    )
-    return applied_advance(move, advance, await move_token(conn, move))
+async def apply_move(conn: Executor, move: TokenMove) -> AppliedAdvance:
+    """Write a move (`advance_move`) in one statement: the next task or incident, the instance's new
+    position and variables, and the history, in order; with a guard, only while that lease is live,
+    and otherwise nothing at all is written (`applied` is False)."""
+    return applied_advance(move, await move_token(conn, move))
 
 
 def advance_move(
@@ -97,7 +71,12 @@ def advance_move(
     guard: LeaseGuard | None = None,
     finished_state: TaskState = TaskState.COMPLETED,
 ) -> TokenMove:
-    """The move `apply_advance` writes, for a caller that writes it itself (with others: group commit)."""
+    """What `advance` decided, as one move to write (`apply_move`, or a group commit of them).
+
+    `variables` is the instance's new variable map, or None when it did not change;
+    `finished_task_id` is a task this move ends (in `finished_state`: COMPLETED, or INCIDENT when an
+    incident holds it for a retry), with `guard` only while that lease is live.
+    """
     move = _token_move(instance_id, advance, variables, preceding, preceding_task_id)
     return replace(move, finished_task_id=finished_task_id, finished_state=finished_state, guard=guard)
 
@@ -154,12 +133,12 @@ def _token_move(
     )
 
 
-def applied_advance(move: TokenMove, advance: Advance, applied: bool) -> AppliedAdvance:
+def applied_advance(move: TokenMove, applied: bool) -> AppliedAdvance:
     """What a written (or, `applied` False, refused) move did."""
     return AppliedAdvance(
         move.new_task.id if move.new_task else None,
         move.new_incident.id if move.new_incident else None,
-        advance.current_node_id,
-        advance.completed,
+        move.current_node_id,
+        move.completed,
         applied,
     )

@@ -62,76 +62,12 @@ class TokenMove:
     guard: LeaseGuard | None = None
 
 
-# Hand-written: every Complete (and every start) runs it. One statement, so one round trip and no
-# transaction to hold open; with a lease guard, nothing at all is written unless the lease is live.
-MOVE_TOKEN = HandWritten(
-    f"""
-    WITH finished AS (
-        UPDATE tasks SET state = CAST(:finished_state AS text), completed_at = now(), lease_token_hash = NULL
-        WHERE id = CAST(:finished_task_id AS uuid)
-          AND (CAST(:guard_worker AS text) IS NULL OR (
-               state = '{TaskState.LEASED}' AND lease_owner = CAST(:guard_worker AS text)
-               AND lease_token_hash = CAST(:guard_hash AS bytea) AND lease_expires_at > now()
-               AND EXISTS (SELECT 1 FROM instances WHERE id = CAST(:instance_id AS uuid)
-                           AND state = '{InstanceState.ACTIVE}'
-                           AND (CAST(:guard_xmin AS text) IS NULL OR xmin::text = CAST(:guard_xmin AS text)))))
-        RETURNING id
-    ),
-    proceed AS (
-        SELECT CAST(:finished_task_id AS uuid) IS NULL OR EXISTS (SELECT 1 FROM finished) AS ok
-    ),
-    new_task AS (
-        INSERT INTO tasks (id, instance_id, node_id, kind, topic, state, payload, attempt, retries_left, due_at,
-                           created_at)
-        SELECT CAST(:task_id AS uuid), CAST(:instance_id AS uuid), CAST(:task_node AS text), CAST(:task_kind AS text),
-               CAST(:task_topic AS text), CAST(:task_state AS text), CAST(:task_payload AS jsonb), 0,
-               CAST(:task_retries AS integer), now(), now()
-        FROM proceed WHERE proceed.ok AND CAST(:task_id AS uuid) IS NOT NULL
-        RETURNING id
-    ),
-    new_incident AS (
-        INSERT INTO incidents (id, instance_id, task_id, node_id, type, message, details, state, created_at)
-        SELECT CAST(:incident_id AS uuid), CAST(:instance_id AS uuid), CAST(:incident_task AS uuid),
-               CAST(:incident_node AS text), CAST(:incident_type AS text), CAST(:incident_message AS text),
-               CAST(:incident_details AS jsonb), '{IncidentState.OPEN}', now()
-        FROM proceed WHERE proceed.ok AND CAST(:incident_id AS uuid) IS NOT NULL
-        RETURNING id
-    ),
-    moved AS (
-        UPDATE instances
-        SET current_node_id = CAST(:current_node AS text),
-            variables = COALESCE(CAST(:variables AS jsonb), variables),
-            state = CASE WHEN CAST(:completed AS boolean) THEN '{InstanceState.COMPLETED}' ELSE state END,
-            ended_at = CASE WHEN CAST(:completed AS boolean) THEN now() ELSE ended_at END
-        WHERE id = CAST(:instance_id AS uuid) AND (SELECT ok FROM proceed)
-        RETURNING id
-    ),
-    written AS (
-        INSERT INTO history (instance_id, type, node_id, task_id, data)
-        SELECT CAST(:instance_id AS uuid), h.item ->> 'type', h.item ->> 'node_id',
-               CAST(h.item ->> 'task_id' AS uuid), h.item -> 'data'
-        FROM jsonb_array_elements(CAST(:history AS jsonb)) WITH ORDINALITY AS h(item, n)
-        WHERE (SELECT ok FROM proceed)
-        ORDER BY h.n
-        RETURNING id
-    )
-    SELECT (SELECT ok FROM proceed) AS applied,
-           CASE WHEN CAST(:task_topic AS text) IS NOT NULL AND (SELECT ok FROM proceed)
-                THEN pg_notify(CAST(:channel AS text), CAST(:task_topic AS text)) END AS notified
-    """
-)
-
-
-async def move_token(conn: Executor, move: TokenMove) -> bool:
-    """Write the move; False if its guard refused it (then nothing was written)."""
-    result = await MOVE_TOKEN.fetchrow(conn, _move_params(move))
-    return bool(result is not None and result.applied)
-
-
-# Hand-written: the Completes that arrive together (a group commit, see runtime/completion.py), each
-# moved exactly as MOVE_TOKEN moves one, in one statement: a move whose guard refuses it writes nothing
-# and its `n` is missing from the result. The caller sends at most one move per instance and per task:
-# two moves of one instance in one statement would both pass the instance's xmin guard.
+# Hand-written: every Complete runs it, and every other move of a token. One statement, so one round trip
+# and no transaction to hold open. Each move finishes the task it leaves, creates the next task or
+# incident, moves the instance and writes the history; with a lease guard, nothing of that move is
+# written unless the lease is live, and its `n` is missing from the result. The Completes that arrive
+# together share it (a group commit, see runtime/completion.py). At most one move per instance (and so
+# per task): two moves of one instance in one statement would both pass the instance's xmin guard.
 MOVE_TOKENS = HandWritten(
     f"""
     WITH move AS (
@@ -210,6 +146,12 @@ async def move_tokens(conn: Executor, moves: list[TokenMove]) -> list[bool]:
     return [n in written for n in range(len(moves))]
 
 
+async def move_token(conn: Executor, move: TokenMove) -> bool:
+    """Write one move; False if its guard refused it (then nothing was written)."""
+    [written] = await move_tokens(conn, [move])
+    return written
+
+
 def _move_json(n: int, move: TokenMove) -> dict[str, Any]:
     guard = move.guard
     return {
@@ -260,28 +202,6 @@ def _history_items(records: list[HistoryRecord]) -> list[dict[str, Any]]:
         }
         for r in records
     ]
-
-
-def _move_params(move: TokenMove) -> dict[str, Any]:
-    guard = move.guard
-    created = _created_by(move)
-    return {
-        "guard_worker": guard.worker_id if guard else None,
-        "guard_hash": guard.token_hash if guard else None,
-        "guard_xmin": guard.instance_xmin if guard else None,
-        "instance_id": str(move.instance_id),
-        **created,
-        # The single-move statement takes its JSON values as text parameters.
-        "task_payload": dumps(created["task_payload"]) if move.new_task else None,
-        "incident_details": dumps(created["incident_details"]) if move.new_incident else None,
-        "finished_task_id": str(move.finished_task_id) if move.finished_task_id else None,
-        "finished_state": move.finished_state.value,
-        "current_node": move.current_node_id,
-        "variables": dumps(move.variables) if move.variables is not None else None,
-        "completed": move.completed,
-        "history": dumps(_history_items(move.history)),
-        "channel": TASK_CHANNEL,
-    }
 
 
 @dataclass(frozen=True, slots=True)
