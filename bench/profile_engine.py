@@ -1,6 +1,7 @@
 """Where the engine's time goes under load: py-spy samples the engine process while a benchmark runs.
 
     python bench/profile_engine.py task_cycle --seconds 20
+    python bench/profile_engine.py task_cycle_batched --seconds 20
     python bench/profile_engine.py append_step --seconds 20
     python bench/profile_engine.py start_instance --seconds 20
 
@@ -45,9 +46,9 @@ LAYERS = [
 
 def _workload(kind: str, engine, stop: threading.Event) -> None:  # type: ignore[no-untyped-def]
     while not stop.is_set():
-        if kind == "task_cycle":
+        if kind in ("task_cycle", "task_cycle_batched"):
             asyncio.run(task_cycle.create_instances(engine, 1500))
-            asyncio.run(task_cycle.run_workers(engine, 1500, 8, 16))
+            asyncio.run(task_cycle.run_workers(engine, 1500, 8, 16, batched=kind == "task_cycle_batched"))
         elif kind == "start_instance":
             asyncio.run(start_instance.run(engine, 1000))
         else:
@@ -58,7 +59,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("workload", choices=["task_cycle", "append_step", "start_instance"])
+    parser.add_argument(
+        "workload", choices=["task_cycle", "task_cycle_batched", "append_step", "start_instance"]
+    )
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()

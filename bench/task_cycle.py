@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Sequence
 
 from abada.engine.v1 import (
     definition_pb2,
@@ -60,10 +61,13 @@ async def create_instances(engine: EngineProcess, count: int) -> float:
 
 
 async def run_workers(
-    engine: EngineProcess, total: int, workers: int, batch: int, eager: bool = False
+    engine: EngineProcess, total: int, workers: int, batch: int, eager: bool = False, batched: bool = False
 ) -> dict[str, object]:
     """K workers, each running its fetched batch concurrently; with `eager`, every Complete asks for
-    the worker's next task (fetch_next, max_tasks 1), and FetchAndLock is only called when none came."""
+    the worker's next task (fetch_next, max_tasks 1), and FetchAndLock is only called when none came.
+    With `batched`, a worker hands its finished batch back in one CompleteTasks call whose answer
+    brings the next batch (fetch_next, max_tasks `batch`), as pgqueuer acknowledges its jobs in
+    batches; FetchAndLock only when none came."""
     fetch_latency: list[float] = []
     complete_latency: list[float] = []
     done = 0
@@ -95,6 +99,28 @@ async def run_workers(
                 done += 1
                 task = answer.next_tasks[0] if answer.next_tasks else None
 
+        async def finish_all(tasks: Sequence[external_task_pb2.ExternalTask]) -> None:
+            nonlocal done
+            while tasks:
+                t1 = time.perf_counter()
+                answer = await stub.CompleteTasks(
+                    external_task_pb2.CompleteTasksRequest(
+                        worker_id=worker_id,
+                        completions=[
+                            external_task_pb2.CompleteRequest(task_id=t.id, lease_token=t.lease_token)
+                            for t in tasks
+                        ],
+                        fetch_next=next_batch,
+                    )
+                )
+                complete_latency.append(time.perf_counter() - t1)
+                refused = [r.refused for r in answer.results if r.HasField("refused")]
+                if refused:
+                    raise RuntimeError(f"completions refused: {refused[0].message}")
+                done += len(tasks)
+                tasks = answer.next_tasks
+
+        next_batch = external_task_pb2.FetchNext(topics=[subscription], max_tasks=batch)
         while done < total:
             t0 = time.perf_counter()
             tasks = (await stub.FetchAndLock(request)).tasks
@@ -103,6 +129,9 @@ async def run_workers(
                 if done >= total:
                     return
                 await asyncio.sleep(0.001)
+                continue
+            if batched:
+                await finish_all(tasks)
                 continue
             # A worker runs its fetched batch concurrently, as a real worker with free slots does.
             await asyncio.gather(*(finish(t) for t in tasks))
@@ -123,10 +152,13 @@ def measure(
     peer_consumers: int = 8,
     peer_batch: int = 4,
 ) -> dict[str, float]:
-    """One run: the engine's task cycles, then the peer on the same PostgreSQL."""
+    """One run: the engine's task cycles completed one Complete a task, then N more completed in
+    batches (CompleteTasks), then the peer on the same PostgreSQL."""
     with scratch_database() as url, engine_process(url) as engine:
         start_rate = asyncio.run(create_instances(engine, instances))
         result = asyncio.run(run_workers(engine, instances, workers, batch, eager))
+        asyncio.run(create_instances(engine, instances))
+        batched = asyncio.run(run_workers(engine, instances, workers, batch, batched=True))
         raw = asyncio.run(raw_commit_rate(url, connections=8))
         floor = asyncio.run(bare_grpc_rate(engine.address))
     with scratch_database() as url:
@@ -144,6 +176,10 @@ def measure(
         "peer": peer,
         "ratio": result["rate"] / peer,
         "eager": float(eager),
+        "batched_rate": batched["rate"],
+        "batched_ratio": batched["rate"] / peer,
+        "batched_complete_p50": percentile(batched["complete"], 0.5),
+        "batched_complete_p99": percentile(batched["complete"], 0.99),
     }
 
 
@@ -162,6 +198,15 @@ def report(figures: dict[str, float], instances: int, workers: int, batch: int) 
         f"pgqueuer 1.6 (peer):       {figures['peer']:,.0f} jobs/s (N={instances}, 8 consumers, batch 4, same run)"
     )
     print(f"task cycles / pgqueuer:    {figures['ratio']:.2f}  (target >= 1.0)")
+    print(
+        f"batched task cycles:       {figures['batched_rate']:,.0f}/s  (N={instances} more, K={workers}, "
+        f"max_tasks={batch}; each batch back in one CompleteTasks, which brings the next)"
+    )
+    print(
+        f"CompleteTasks p50 / p99:   {figures['batched_complete_p50'] * ms:.2f} / "
+        f"{figures['batched_complete_p99'] * ms:.2f} ms  (a batch of up to {batch})"
+    )
+    print(f"batched / pgqueuer:        {figures['batched_ratio']:.2f}  (target >= 1.0)")
     print(f"raw single-row commits:    {figures['raw']:,.0f}/s at 8 connections (same PostgreSQL, same run)")
     print(
         f"bare gRPC unary calls:     {figures['bare_grpc']:,.0f}/s at 8 callers (health Check, same engine)"
@@ -183,13 +228,17 @@ def main() -> None:
         help="every Complete asks for the next task (fetch_next, max_tasks 1); FetchAndLock only when none came",
     )
     args = parser.parse_args()
-    ratios = []
+    ratios, batched = [], []
     for _ in range(args.runs):
         figures = measure(args.instances, args.workers, args.batch, eager=args.eager)
         report(figures, args.instances, args.workers, args.batch)
         ratios.append(figures["ratio"])
+        batched.append(figures["batched_ratio"])
     if args.runs > 1:
-        print(f"median task cycles / pgqueuer over {args.runs} runs: {median(ratios):.2f}")
+        print(
+            f"median over {args.runs} runs: task cycles / pgqueuer {median(ratios):.2f}, "
+            f"batched / pgqueuer {median(batched):.2f}"
+        )
 
 
 if __name__ == "__main__":

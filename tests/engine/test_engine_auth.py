@@ -164,6 +164,30 @@ async def test_a_worker_gets_only_its_topics_and_acts_only_under_its_own_id(
         grpc.StatusCode.PERMISSION_DENIED,
         "WORKER_ID_MISMATCH",
     )
+    # Nor by a batch of completions, nor can a batch's eager dispatch reach a topic not granted.
+    someone_elses = external_task_pb2.CompleteRequest(
+        task_id="00000000-0000-0000-0000-000000000000", lease_token="x"
+    )
+    await refused(
+        tasks.CompleteTasks(
+            external_task_pb2.CompleteTasksRequest(worker_id="w", completions=[someone_elses])
+        ),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "WORKER_ID_MISMATCH",
+    )
+    await refused(
+        tasks.CompleteTasks(
+            external_task_pb2.CompleteTasksRequest(
+                worker_id="agent-pool/pod-1",
+                completions=[someone_elses],
+                fetch_next=external_task_pb2.FetchNext(
+                    topics=[external_task_pb2.TopicSubscription(name="jobs", lease_ms=5000)], max_tasks=1
+                ),
+            )
+        ),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "TOPIC_NOT_ALLOWED",
+    )
 
 
 def test_the_callers_file_holds_no_token(engine_tokens):

@@ -42,6 +42,34 @@ class Violation:
     description: str
 
 
+def status_message(
+    category: Category,
+    reason: str,
+    message: str,
+    *,
+    field: str = "",
+    metadata: Mapping[str, str] | None = None,
+    retry_after_seconds: float | None = None,
+    violations: Sequence[Violation] = (),
+) -> status_pb2.Status:
+    """A refusal as a `google.rpc.Status`, its message bounded, with its details packed."""
+    code = CODES[category]
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN)
+    if field:
+        info.metadata["field"] = bounded(field, MAX_METADATA_VALUE_BYTES)
+    for key, value in (metadata or {}).items():
+        info.metadata[bounded(key, MAX_METADATA_KEY_BYTES)] = bounded(value, MAX_METADATA_VALUE_BYTES)
+    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=bounded(message, MAX_MESSAGE_BYTES))
+    _pack(status, info)
+    if retry_after_seconds is not None:
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromMilliseconds(max(0, round(retry_after_seconds * 1000)))
+        _pack(status, retry)
+    if violations:
+        _pack(status, _bad_request(violations, MAX_DETAILS_BYTES - status.ByteSize()))
+    return status
+
+
 def status_details(
     category: Category,
     reason: str,
@@ -53,22 +81,16 @@ def status_details(
     violations: Sequence[Violation] = (),
 ) -> tuple[grpc.StatusCode, str, bytes]:
     """The status code, the bounded message and the serialized `google.rpc.Status` of a refusal."""
-    code = CODES[category]
-    message = bounded(message, MAX_MESSAGE_BYTES)
-    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN)
-    if field:
-        info.metadata["field"] = bounded(field, MAX_METADATA_VALUE_BYTES)
-    for key, value in (metadata or {}).items():
-        info.metadata[bounded(key, MAX_METADATA_KEY_BYTES)] = bounded(value, MAX_METADATA_VALUE_BYTES)
-    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message)
-    _pack(status, info)
-    if retry_after_seconds is not None:
-        retry = error_details_pb2.RetryInfo()
-        retry.retry_delay.FromMilliseconds(max(0, round(retry_after_seconds * 1000)))
-        _pack(status, retry)
-    if violations:
-        _pack(status, _bad_request(violations, MAX_DETAILS_BYTES - status.ByteSize()))
-    return code, message, status.SerializeToString()
+    status = status_message(
+        category,
+        reason,
+        message,
+        field=field,
+        metadata=metadata,
+        retry_after_seconds=retry_after_seconds,
+        violations=violations,
+    )
+    return CODES[category], status.message, status.SerializeToString()
 
 
 async def abort(

@@ -11,8 +11,10 @@ from typing import Any, TypeVar
 
 import grpc
 from abada_common import rpc_status
+from google.rpc import status_pb2
 
 from abada_engine.db.outage import database_unreachable, unstorable_text
+from abada_engine.db.watch import DatabaseWatch
 from abada_engine.errors import Category, EngineError
 from abada_engine.metrics import RPC_SECONDS
 
@@ -28,12 +30,27 @@ def _violations(error: EngineError) -> list[rpc_status.Violation]:
     return [rpc_status.Violation(problem.field, str(problem)) for problem in error.problems]
 
 
+INTERNAL_ERROR = EngineError(Category.INTERNAL, "INTERNAL", "internal error; see the engine log")
+
 # The checks of each field run first; this catches a text the database refuses that no check named.
 UNSTORABLE_TEXT = EngineError(
     Category.INVALID_ARGUMENT,
     "INVALID_ARGUMENT",
     "a text in the request holds a character the database cannot store (such as NUL, U+0000)",
 )
+
+
+def status_of(error: EngineError) -> status_pb2.Status:
+    """The refusal as the `google.rpc.Status` a failed call would carry."""
+    return rpc_status.status_message(
+        error.category,
+        error.reason,
+        error.message,
+        field=error.field,
+        metadata=error.metadata,
+        retry_after_seconds=error.retry_after_seconds,
+        violations=_violations(error),
+    )
 
 
 async def abort(context: grpc.aio.ServicerContext, error: EngineError) -> None:
@@ -73,25 +90,28 @@ def _wrap(method: Callable[..., Any]) -> Callable[..., Any]:
             if guard is not None:
                 current_caller.set(guard.authenticate(context, f"{self.SERVICE}/{method.__name__}"))
             return await method(self, request, context)
-        except EngineError as error:
-            code = rpc_status.CODES[error.category].name
-            await abort(context, error)
         except Exception as error:
-            if database_unreachable(error):
-                code = "UNAVAILABLE"
-                watch = getattr(self, "database", None)
-                if watch is not None:
-                    watch.report_unreachable()
-                log.warning("%s: the database is unreachable (%s)", method.__qualname__, type(error).__name__)
-                await abort(context, DATABASE_UNAVAILABLE)
-            elif unstorable_text(error):
-                code = "INVALID_ARGUMENT"
-                await abort(context, UNSTORABLE_TEXT)
-            else:
-                code = "INTERNAL"
-                log.exception("unexpected error in %s", method.__qualname__)
-                await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the engine log")
+            refusal = as_refusal(error, method.__qualname__, getattr(self, "database", None))
+            code = rpc_status.CODES[refusal.category].name
+            await abort(context, refusal)
         finally:
             RPC_SECONDS.labels(method.__name__, code).observe(time.perf_counter() - began)
 
     return handler
+
+
+def as_refusal(error: Exception, where: str, database: DatabaseWatch | None) -> EngineError:
+    """What a call that raised `error` answers: a domain error as it is; PostgreSQL out of reach (which
+    turns the engine's health NOT_SERVING at once), a text the database cannot store, or anything
+    unexpected (logged here, with its traceback) as the engine's own refusals."""
+    if isinstance(error, EngineError):
+        return error
+    if database_unreachable(error):
+        if database is not None:
+            database.report_unreachable()
+        log.warning("%s: the database is unreachable (%s)", where, type(error).__name__)
+        return DATABASE_UNAVAILABLE
+    if unstorable_text(error):
+        return UNSTORABLE_TEXT
+    log.error("unexpected error in %s", where, exc_info=error)
+    return INTERNAL_ERROR

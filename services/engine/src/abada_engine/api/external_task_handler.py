@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
 from abada_common.telemetry import inject_traceparent
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from abada_engine.auth import require_worker
+from abada_engine.auth import Caller, require_worker
+from abada_engine.db.watch import DatabaseWatch
 from abada_engine.errors import invalid
 from abada_engine.runtime.approvals import Approvals
 from abada_engine.runtime.completion import AttemptMetadata, Completions
@@ -20,7 +23,7 @@ from abada_engine.store.states import WORKER_STEP_STATES
 
 from . import messages
 from .convert import from_struct, parse_uuid, storable, timestamp
-from .errors import translates_errors
+from .errors import as_refusal, status_of, translates_errors
 from .guard import Guard, current_caller
 
 _KIND_NAMES = {value: name for name, value in messages.STEP_KINDS.items()}
@@ -48,6 +51,51 @@ def _metadata(message: external_task_pb2.AttemptMetadata) -> AttemptMetadata:
         reasoning_tokens=message.reasoning_tokens,
         quota_wait_ms=message.quota_wait_ms,
     )
+
+
+# A batch of completions is one call's work: bounded like a fetch.
+MAX_COMPLETIONS = 100
+
+
+def _next_subscriptions(
+    caller: Caller | None, worker_id: str, fetch_next: external_task_pb2.FetchNext | None, prefix: str
+) -> list[Subscription]:
+    """The topics of an eager dispatch (none without one), refused if the fetch would be."""
+    if fetch_next is None or not fetch_next.max_tasks:
+        return []
+    subscriptions = [Subscription(t.name, t.lease_ms) for t in fetch_next.topics]
+    require_worker(caller, worker_id, [s.topic for s in subscriptions])
+    check_fetch(worker_id, subscriptions, fetch_next.max_tasks, 0, field_prefix=prefix)
+    return subscriptions
+
+
+def _check_batch(request: external_task_pb2.CompleteTasksRequest) -> None:
+    """A batch the engine would not take apart cleanly is refused whole, before anything changes."""
+    count = len(request.completions)
+    if not 1 <= count <= MAX_COMPLETIONS:
+        raise invalid(
+            "INVALID_ARGUMENT", "completions", f"send 1 to {MAX_COMPLETIONS} completions, not {count}"
+        )
+    seen: set[str] = set()
+    for index, completion in enumerate(request.completions):
+        where = f"completions[{index}]"
+        if completion.worker_id not in ("", request.worker_id):
+            raise invalid(
+                "WORKER_ID_MISMATCH",
+                f"{where}.worker_id",
+                f"must be empty or this request's worker_id {request.worker_id!r}",
+            )
+        if completion.HasField("fetch_next"):
+            raise invalid(
+                "INVALID_ARGUMENT", f"{where}.fetch_next", "set fetch_next on the batch, not on a completion"
+            )
+        if completion.task_id in seen:
+            raise invalid(
+                "INVALID_ARGUMENT",
+                f"{where}.task_id",
+                f"task {completion.task_id!r} is completed twice in this call",
+            )
+        seen.add(completion.task_id)
 
 
 _tracer = trace.get_tracer("abada.engine")
@@ -79,6 +127,8 @@ def _traced(task: external_task_pb2.ExternalTask, new_trace: bool = False) -> ex
 class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
     SERVICE = "abada.engine.v1.ExternalTaskService"
     guard: Guard | None = None
+    # Whether PostgreSQL answers; set by the server (see `start_grpc_server`).
+    database: DatabaseWatch | None = None
 
     def __init__(
         self, leases: Leases, completions: Completions, journal: Journal, approvals: Approvals
@@ -166,12 +216,52 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         caller = current_caller.get()
         require_worker(caller, request.worker_id)
         fetch_next = request.fetch_next if request.HasField("fetch_next") else None
-        subscriptions: list[Subscription] = []
-        if fetch_next is not None and fetch_next.max_tasks:
-            # Checked before the completion, so a bad fetch_next changes nothing.
-            subscriptions = [Subscription(t.name, t.lease_ms) for t in fetch_next.topics]
-            require_worker(caller, request.worker_id, [s.topic for s in subscriptions])
-            check_fetch(request.worker_id, subscriptions, fetch_next.max_tasks, 0, field_prefix="fetch_next.")
+        # Checked before the completion, so a bad fetch_next changes nothing.
+        subscriptions = _next_subscriptions(caller, request.worker_id, fetch_next, "fetch_next.")
+        answer = await self._complete(request)
+        answer.next_tasks.extend(await self._next_tasks(request.worker_id, subscriptions, fetch_next))
+        return answer
+
+    async def CompleteTasks(
+        self, request: external_task_pb2.CompleteTasksRequest, context: grpc.aio.ServicerContext
+    ) -> external_task_pb2.CompleteTasksResponse:
+        caller = current_caller.get()
+        require_worker(caller, request.worker_id)
+        _check_batch(request)
+        fetch_next = request.fetch_next if request.HasField("fetch_next") else None
+        subscriptions = _next_subscriptions(caller, request.worker_id, fetch_next, "fetch_next.")
+        # Each completion on its own, all at once: those that reach the database together share its
+        # group commit, and one refused leaves the others as they would be without it.
+        results = await asyncio.gather(
+            *(self._complete_or_refuse(completion, request.worker_id) for completion in request.completions)
+        )
+        return external_task_pb2.CompleteTasksResponse(
+            results=results,
+            next_tasks=await self._next_tasks(request.worker_id, subscriptions, fetch_next),
+        )
+
+    async def _complete_or_refuse(
+        self, completion: external_task_pb2.CompleteRequest, worker_id: str
+    ) -> external_task_pb2.CompletionResult:
+        if not completion.worker_id:
+            completion.worker_id = worker_id
+        try:
+            return external_task_pb2.CompletionResult(completed=await self._complete(completion))
+        except Exception as error:
+            refusal = as_refusal(error, "ExternalTaskHandler.CompleteTasks", self.database)
+            status = status_of(refusal)
+            return external_task_pb2.CompletionResult(
+                refused=external_task_pb2.CompletionRefusal(
+                    code=status.code,
+                    message=status.message,
+                    reason=refusal.reason,
+                    status=status.SerializeToString(),
+                )
+            )
+
+    async def _complete(
+        self, request: external_task_pb2.CompleteRequest
+    ) -> external_task_pb2.CompleteResponse:
         # Worker (and so model) data that conditions and the output schema will read: bounded like Start's.
         variables = storable(from_struct(request.variables, "variables"), "variables", MAX_VARIABLES_BYTES)
         result = await self._completions.complete(
@@ -182,21 +272,25 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
             _metadata(request.metadata),
             request.invalid_output_reason,
         )
-        outcome = _OUTCOMES.get(
-            (result.verdict, result.routed), external_task_pb2.COMPLETE_OUTCOME_INCIDENT_RAISED
-        )
-        next_tasks = []
-        if subscriptions and fetch_next is not None:
-            next_tasks = await self._leases.fetch_and_lock(
-                request.worker_id, subscriptions, fetch_next.max_tasks, 0
-            )
         return external_task_pb2.CompleteResponse(
-            outcome=outcome,
+            outcome=_OUTCOMES.get(
+                (result.verdict, result.routed), external_task_pb2.COMPLETE_OUTCOME_INCIDENT_RAISED
+            ),
             next_node_id=result.next_node_id,
             incident_id=str(result.incident_id) if result.incident_id else "",
             reason=result.reason,
-            next_tasks=[_traced(messages.locked_task(t), new_trace=True) for t in next_tasks],
         )
+
+    async def _next_tasks(
+        self,
+        worker_id: str,
+        subscriptions: list[Subscription],
+        fetch_next: external_task_pb2.FetchNext | None,
+    ) -> list[external_task_pb2.ExternalTask]:
+        if not subscriptions or fetch_next is None:
+            return []
+        locked = await self._leases.fetch_and_lock(worker_id, subscriptions, fetch_next.max_tasks, 0)
+        return [_traced(messages.locked_task(t), new_trace=True) for t in locked]
 
     async def Fail(
         self, request: external_task_pb2.FailRequest, context: grpc.aio.ServicerContext

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -56,7 +56,14 @@ class AttemptMetadata:
     reasoning_tokens: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "tools_used": list(self.tools_used)}
+        # Every field but tools_used is a plain value: read directly (`asdict` deep-copies each one,
+        # a cost every Complete paid).
+        data = {name: getattr(self, name) for name in _METADATA_FIELDS}
+        data["tools_used"] = list(self.tools_used)
+        return data
+
+
+_METADATA_FIELDS = tuple(field.name for field in dataclasses.fields(AttemptMetadata))
 
 
 @dataclass(frozen=True)
