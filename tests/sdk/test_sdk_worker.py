@@ -176,3 +176,29 @@ async def test_the_worker_waits_for_an_engine_that_is_not_up_yet(
     finally:
         await worker.terminate()
         await late.stop(0)
+
+
+def _calls_answered(method: str) -> float:
+    from abada_engine.metrics import REGISTRY
+
+    return (
+        REGISTRY.get_sample_value("abada_rpc_duration_seconds_count", {"method": method, "code": "OK"}) or 0.0
+    )
+
+
+async def test_tasks_that_finish_together_are_completed_together(engine, sdk_client, sdk_worker):
+    """A busy worker hands its finished tasks back in CompleteTasks calls, many at a time, and every
+    task is completed as a Complete would have completed it."""
+    await sdk_client.deploy(BUNDLE, source_name="sdk.yaml")
+    started = [await sdk_client.start("greet", {"name": f"n{i}"}) for i in range(12)]
+    singles, batches = _calls_answered("Complete"), _calls_answered("CompleteTasks")
+    worker = await sdk_worker(engine.address, SDK_WORKER_CONCURRENCY="12")
+
+    for index, instance in enumerate(started):
+        done = await sdk_client.wait(instance.id, timeout=30)
+        assert done.state is InstanceState.COMPLETED
+        assert done.variables["shouted"] == f"N{index}"
+    assert _calls_answered("Complete") == singles  # every task went back in a batch call
+    calls = _calls_answered("CompleteTasks") - batches
+    assert 1 <= calls <= 12, calls  # 24 tasks (two nodes each): at most one call for two
+    assert await worker.terminate() == 0

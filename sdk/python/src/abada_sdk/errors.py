@@ -133,6 +133,17 @@ def error_from_rpc(error: grpc.RpcError) -> AbadaError:
     return kind(message, code=code, reason=reason, metadata=metadata, violations=violations)
 
 
+def error_from_status(status_bytes: bytes, code: int, message: str) -> AbadaError:
+    """The SDK exception for one refused item of a batch call (a serialized google.rpc.Status, as a
+    failed call carries it in its trailers), read as `error_from_rpc` reads a failed call."""
+    status_code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+    reason, metadata, violations = _rich_details(((_STATUS_DETAILS_KEY, status_bytes),))
+    kind = LeaseLost if reason in LEASE_LOST_REASONS else _KINDS.get(status_code, AbadaError)
+    return kind(
+        message or status_code.name, code=status_code, reason=reason, metadata=metadata, violations=violations
+    )
+
+
 def _rich_details(trailers: Any) -> tuple[str, dict[str, str], list[str]]:
     reason = ""
     metadata: dict[str, str] = {}

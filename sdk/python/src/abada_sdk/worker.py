@@ -36,7 +36,7 @@ import grpc
 from abada.engine.v1 import external_task_pb2
 
 from .client import AsyncEngineClient
-from .errors import AbadaError, LeaseLost, TaskFailed
+from .errors import AbadaError, LeaseLost, TaskFailed, error_from_status
 from .models import Task, to_struct
 
 log = logging.getLogger("abada_sdk.worker")
@@ -106,6 +106,7 @@ class Worker:
         self._running: dict[str, tuple[asyncio.Task[None], Task]] = {}
         self._handing_back: set[str] = set()
         self._slot_freed = asyncio.Event()
+        self._completions = _Completions(self)
         self._stopping: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -321,7 +322,7 @@ class Worker:
             task_id=task.id, worker_id=self.worker_id, lease_token=lease_token, variables=to_struct(variables)
         )
         try:
-            await self._with_retries(lambda: self.client.tasks.Complete, request)
+            await self._completions.complete(request)
         except AbadaError as error:
             log.error("could not complete the task: %s", error, extra=context)
             return
@@ -404,6 +405,96 @@ class Worker:
                     raise
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, 2.0)
+
+
+class _Completions:
+    """Hands finished tasks back, many in one call when they finish together.
+
+    The first completion goes at once, alone; those that finish while a CompleteTasks call is on its
+    way wait and go together in the next one. So a quiet worker waits for nothing, and a busy one
+    makes one call for many tasks instead of one each. Every task is answered on its own: the engine
+    checks and finishes each as Complete would, and one refused refuses no other. A task the engine
+    could not reach its database for is completed again alone, with the usual retries; an engine
+    without CompleteTasks gets one Complete a task.
+    """
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        self._line: list[tuple[external_task_pb2.CompleteRequest, asyncio.Future[None]]] = []
+        self._sender: asyncio.Task[None] | None = None
+        self._batches = True
+
+    async def complete(self, request: external_task_pb2.CompleteRequest) -> None:
+        if not self._batches:
+            await self._alone(request)
+            return
+        answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._line.append((request, answer))
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._send_all())
+        await asyncio.shield(answer)
+
+    async def _alone(self, request: external_task_pb2.CompleteRequest) -> None:
+        await self._worker._with_retries(lambda: self._worker.client.tasks.Complete, request)
+
+    async def _send_all(self) -> None:
+        try:
+            while self._line:
+                batch = self._line[:_MOST_COMPLETIONS]
+                del self._line[:_MOST_COMPLETIONS]
+                await self._send(batch)
+        finally:
+            self._sender = None
+
+    async def _send(
+        self, batch: list[tuple[external_task_pb2.CompleteRequest, asyncio.Future[None]]]
+    ) -> None:
+        worker = self._worker
+        request = external_task_pb2.CompleteTasksRequest(
+            worker_id=worker.worker_id, completions=[completion for completion, _ in batch]
+        )
+        try:
+            reply = await worker._with_retries(lambda: worker.client.tasks.CompleteTasks, request)
+        except AbadaError as error:
+            if error.code is grpc.StatusCode.UNIMPLEMENTED:
+                self._batches = False
+                await asyncio.gather(*(self._answer_alone(c, answer) for c, answer in batch))
+                return
+            for _, answer in batch:
+                answer.set_exception(error)
+            return
+        except BaseException as error:  # cancelled, or a bug: no caller waits forever
+            for _, answer in batch:
+                if isinstance(error, asyncio.CancelledError):
+                    answer.cancel()
+                else:
+                    answer.set_exception(error)
+            raise
+        alone = []
+        for (completion, answer), result in zip(batch, reply.results, strict=True):
+            if result.HasField("completed"):
+                answer.set_result(None)
+                continue
+            refused = error_from_status(result.refused.status, result.refused.code, result.refused.message)
+            if refused.transient:
+                alone.append(self._answer_alone(completion, answer))
+            else:
+                answer.set_exception(refused)
+        await asyncio.gather(*alone)
+
+    async def _answer_alone(
+        self, request: external_task_pb2.CompleteRequest, answer: asyncio.Future[None]
+    ) -> None:
+        try:
+            await self._alone(request)
+        except Exception as error:
+            answer.set_exception(error)
+        else:
+            answer.set_result(None)
+
+
+# As many completions as the engine takes in one CompleteTasks call.
+_MOST_COMPLETIONS = 100
 
 
 async def _first(work: Awaitable[object], stopping: asyncio.Event) -> bool:
