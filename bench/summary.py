@@ -56,6 +56,12 @@ def main() -> None:
             m(cycles, "ratio") >= 1.0,
         ),
         (
+            "  the same, each batch back in one CompleteTasks (N=5000 more)",
+            f"{m(cycles, 'batched_rate'):,.0f}/s vs {m(cycles, 'peer'):,.0f}/s = {m(cycles, 'batched_ratio'):.2f}x",
+            ">= 1.0x",
+            m(cycles, "batched_ratio") >= 1.0,
+        ),
+        (
             "AppendStep / bare gRPC (8 tasks)",
             f"{m(appends, 'rate'):,.0f}/s vs {m(appends, 'bare_grpc'):,.0f}/s = {m(appends, 'ratio'):.2f}x",
             ">= 0.5x",
