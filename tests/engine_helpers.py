@@ -11,6 +11,16 @@ from abada.engine.v1 import definition_pb2, external_task_pb2, process_pb2
 from google.protobuf import json_format, struct_pb2
 from google.rpc import error_details_pb2, status_pb2
 
+# A process with one service task on topic `jobs`: the smallest thing a worker can fetch and complete.
+ONE_SERVICE_TASK = """
+processes:
+  - id: job
+    start: work
+    nodes:
+      - { id: work, type: service, topic: jobs, next: done }
+      - { id: done, type: end }
+"""
+
 
 async def until_lease_ran_out(*tasks: external_task_pb2.ExternalTask) -> None:
     """Sleeps to the latest of the tasks' lease expiries, read from the leases themselves (not a guessed

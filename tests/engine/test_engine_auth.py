@@ -17,17 +17,8 @@ from abada_engine.api.server import ServerTls, start_grpc_server
 from abada_engine.auth import CallerRegistry
 from bearer import BearerToken
 from certificates import make_pki
-from engine_helpers import deploy, error_info, start
+from engine_helpers import ONE_SERVICE_TASK, deploy, error_info, start
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-SERVICE = """
-processes:
-  - id: job
-    start: work
-    nodes:
-      - { id: work, type: service, topic: jobs, next: done }
-      - { id: done, type: end }
-"""
 
 
 def fetch_request(worker_id: str, topic: str = "abada:agent") -> external_task_pb2.FetchAndLockRequest:
@@ -86,7 +77,7 @@ async def test_roles_decide_what_a_caller_may_call(engine, channel_as, engine_to
     worker = channel_as(engine_tokens.worker_pool)
     await refused(
         definition_pb2_grpc.DefinitionServiceStub(worker).Deploy(
-            definition_pb2.DeployRequest(source_name="x.yaml", content=SERVICE)
+            definition_pb2.DeployRequest(source_name="x.yaml", content=ONE_SERVICE_TASK)
         ),
         grpc.StatusCode.PERMISSION_DENIED,
         "ROLE_REQUIRED",
@@ -107,7 +98,7 @@ async def test_roles_decide_what_a_caller_may_call(engine, channel_as, engine_to
         "ROLE_REQUIRED",
     )
     deployed = await definition_pb2_grpc.DefinitionServiceStub(operator).Deploy(
-        definition_pb2.DeployRequest(source_name="x.yaml", content=SERVICE)
+        definition_pb2.DeployRequest(source_name="x.yaml", content=ONE_SERVICE_TASK)
     )
     assert deployed.definitions[0].process_id == "job"
     broker = channel_as(engine_tokens.broker)
@@ -128,7 +119,7 @@ async def test_roles_decide_what_a_caller_may_call(engine, channel_as, engine_to
 async def test_a_worker_gets_only_its_topics_and_acts_only_under_its_own_id(
     engine, channel_as, engine_tokens
 ):
-    await deploy(engine, SERVICE)
+    await deploy(engine, ONE_SERVICE_TASK)
     await start(engine, "job")
     tasks = external_task_pb2_grpc.ExternalTaskServiceStub(channel_as(engine_tokens.worker_pool))
     await refused(

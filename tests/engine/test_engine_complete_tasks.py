@@ -5,18 +5,19 @@ from __future__ import annotations
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2, process_pb2
-from engine_helpers import complete, deploy, error_info, fetch, instance, plain, start, struct
+from engine_helpers import (
+    ONE_SERVICE_TASK,
+    complete,
+    deploy,
+    error_info,
+    fetch,
+    instance,
+    plain,
+    start,
+    struct,
+)
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
-
-ONE_STEP = """
-processes:
-  - id: job
-    start: work
-    nodes:
-      - { id: work, type: service, topic: jobs, next: done }
-      - { id: done, type: end }
-"""
 
 JOBS = external_task_pb2.TopicSubscription(name="jobs", lease_ms=60_000)
 
@@ -42,7 +43,7 @@ def refusal_info(refusal: external_task_pb2.CompletionRefusal) -> error_details_
 
 
 async def leased(engine, count: int) -> list[external_task_pb2.ExternalTask]:
-    await deploy(engine, ONE_STEP)
+    await deploy(engine, ONE_SERVICE_TASK)
     for _ in range(count):
         await start(engine, "job")
     tasks = await fetch(engine, "w", "jobs", max_tasks=count)

@@ -11,7 +11,17 @@ from __future__ import annotations
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2, process_pb2
-from engine_helpers import append, complete, deploy, error_info, fetch, history_types, instance, start
+from engine_helpers import (
+    ONE_SERVICE_TASK,
+    append,
+    complete,
+    deploy,
+    error_info,
+    fetch,
+    history_types,
+    instance,
+    start,
+)
 
 AGENT = """
 processes:
@@ -25,14 +35,6 @@ processes:
         result_variable: triage
         output_schema: { type: object, required: [priority] }
         next: done
-      - { id: done, type: end }
-"""
-SERVICE = """
-processes:
-  - id: job
-    start: work
-    nodes:
-      - { id: work, type: service, topic: jobs, next: done }
       - { id: done, type: end }
 """
 VALID = {"triage": {"priority": "high"}}
@@ -49,7 +51,7 @@ async def _refused_as_not_holder(call) -> None:
     ("bundle", "process", "topic", "variables"),
     [
         (AGENT, "triage", "abada:agent", VALID),
-        (SERVICE, "job", "jobs", {"sent": True}),
+        (ONE_SERVICE_TASK, "job", "jobs", {"sent": True}),
     ],
 )
 async def test_complete_by_an_intruder_with_the_real_token_first(engine, bundle, process, topic, variables):
@@ -80,7 +82,7 @@ async def test_append_step_by_an_intruder_with_the_real_token_first(engine):
 
 
 async def test_extend_lease_by_an_intruder_with_the_real_token_first(engine):
-    await deploy(engine, SERVICE)
+    await deploy(engine, ONE_SERVICE_TASK)
     await start(engine, "job")
     [task] = await fetch(engine, "holder", "jobs", lease_ms=5_000)
 

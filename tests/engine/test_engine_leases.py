@@ -9,17 +9,18 @@ import time
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2, process_pb2
-from engine_helpers import complete, deploy, error_info, fetch, instance, plain, start, until_lease_ran_out
+from engine_helpers import (
+    ONE_SERVICE_TASK,
+    complete,
+    deploy,
+    error_info,
+    fetch,
+    instance,
+    plain,
+    start,
+    until_lease_ran_out,
+)
 from sqlalchemy import text
-
-ONE_STEP = """
-processes:
-  - id: job
-    start: work
-    nodes:
-      - { id: work, type: service, topic: jobs, next: done }
-      - { id: done, type: end }
-"""
 
 
 async def _start_many(db, count: int) -> None:
@@ -33,7 +34,7 @@ async def _start_many(db, count: int) -> None:
 
 
 async def test_twenty_concurrent_fetchers_over_500_tasks_get_each_task_exactly_once(engine, db):
-    await deploy(engine, ONE_STEP)
+    await deploy(engine, ONE_SERVICE_TASK)
     await _start_many(db, 500)
     received: dict[str, list[str]] = {}
 
@@ -52,7 +53,7 @@ async def test_twenty_concurrent_fetchers_over_500_tasks_get_each_task_exactly_o
 
 
 async def test_expired_lease_is_offered_again_with_the_next_attempt_and_the_old_holder_is_refused(engine):
-    await deploy(engine, ONE_STEP)
+    await deploy(engine, ONE_SERVICE_TASK)
     started = await start(engine, "job")
     # 3 s: the second fetch must come while the lease holds, even on a loaded machine.
     [first] = await fetch(engine, "slow-worker", "jobs", lease_ms=3000)
@@ -77,7 +78,7 @@ async def test_after_an_outage_a_holder_gets_a_grace_to_come_back_before_its_exp
     engine, engine_core
 ):
     """The engine starting again, or its database coming back: nobody could renew a lease meanwhile."""
-    await deploy(engine, ONE_STEP)
+    await deploy(engine, ONE_SERVICE_TASK)
     await start(engine, "job")
     [held] = await fetch(engine, "cut-off", "jobs", lease_ms=1000)
     await until_lease_ran_out(held)
@@ -99,7 +100,7 @@ async def test_after_an_outage_a_holder_gets_a_grace_to_come_back_before_its_exp
 
 
 async def test_complete_after_expiry_by_the_holder_is_lease_expired_and_changes_nothing(engine):
-    await deploy(engine, ONE_STEP)
+    await deploy(engine, ONE_SERVICE_TASK)
     started = await start(engine, "job")
     [task] = await fetch(engine, "w", "jobs", lease_ms=1000)
     await until_lease_ran_out(task)
@@ -110,7 +111,7 @@ async def test_complete_after_expiry_by_the_holder_is_lease_expired_and_changes_
 
 
 async def test_wrong_token_and_wrong_worker_are_refused_alike(engine):
-    await deploy(engine, ONE_STEP)
+    await deploy(engine, ONE_SERVICE_TASK)
     await start(engine, "job")
     [task] = await fetch(engine, "w", "jobs")
     forged = external_task_pb2.ExternalTask()
@@ -130,7 +131,7 @@ async def test_wrong_token_and_wrong_worker_are_refused_alike(engine):
 
 
 async def test_extend_lease_keeps_the_task_from_others(engine):
-    await deploy(engine, ONE_STEP)
+    await deploy(engine, ONE_SERVICE_TASK)
     await start(engine, "job")
     # Renewed every 0.5 s for 2.5 s each time: a stall of up to 2 s between renewals is survived.
     [task] = await fetch(engine, "w", "jobs", lease_ms=2500)
@@ -153,7 +154,7 @@ async def test_extend_lease_keeps_the_task_from_others(engine):
 
 
 async def test_long_poll_is_woken_by_new_work_not_by_a_timer(engine):
-    await deploy(engine, ONE_STEP)
+    await deploy(engine, ONE_SERVICE_TASK)
     waiting = asyncio.create_task(fetch(engine, "w", "jobs", wait_ms=10_000))
     await asyncio.sleep(0.3)
     assert not waiting.done()
@@ -167,7 +168,7 @@ async def test_long_poll_is_woken_by_new_work_not_by_a_timer(engine):
 
 
 async def test_long_poll_returns_empty_when_the_wait_runs_out(engine):
-    await deploy(engine, ONE_STEP)
+    await deploy(engine, ONE_SERVICE_TASK)
     begun = time.monotonic()
     assert await fetch(engine, "w", "jobs", wait_ms=400) == []
     assert 0.35 < time.monotonic() - begun < 5.0  # it waited, and it stopped (generous for a loaded machine)
@@ -199,7 +200,7 @@ async def test_lease_duration_out_of_range_is_refused(engine):
 
 
 async def test_lease_token_is_stored_only_as_a_hash(engine, db):
-    await deploy(engine, ONE_STEP)
+    await deploy(engine, ONE_SERVICE_TASK)
     await start(engine, "job")
     [task] = await fetch(engine, "w", "jobs")
     async with db.connect() as conn:
@@ -210,7 +211,7 @@ async def test_lease_token_is_stored_only_as_a_hash(engine, db):
 
 async def test_complete_with_fetch_next_answers_with_the_workers_next_tasks(engine, db):
     """Eager dispatch: the answer to a Complete carries the next tasks, locked like a fetch locks them."""
-    await deploy(engine, ONE_STEP)
+    await deploy(engine, ONE_SERVICE_TASK)
     await _start_many(db, 3)
     [first] = await fetch(engine, "w", "jobs", max_tasks=1)
     answer = await engine.tasks.Complete(
@@ -235,7 +236,7 @@ async def test_complete_with_fetch_next_answers_with_the_workers_next_tasks(engi
 
 
 async def test_a_bad_fetch_next_is_refused_before_the_task_is_completed(engine):
-    await deploy(engine, ONE_STEP)
+    await deploy(engine, ONE_SERVICE_TASK)
     started = await start(engine, "job")
     [task] = await fetch(engine, "w", "jobs")
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -256,7 +257,7 @@ async def test_a_bad_fetch_next_is_refused_before_the_task_is_completed(engine):
 
 
 async def test_a_task_handed_back_unstarted_is_offered_again_at_once_without_a_retry_spent(engine):
-    await deploy(engine, ONE_STEP)
+    await deploy(engine, ONE_SERVICE_TASK)
     started = await start(engine, "job")
     [task] = await fetch(engine, "stopping-worker", "jobs", lease_ms=60_000)
     assert task.attempt == 1
@@ -282,7 +283,7 @@ async def test_a_task_handed_back_unstarted_is_offered_again_at_once_without_a_r
 
 
 async def test_only_the_holder_may_hand_a_task_back(engine):
-    await deploy(engine, ONE_STEP)
+    await deploy(engine, ONE_SERVICE_TASK)
     await start(engine, "job")
     [task] = await fetch(engine, "w", "jobs")
     with pytest.raises(grpc.aio.AioRpcError) as caught:

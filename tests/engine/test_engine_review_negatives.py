@@ -20,7 +20,7 @@ import yaml
 from abada.engine.v1 import external_task_pb2
 from abada_broker.auth import TokenFileCallers
 from abada_engine.auth import CallerRegistry, token_sha256
-from engine_helpers import complete, deploy, error_info, fetch, start
+from engine_helpers import ONE_SERVICE_TASK, complete, deploy, error_info, fetch, start
 
 ENGINE_SOURCE = pathlib.Path(__file__).resolve().parents[2] / "services" / "engine" / "src" / "abada_engine"
 # Calls whose first argument becomes SQL text.
@@ -102,11 +102,7 @@ def test_bearer_tokens_are_compared_in_constant_time(tmp_path, counted_compare_d
 
 
 async def test_a_lease_token_is_compared_in_constant_time(engine, counted_compare_digest):
-    await deploy(
-        engine,
-        "processes:\n  - id: job\n    start: work\n    nodes:\n"
-        "      - { id: work, type: service, topic: jobs, next: done }\n      - { id: done, type: end }\n",
-    )
+    await deploy(engine, ONE_SERVICE_TASK)
     await start(engine, "job")
     [task] = await fetch(engine, "w", "jobs")
     with pytest.raises(grpc.aio.AioRpcError):
