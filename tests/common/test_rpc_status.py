@@ -15,11 +15,17 @@ import grpc
 import pytest
 from abada_broker.engine_client import _error_info as broker_error_info
 from abada_common.errors import Category
-from abada_common.rpc_status import DETAILS_KEY, Violation, read_status, status_details, status_from_trailers
+from abada_common.rpc_status import (
+    DETAILS_KEY,
+    Violation,
+    read_status,
+    status_from_trailers,
+    status_message,
+)
 from abada_engine.cli.errors import from_rpc_error
 from abada_worker.rpc_errors import failure_of
 from google.protobuf import any_pb2
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 METHOD = "/abada.test.v1.Refuser/Refuse"
 
@@ -116,7 +122,7 @@ async def test_a_broken_detail_does_not_hide_a_good_error_info_after_it(refuser)
 
 
 def test_what_is_written_reads_back_whole_and_bounded():
-    code, message, details = status_details(
+    refusal = status_message(
         Category.INVALID_ARGUMENT,
         "DEFINITION_INVALID",
         "x" * 5_000,
@@ -125,6 +131,8 @@ def test_what_is_written_reads_back_whole_and_bounded():
         retry_after_seconds=1.5,
         violations=[Violation(f"nodes[{i}]", "y" * 400) for i in range(40)],
     )
+    code = grpc.StatusCode[code_pb2.Code.Name(refusal.code)]
+    message, details = refusal.message, refusal.SerializeToString()
     assert code is grpc.StatusCode.INVALID_ARGUMENT and len(message.encode()) <= 1_000
     status = status_from_trailers(code, message, [(DETAILS_KEY, details)])
     assert status.reason == "DEFINITION_INVALID"

@@ -70,51 +70,17 @@ def status_message(
     return status
 
 
-def status_details(
-    category: Category,
-    reason: str,
-    message: str,
-    *,
-    field: str = "",
-    metadata: Mapping[str, str] | None = None,
-    retry_after_seconds: float | None = None,
-    violations: Sequence[Violation] = (),
-) -> tuple[grpc.StatusCode, str, bytes]:
-    """The status code, the bounded message and the serialized `google.rpc.Status` of a refusal."""
-    status = status_message(
-        category,
-        reason,
-        message,
-        field=field,
-        metadata=metadata,
-        retry_after_seconds=retry_after_seconds,
-        violations=violations,
+async def abort(context: grpc.aio.ServicerContext[Any, Any], status: status_pb2.Status) -> None:
+    """Ends the call with the refusal `status` (see `status_message`); raises, as
+    `ServicerContext.abort` does."""
+    await context.abort(
+        _GRPC_CODES[status.code],
+        status.message,
+        trailing_metadata=((DETAILS_KEY, status.SerializeToString()),),
     )
-    return CODES[category], status.message, status.SerializeToString()
 
 
-async def abort(
-    context: grpc.aio.ServicerContext[Any, Any],
-    category: Category,
-    reason: str,
-    message: str,
-    *,
-    field: str = "",
-    metadata: Mapping[str, str] | None = None,
-    retry_after_seconds: float | None = None,
-    violations: Sequence[Violation] = (),
-) -> None:
-    """Ends the call with the refusal's status; raises, as `ServicerContext.abort` does."""
-    code, bounded_message, details = status_details(
-        category,
-        reason,
-        message,
-        field=field,
-        metadata=metadata,
-        retry_after_seconds=retry_after_seconds,
-        violations=violations,
-    )
-    await context.abort(code, bounded_message, trailing_metadata=((DETAILS_KEY, details),))
+_GRPC_CODES: dict[int, grpc.StatusCode] = {getattr(code_pb2, code.name): code for code in grpc.StatusCode}
 
 
 def _pack(status: status_pb2.Status, detail: Message) -> None:

@@ -32,7 +32,10 @@ def _call_context(context: grpc.aio.ServicerContext) -> CallContext:
 
 async def _abort(context: grpc.aio.ServicerContext, error: BrokerError) -> None:
     await rpc_status.abort(
-        context, error.outcome, error.reason, error.message, field=error.field or "", metadata=error.metadata
+        context,
+        rpc_status.status_message(
+            error.outcome, error.reason, error.message, field=error.field or "", metadata=error.metadata
+        ),
     )
 
 

@@ -54,16 +54,7 @@ def status_of(error: EngineError) -> status_pb2.Status:
 
 
 async def abort(context: grpc.aio.ServicerContext, error: EngineError) -> None:
-    await rpc_status.abort(
-        context,
-        error.category,
-        error.reason,
-        error.message,
-        field=error.field,
-        metadata=error.metadata,
-        retry_after_seconds=error.retry_after_seconds,
-        violations=_violations(error),
-    )
+    await rpc_status.abort(context, status_of(error))
 
 
 Servicer = TypeVar("Servicer", bound=type)
