@@ -219,7 +219,9 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         # Checked before the completion, so a bad fetch_next changes nothing.
         subscriptions = _next_subscriptions(caller, request.worker_id, fetch_next, "fetch_next.")
         answer = await self._complete(request)
-        answer.next_tasks.extend(await self._next_tasks(request.worker_id, subscriptions, fetch_next))
+        answer.next_tasks.extend(
+            await self._next_tasks(request.worker_id, subscriptions, request.fetch_next.max_tasks)
+        )
         return answer
 
     async def CompleteTasks(
@@ -237,7 +239,7 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         )
         return external_task_pb2.CompleteTasksResponse(
             results=results,
-            next_tasks=await self._next_tasks(request.worker_id, subscriptions, fetch_next),
+            next_tasks=await self._next_tasks(request.worker_id, subscriptions, request.fetch_next.max_tasks),
         )
 
     async def _complete_or_refuse(
@@ -282,14 +284,12 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         )
 
     async def _next_tasks(
-        self,
-        worker_id: str,
-        subscriptions: list[Subscription],
-        fetch_next: external_task_pb2.FetchNext | None,
+        self, worker_id: str, subscriptions: list[Subscription], max_tasks: int
     ) -> list[external_task_pb2.ExternalTask]:
-        if not subscriptions or fetch_next is None:
+        """Eager dispatch, on the topics `_next_subscriptions` checked: none asked for, none locked."""
+        if not subscriptions:
             return []
-        locked = await self._leases.fetch_and_lock(worker_id, subscriptions, fetch_next.max_tasks, 0)
+        locked = await self._leases.fetch_and_lock(worker_id, subscriptions, max_tasks, 0)
         return [_traced(messages.locked_task(t), new_trace=True) for t in locked]
 
     async def Fail(
