@@ -147,8 +147,7 @@ async def instance(engine: Any, instance_id: str) -> process_pb2.Instance:
     ).instance
 
 
-async def append(
-    engine: Any,
+def step_request(
     task: external_task_pb2.ExternalTask,
     sequence: int,
     kind: str,
@@ -160,7 +159,7 @@ async def append(
     worker_id: str = "w",
     attempt: int | None = None,
     lease_token: str | None = None,
-) -> external_task_pb2.AppendStepResponse:
+) -> external_task_pb2.AppendStepRequest:
     message = external_task_pb2.AppendStepRequest(
         task_id=task.id,
         worker_id=worker_id,
@@ -176,7 +175,13 @@ async def append(
         message.request.CopyFrom(struct(request))
     if response is not None:
         message.response.CopyFrom(struct(response))
-    return await engine.tasks.AppendStep(message)
+    return message
+
+
+async def append(
+    engine: Any, task: external_task_pb2.ExternalTask, sequence: int, kind: str, state: str, **fields: Any
+) -> external_task_pb2.AppendStepResponse:
+    return await engine.tasks.AppendStep(step_request(task, sequence, kind, state, **fields))
 
 
 async def journal(engine: Any, task_id: str) -> list[external_task_pb2.JournalStep]:

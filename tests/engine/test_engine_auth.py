@@ -179,6 +179,21 @@ async def test_a_worker_gets_only_its_topics_and_acts_only_under_its_own_id(
         grpc.StatusCode.PERMISSION_DENIED,
         "TOPIC_NOT_ALLOWED",
     )
+    # Nor journaled to by a batch of steps.
+    await refused(
+        tasks.AppendSteps(
+            external_task_pb2.AppendStepsRequest(
+                worker_id="w",
+                steps=[
+                    external_task_pb2.AppendStepRequest(
+                        task_id="00000000-0000-0000-0000-000000000000", lease_token="x", sequence=1
+                    )
+                ],
+            )
+        ),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "WORKER_ID_MISMATCH",
+    )
 
 
 def test_the_callers_file_holds_no_token(engine_tokens):

@@ -30,7 +30,7 @@ def completion(task: external_task_pb2.ExternalTask, **fields) -> external_task_
     )
 
 
-def refusal_info(refusal: external_task_pb2.CompletionRefusal) -> error_details_pb2.ErrorInfo:
+def refusal_info(refusal: external_task_pb2.Refusal) -> error_details_pb2.ErrorInfo:
     """The ErrorInfo inside a refusal's google.rpc.Status: what a failed Complete carries."""
     status = status_pb2.Status.FromString(refusal.status)
     assert (status.code, status.message) == (refusal.code, refusal.message)

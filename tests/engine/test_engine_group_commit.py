@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import grpc
 from abada.engine.v1 import process_pb2
-from abada_engine.runtime.group_commit import GroupCommit
+from abada_common.group_commit import GroupCommit
 from engine_helpers import GREET, complete, deploy, error_info, fetch, history_types, start
 from engine_helpers import instance as instance_of
 from sqlalchemy import text

@@ -3,6 +3,10 @@
 Every call under a lease may be retried on a transient failure, because the engine answers a
 repeated request the same way (an identical AppendStep gets the identical answer). Refusals become
 the worker's own exceptions: LeaseLost, LimitExceeded, or EngineRefused.
+
+The steps the worker's tasks journal at the same moment go to the engine together: the first alone,
+at once, and those that arrive while it is on its way in one AppendSteps (`abada_common.group_commit`).
+Each is answered on its own, exactly as its own AppendStep would be.
 """
 
 from __future__ import annotations
@@ -11,17 +15,18 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
+from abada_common.group_commit import GroupCommit
 from abada_common.struct_codec import to_struct
 
 from .caller_token import CallerToken
 from .errors import AttemptFailed, EngineUnavailable, LeaseLost, LimitExceeded, QuotaWait
-from .rpc_errors import LIMIT_EXCEEDED, MODEL_QUOTA_EXHAUSTED, RpcFailure, failure_of
+from .rpc_errors import LIMIT_EXCEEDED, MODEL_QUOTA_EXHAUSTED, RpcFailure, failure_of, failure_of_refusal
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +34,8 @@ Reply = TypeVar("Reply")
 _FIRST_RETRY_SECONDS = 0.1
 _MAX_RETRY_SECONDS = 2.0
 _CONFIGURATION_REASONS = frozenset({"BINDING_NOT_FOUND", "VARIABLE_NOT_ALLOWED"})
+# The engine takes at most this many steps in one AppendSteps.
+MAX_STEPS_PER_CALL = 100
 
 
 class EngineRefused(AttemptFailed):
@@ -77,6 +84,11 @@ class EngineClient:
         self._timeout = call_timeout_seconds
         # Set by a worker that takes its next task in the answer to a Complete (see EagerDispatch).
         self.eager: EagerDispatch | None = None
+        self._steps = GroupCommit(
+            self._append_steps, max_batch=MAX_STEPS_PER_CALL, each_alone_on_failure=True
+        )
+        # Off for good once the engine answers AppendSteps UNIMPLEMENTED (an engine older than it).
+        self._batch_steps = True
 
     async def fetch_and_lock(
         self, topic: str, lease_ms: int, max_tasks: int, wait_ms: int
@@ -113,7 +125,35 @@ class EngineClient:
         self, request: external_task_pb2.AppendStepRequest
     ) -> external_task_pb2.AppendStepResponse:
         request.worker_id = self.worker_id
-        return await self._call(self._stub.AppendStep, request, self._timeout)
+        answer = await self._steps.submit(request)
+        if isinstance(answer, external_task_pb2.AppendStepResponse):
+            return answer
+        if answer.transient:
+            # The engine could not journal it just then: again alone, with the usual retries.
+            return await self._call(self._stub.AppendStep, request, self._timeout)
+        raise _refusal(answer)
+
+    async def _append_steps(
+        self, requests: Sequence[external_task_pb2.AppendStepRequest]
+    ) -> list[external_task_pb2.AppendStepResponse | RpcFailure]:
+        """One batch of the step line: a single step as AppendStep (with retries), several in one
+        AppendSteps. A batch that fails whole is sent again a step at a time by the line."""
+        if len(requests) == 1 or not self._batch_steps:
+            return [await self._call(self._stub.AppendStep, requests[0], self._timeout)]
+        try:
+            reply = await self._stub.AppendSteps(
+                external_task_pb2.AppendStepsRequest(worker_id=self.worker_id, steps=requests),
+                timeout=self._timeout,
+                metadata=self._token.metadata(),
+            )
+        except grpc.aio.AioRpcError as error:
+            if error.code() is grpc.StatusCode.UNIMPLEMENTED:
+                self._batch_steps = False
+            raise
+        return [
+            result.appended if result.HasField("appended") else failure_of_refusal(result.refused)
+            for result in reply.results
+        ]
 
     async def complete(
         self,

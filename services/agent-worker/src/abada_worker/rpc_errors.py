@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import grpc
-from abada_common.rpc_status import read_status
+from abada.engine.v1 import external_task_pb2
+from abada_common.rpc_status import RpcStatus, read_status, refused_item_status
 
 TRANSIENT_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
@@ -36,5 +37,13 @@ class RpcFailure:
 
 
 def failure_of(error: grpc.RpcError) -> RpcFailure:
-    status = read_status(error)
+    return _failure(read_status(error))
+
+
+def failure_of_refusal(refusal: external_task_pb2.Refusal) -> RpcFailure:
+    """One refused item of a batch call, as the failure of the single call it stands for."""
+    return _failure(refused_item_status(refusal.code, refusal.message, refusal.status))
+
+
+def _failure(status: RpcStatus) -> RpcFailure:
     return RpcFailure(status.code, status.message, status.reason, status.metadata, status.retry_after_seconds)

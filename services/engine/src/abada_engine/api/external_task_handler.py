@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import Protocol
 
 import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
@@ -53,8 +55,8 @@ def _metadata(message: external_task_pb2.AttemptMetadata) -> AttemptMetadata:
     )
 
 
-# A batch of completions is one call's work: bounded like a fetch.
-MAX_COMPLETIONS = 100
+# A batch (of completions, of steps) is one call's work: bounded like a fetch.
+MAX_BATCH = 100
 
 
 def _next_subscriptions(
@@ -69,33 +71,39 @@ def _next_subscriptions(
     return subscriptions
 
 
-def _check_batch(request: external_task_pb2.CompleteTasksRequest) -> None:
-    """A batch the engine would not take apart cleanly is refused whole, before anything changes."""
-    count = len(request.completions)
-    if not 1 <= count <= MAX_COMPLETIONS:
-        raise invalid(
-            "INVALID_ARGUMENT", "completions", f"send 1 to {MAX_COMPLETIONS} completions, not {count}"
-        )
+class _BatchItem(Protocol):
+    """A completion or a step: what a batch is checked on."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def task_id(self) -> str: ...
+
+
+def _check_batch(worker_id: str, items: Sequence[_BatchItem], field: str) -> None:
+    """A batch the engine would not take apart cleanly is refused whole, before anything changes: it
+    holds 1 to MAX_BATCH items, all of this worker's, at most one a task."""
+    count = len(items)
+    if not 1 <= count <= MAX_BATCH:
+        raise invalid("INVALID_ARGUMENT", field, f"send 1 to {MAX_BATCH} {field}, not {count}")
     seen: set[str] = set()
-    for index, completion in enumerate(request.completions):
-        where = f"completions[{index}]"
-        if completion.worker_id not in ("", request.worker_id):
+    for index, item in enumerate(items):
+        where = f"{field}[{index}]"
+        if item.worker_id not in ("", worker_id):
             raise invalid(
                 "WORKER_ID_MISMATCH",
                 f"{where}.worker_id",
-                f"must be empty or this request's worker_id {request.worker_id!r}",
+                f"must be empty or this request's worker_id {worker_id!r}",
             )
-        if completion.HasField("fetch_next"):
+        if isinstance(item, external_task_pb2.CompleteRequest) and item.HasField("fetch_next"):
             raise invalid(
                 "INVALID_ARGUMENT", f"{where}.fetch_next", "set fetch_next on the batch, not on a completion"
             )
-        if completion.task_id in seen:
+        if item.task_id in seen:
             raise invalid(
-                "INVALID_ARGUMENT",
-                f"{where}.task_id",
-                f"task {completion.task_id!r} is completed twice in this call",
+                "INVALID_ARGUMENT", f"{where}.task_id", f"task {item.task_id!r} is in this call twice"
             )
-        seen.add(completion.task_id)
+        seen.add(item.task_id)
 
 
 _tracer = trace.get_tracer("abada.engine")
@@ -142,6 +150,36 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         self, request: external_task_pb2.AppendStepRequest, context: grpc.aio.ServicerContext
     ) -> external_task_pb2.AppendStepResponse:
         require_worker(current_caller.get(), request.worker_id)
+        return await self._append(request)
+
+    async def AppendSteps(
+        self, request: external_task_pb2.AppendStepsRequest, context: grpc.aio.ServicerContext
+    ) -> external_task_pb2.AppendStepsResponse:
+        require_worker(current_caller.get(), request.worker_id)
+        _check_batch(request.worker_id, request.steps, "steps")
+        # Each step on its own, all at once: admissions that reach the database together share the
+        # model's group commit, and one refused leaves the others as they would be without it.
+        return external_task_pb2.AppendStepsResponse(
+            results=await asyncio.gather(
+                *(self._append_or_refuse(step, request.worker_id) for step in request.steps)
+            )
+        )
+
+    async def _append_or_refuse(
+        self, step: external_task_pb2.AppendStepRequest, worker_id: str
+    ) -> external_task_pb2.StepResult:
+        if not step.worker_id:
+            step.worker_id = worker_id
+        try:
+            return external_task_pb2.StepResult(appended=await self._append(step))
+        except Exception as error:
+            return external_task_pb2.StepResult(
+                refused=self._refusal(error, "ExternalTaskHandler.AppendSteps")
+            )
+
+    async def _append(
+        self, request: external_task_pb2.AppendStepRequest
+    ) -> external_task_pb2.AppendStepResponse:
         kind = _KIND_NAMES.get(request.kind)
         if kind is None:
             raise invalid("INVALID_ARGUMENT", "kind", "must be STEP_KIND_MODEL_CALL or STEP_KIND_TOOL_CALL")
@@ -172,6 +210,14 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         return external_task_pb2.AppendStepResponse(
             step=messages.step(result.step, [(plain, struct) for plain, struct in sent if plain is not None]),
             idempotency_key=result.idempotency_key,
+        )
+
+    def _refusal(self, error: Exception, where: str) -> external_task_pb2.Refusal:
+        """One item of a batch refused: what the single call would have failed with."""
+        refusal = as_refusal(error, where, self.database)
+        status = status_of(refusal)
+        return external_task_pb2.Refusal(
+            code=status.code, message=status.message, reason=refusal.reason, status=status.SerializeToString()
         )
 
     async def GetJournal(
@@ -229,7 +275,7 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
     ) -> external_task_pb2.CompleteTasksResponse:
         caller = current_caller.get()
         require_worker(caller, request.worker_id)
-        _check_batch(request)
+        _check_batch(request.worker_id, request.completions, "completions")
         fetch_next = request.fetch_next if request.HasField("fetch_next") else None
         subscriptions = _next_subscriptions(caller, request.worker_id, fetch_next, "fetch_next.")
         # Each completion on its own, all at once: those that reach the database together share its
@@ -250,15 +296,8 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         try:
             return external_task_pb2.CompletionResult(completed=await self._complete(completion))
         except Exception as error:
-            refusal = as_refusal(error, "ExternalTaskHandler.CompleteTasks", self.database)
-            status = status_of(refusal)
             return external_task_pb2.CompletionResult(
-                refused=external_task_pb2.CompletionRefusal(
-                    code=status.code,
-                    message=status.message,
-                    reason=refusal.reason,
-                    status=status.SerializeToString(),
-                )
+                refused=self._refusal(error, "ExternalTaskHandler.CompleteTasks")
             )
 
     async def _complete(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from abada_common.group_commit import GroupCommit
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.definitions.catalog import DefinitionCatalog
@@ -26,7 +27,6 @@ from abada_engine.store.moves import TokenMove, move_tokens
 from abada_engine.store.states import TaskState
 
 from .contract import Verdict, check_written_variables, judge, judging_can_take_long
-from .group_commit import GroupCommit
 from .handed_out import HandedOut, LeaseHeld
 from .leases import hash_token, hold_lease
 from .navigator import Advance, HistoryEntry, IncidentToRaise, advance, evaluates_conditions, leave_node

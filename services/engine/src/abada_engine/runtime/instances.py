@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from abada_common.group_commit import GroupCommit
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
@@ -25,7 +26,6 @@ from abada_engine.store.instances import ListedInstance
 from abada_engine.store.moves import NewInstance, StartToWrite, start_instances
 from abada_engine.store.states import InstanceState, TaskKind, TaskState
 
-from .group_commit import GroupCommit
 from .navigator import HistoryEntry, advance, evaluates_conditions, leave_node
 from .offload import run_cpu_work
 from .tokens import advance_move, apply_move, history_record, start_move, write_history

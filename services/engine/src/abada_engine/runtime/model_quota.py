@@ -21,6 +21,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 
+from abada_common.group_commit import GroupCommit
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine import metrics
@@ -30,7 +31,6 @@ from abada_engine.errors import Category, EngineError
 from abada_engine.store import model_quotas as quota_store
 from abada_engine.store.hand_written import HotPath
 
-from .group_commit import GroupCommit
 from .quota_window import QUOTA_SPAN_SECONDS
 
 log = logging.getLogger(__name__)

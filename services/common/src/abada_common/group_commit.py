@@ -1,12 +1,13 @@
-"""Group commit: requests that arrive while the previous batch is in the database go together next.
+"""Group commit: requests that arrive while the previous batch is on its way go together next.
 
 A line sends the first request at once, alone (no timer: an idle line adds no delay). Whatever arrives
 while that batch is in flight waits in the line, and goes as the next batch, in order of arrival, the
 moment the previous one returns. Each caller is answered on its own, with its own result, or with the
 batch's exception if the batch as a whole failed — or, for a line made `each_alone_on_failure`, with
 its own answer from running it again alone, so one bad request is refused on its own and the others
-go through. So under load one round trip (and one commit) serves many callers, and the line never
-holds more than one batch in flight.
+go through. So under load one round trip serves many callers, and the line never holds more than one
+batch in flight. The engine batches its writes to PostgreSQL this way (one statement and one commit
+for many calls); the agent worker, its calls to the engine (one AppendSteps for many AppendSteps).
 """
 
 from __future__ import annotations
