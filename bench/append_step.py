@@ -2,7 +2,9 @@
 
 Prints AppendStep calls/s with p50/p99 and, measured in the same run, the same engine's bare gRPC
 rate (health Check at 8 callers: what gRPC alone allows) with the ratio of the two, and the raw
-single-row commit rate of the same PostgreSQL.
+single-row commit rate of the same PostgreSQL. Then the same 8 tasks journaled the way the agent
+worker journals them: through its engine client, which sends the steps its tasks journal at the same
+moment together in one AppendSteps.
 
     python bench/append_step.py --tasks 8 --pairs 250
 """
@@ -14,6 +16,7 @@ import asyncio
 import sys
 import time
 
+import grpc
 from abada.engine.v1 import (
     definition_pb2,
     definition_pb2_grpc,
@@ -22,6 +25,8 @@ from abada.engine.v1 import (
     process_pb2,
     process_pb2_grpc,
 )
+from abada_worker.caller_token import CallerToken
+from abada_worker.engine_client import EngineClient
 from common import (
     EngineProcess,
     bare_grpc_rate,
@@ -56,8 +61,9 @@ def _struct(value: dict) -> struct_pb2.Struct:
     return message
 
 
-async def run(engine: EngineProcess, tasks: int, pairs: int) -> dict[str, object]:
-    async with engine.channel() as channel:
+async def run(engine: EngineProcess, tasks: int, pairs: int, batched: bool = False) -> dict[str, object]:
+    """`batched`: the steps go through the agent worker's engine client (one worker, 8 tasks)."""
+    async with engine.channel() as channel, grpc.aio.insecure_channel(engine.address) as plain:
         await definition_pb2_grpc.DefinitionServiceStub(channel).Deploy(
             definition_pb2.DeployRequest(source_name="bench.yaml", content=BUNDLE)
         )
@@ -75,6 +81,11 @@ async def run(engine: EngineProcess, tasks: int, pairs: int) -> dict[str, object
             )
         ).tasks
         latencies: list[float] = []
+        send = (
+            EngineClient(plain, "bench", CallerToken(engine.token)).append_step
+            if batched
+            else stub.AppendStep
+        )
         request_body = _struct({"turn": 0, "model": "bench-model", "contents": "x" * 200})
         response_body = _struct({"text": "y" * 300, "finishReason": "STOP"})
 
@@ -91,7 +102,7 @@ async def run(engine: EngineProcess, tasks: int, pairs: int) -> dict[str, object
                     ),
                 ):
                     began = time.perf_counter()
-                    await stub.AppendStep(
+                    await send(
                         external_task_pb2.AppendStepRequest(
                             task_id=task.id,
                             worker_id="bench",
@@ -119,6 +130,9 @@ def measure(tasks: int, pairs: int) -> dict[str, float]:
         cpu = engine.cpu_seconds()
         result = asyncio.run(run(engine, tasks, pairs))
         cpu_append = engine.cpu_seconds() - cpu
+        cpu = engine.cpu_seconds()
+        batched = asyncio.run(run(engine, tasks, pairs, batched=True))
+        cpu_batched = engine.cpu_seconds() - cpu
         floor_after = asyncio.run(bare_grpc_rate(engine.address))
         raw = asyncio.run(raw_commit_rate(url, connections=8))
     rate = result["calls"] / result["elapsed"]
@@ -136,6 +150,10 @@ def measure(tasks: int, pairs: int) -> dict[str, float]:
         "raw": raw,
         "ratio": rate / floor,
         "cpu_per_append": cpu_append / result["calls"],
+        "batched_rate": batched["calls"] / batched["elapsed"],
+        "batched_ratio": batched["calls"] / batched["elapsed"] / floor,
+        "batched_p50": percentile(batched["latencies"], 0.5),
+        "cpu_per_batched_step": cpu_batched / batched["calls"],
         "cpu_per_bare": cpu_bare / 4000,
     }
 
@@ -155,6 +173,11 @@ def report(figures: dict[str, float], tasks: int) -> None:
         f"engine CPU per call:       {figures['cpu_per_append'] * 1e6:,.0f} us per AppendStep "
         f"(includes the run's set-up), {figures['cpu_per_bare'] * 1e6:,.0f} us per bare call"
     )
+    print(
+        f"steps via the agent worker: {figures['batched_rate']:,.0f} steps/s (AppendSteps for steps that meet; "
+        f"p50 {figures['batched_p50'] * 1000:.2f} ms, engine CPU {figures['cpu_per_batched_step'] * 1e6:,.0f} us a step)"
+    )
+    print(f"  worker steps / bare gRPC: {figures['batched_ratio']:.2f}")
     print(f"raw single-row commits:    {figures['raw']:,.0f}/s at 8 connections (same PostgreSQL, same run)")
     sys.stdout.flush()
 
@@ -167,13 +190,15 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=200)
     parser.add_argument("--runs", type=int, default=1, help="repeat, and print the median ratio")
     args = parser.parse_args()
-    ratios = []
+    ratios, batched_ratios = [], []
     for _ in range(args.runs):
         figures = measure(args.tasks, args.pairs)
         report(figures, args.tasks)
         ratios.append(figures["ratio"])
+        batched_ratios.append(figures["batched_ratio"])
     if args.runs > 1:
         print(f"median AppendStep / bare gRPC over {args.runs} runs: {median(ratios):.2f}")
+        print(f"median worker steps / bare gRPC over {args.runs} runs: {median(batched_ratios):.2f}")
 
 
 if __name__ == "__main__":

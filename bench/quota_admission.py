@@ -4,7 +4,9 @@ Concurrent tasks, spread over two engine processes, each journal model calls: ST
 admits the call against the model profile's windows, shared in PostgreSQL) then COMPLETED (its
 tokens settle the estimate). The quota is real but set above what the run can reach, so every call
 is admitted and the figure is admission's own speed, not the quota's. In the same run, the same
-journaling for a model without a profile (no admission) and the bare gRPC rate of one replica.
+journaling for a model without a profile (no admission) and the bare gRPC rate of one replica. Then
+the quota's calls journaled the way agent workers journal them: two workers, one a replica, each
+sending the steps its tasks journal at the same moment together (AppendSteps).
 
     python bench/quota_admission.py --tasks 32 --calls 60
 """
@@ -30,6 +32,7 @@ from contextlib import ExitStack
 from typing import Any
 
 import asyncpg
+import grpc
 import profile_engine
 import psutil
 from abada.engine.v1 import (
@@ -41,6 +44,8 @@ from abada.engine.v1 import (
     process_pb2_grpc,
 )
 from abada_engine.store import model_quotas
+from abada_worker.caller_token import CallerToken
+from abada_worker.engine_client import EngineClient
 from common import EngineProcess, bare_grpc_rate, engine_process, percentile, scratch_database
 from google.protobuf import struct_pb2
 
@@ -74,9 +79,21 @@ def _struct(value: dict) -> struct_pb2.Struct:
 
 
 async def run(
-    replicas: list[EngineProcess], process_id: str, tasks: int, calls: int, profile: bool = False
+    replicas: list[EngineProcess],
+    process_id: str,
+    tasks: int,
+    calls: int,
+    profile: bool = False,
+    through_workers: bool = False,
 ) -> dict[str, object]:
+    """`through_workers`: each task's steps go through the engine client of an agent worker, one worker
+    a replica, instead of a call of their own, each to the replica after the last."""
     channels = [replica.channel() for replica in replicas]
+    plain = [grpc.aio.insecure_channel(replica.address) for replica in replicas]
+    workers = [
+        EngineClient(channel, "bench", CallerToken(replica.token))
+        for channel, replica in zip(plain, replicas, strict=True)
+    ]
     try:
         first = channels[0]
         processes = process_pb2_grpc.ProcessServiceStub(first)
@@ -100,8 +117,11 @@ async def run(
         async def journal(index: int, task: external_task_pb2.ExternalTask) -> None:
             for sequence in range(1, calls + 1):
                 # Each call goes through one replica and the next through the other: the quota is
-                # theirs together.
-                stub = stubs[(index + sequence) % len(stubs)]
+                # theirs together. A worker's tasks stay with the worker, and its replica.
+                if through_workers:
+                    send = workers[index % len(workers)].append_step
+                else:
+                    send = stubs[(index + sequence) % len(stubs)].AppendStep
                 common = {
                     "task_id": task.id,
                     "worker_id": "bench",
@@ -111,7 +131,7 @@ async def run(
                     "kind": external_task_pb2.STEP_KIND_MODEL_CALL,
                 }
                 began = time.perf_counter()
-                await stub.AppendStep(
+                await send(
                     external_task_pb2.AppendStepRequest(
                         **common,
                         state=external_task_pb2.STEP_STATE_STARTED,
@@ -120,7 +140,7 @@ async def run(
                     )
                 )
                 admissions.append(time.perf_counter() - began)
-                await stub.AppendStep(
+                await send(
                     external_task_pb2.AppendStepRequest(
                         **common,
                         state=external_task_pb2.STEP_STATE_COMPLETED,
@@ -137,7 +157,7 @@ async def run(
             elapsed = time.perf_counter() - began
             cpu = sum(_cpu_seconds(p) for p in engines) - cpu_before
     finally:
-        for channel in channels:
+        for channel in [*channels, *plain]:
             await channel.close()
     return {
         "calls": len(admissions),
@@ -237,6 +257,7 @@ def measure(tasks: int, calls: int, profile: bool = False) -> dict[str, Any]:
         asyncio.run(deploy(replicas[0]))
         quota = asyncio.run(run(replicas, "quota", tasks, calls, profile))
         unlimited = asyncio.run(run(replicas, "unlimited", tasks, calls, profile))
+        via_workers = asyncio.run(run(replicas, "quota", tasks, calls, through_workers=True))
         floor = asyncio.run(bare_grpc_rate(replicas[0].address))
         try:
             ceiling = asyncio.run(admission_ceiling(url, batch=1))
@@ -257,6 +278,9 @@ def measure(tasks: int, calls: int, profile: bool = False) -> dict[str, Any]:
         "peer_p50": percentile(unlimited["admissions"], 0.5),
         "peer_p99": percentile(unlimited["admissions"], 0.99),
         "ratio": rate / peer,
+        "worker_rate": via_workers["calls"] / via_workers["elapsed"],
+        "worker_p50": percentile(via_workers["admissions"], 0.5),
+        "worker_cpu_ms_per_call": via_workers["cpu_ms_per_call"],
         "bare_grpc": floor,
         "ceiling": ceiling,
         "batched_ceiling": batched_ceiling,
@@ -282,6 +306,10 @@ def report(result: dict[str, Any], tasks: int) -> None:
     print(
         f"engine CPU per model call:       {result['cpu_ms_per_call']:.2f} ms with quota, "
         f"{result['peer_cpu_ms_per_call']:.2f} ms without (both replicas)"
+    )
+    print(
+        f"admitted via 2 agent workers:    {result['worker_rate']:,.0f}/s (steps that meet go in one AppendSteps; "
+        f"STARTED p50 {result['worker_p50'] * 1000:.2f} ms, {result['worker_cpu_ms_per_call']:.2f} ms engine CPU a call)"
     )
     print(
         f"bare gRPC unary calls:           {result['bare_grpc']:,.0f}/s at 8 callers (one replica, same run)"

@@ -68,6 +68,13 @@ def main() -> None:
             m(appends, "ratio") >= 0.5,
         ),
         (
+            "  the same steps through the agent worker's client (AppendSteps)",
+            f"{m(appends, 'batched_rate'):,.0f}/s vs {m(appends, 'bare_grpc'):,.0f}/s = "
+            f"{m(appends, 'batched_ratio'):.2f}x",
+            ">= 0.5x",
+            m(appends, "batched_ratio") >= 0.5,
+        ),
+        (
             f"FetchAndLock p50 at {high:,} / at {low} in flight",
             f"{m(flights, f'fetch_p50@{high}') * 1000:.2f} / {m(flights, f'fetch_p50@{low}') * 1000:.2f} ms"
             f" = {fetch_p50:.2f}x",
@@ -105,6 +112,12 @@ def main() -> None:
             f"admission alone {m(quotas, 'ceiling'):,.0f}/s",
             ">= 1,000/s",
             m(quotas, "rate") >= 1000,
+        ),
+        (
+            "  the same through 2 agent workers' clients (AppendSteps)",
+            f"{m(quotas, 'worker_rate'):,.0f}/s",
+            ">= 1,000/s",
+            m(quotas, "worker_rate") >= 1000,
         ),
         (
             "context: raw single-row commits, 8 connections",
