@@ -6,7 +6,7 @@ import asyncio
 
 import grpc
 import pytest
-from abada.engine.v1 import external_task_pb2
+from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
 from abada_common.rpc_status import refused_item_status
 from abada_worker.caller_token import CallerToken
 from abada_worker.engine_client import EngineClient, EngineRefused
@@ -36,6 +36,17 @@ async def leased(engine, count: int) -> list[external_task_pb2.ExternalTask]:
     tasks = await fetch(engine, "w", "abada:agent", max_tasks=count)
     assert len(tasks) == count
     return tasks
+
+
+class Counting(grpc.aio.UnaryUnaryClientInterceptor):
+    """Counts the calls a client makes, by method name."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def intercept_unary_unary(self, continuation, details, request):
+        self.calls.append(details.method.decode().rsplit("/", 1)[-1])
+        return await continuation(details, request)
 
 
 async def test_each_step_is_journaled_or_refused_on_its_own_and_answered_in_order(engine):
@@ -116,14 +127,8 @@ async def test_the_agent_workers_steps_that_arrive_together_go_in_one_call(engin
     """The agent worker's engine client: the steps its tasks journal at the same moment go together in
     one AppendSteps, and each caller gets its own answer, or its own refusal."""
     tasks = await leased(engine, 12)
-    calls: list[str] = []
-
-    class Counting(grpc.aio.UnaryUnaryClientInterceptor):
-        async def intercept_unary_unary(self, continuation, details, request):
-            calls.append(details.method.decode().rsplit("/", 1)[-1])
-            return await continuation(details, request)
-
-    async with grpc.aio.insecure_channel(engine.address, interceptors=[Counting()]) as channel:
+    counting = Counting()
+    async with grpc.aio.insecure_channel(engine.address, interceptors=[counting]) as channel:
         client = EngineClient(channel, "w", CallerToken(engine_tokens.suite))
 
         outcomes = await asyncio.gather(
@@ -137,7 +142,69 @@ async def test_the_agent_workers_steps_that_arrive_together_go_in_one_call(engin
     assert isinstance(outcomes[10], EngineRefused) and outcomes[10].failure.reason == "SEQUENCE_GAP"
     assert isinstance(outcomes[11], LeaseLost)
     # The twelve arrived while nothing was on its way: one call carried them all.
-    assert calls == ["AppendSteps"]
+    assert counting.calls == ["AppendSteps"]
     for task in tasks[:10]:
         assert [s.sequence for s in await journal(engine, task.id)] == [1]
     assert await journal(engine, tasks[11].id) == []
+
+
+async def test_steps_of_one_task_that_meet_are_not_batched_together(engine, engine_tokens):
+    """The engine takes one step a task per AppendSteps: the worker's client sends a task's second
+    step that meets its first on its own, instead of a batch the engine would refuse whole."""
+    tasks = await leased(engine, 3)
+    for task in tasks:
+        await append(engine, task, 1, "MODEL_CALL", "STARTED")
+    counting = Counting()
+    async with grpc.aio.insecure_channel(engine.address, interceptors=[counting]) as channel:
+        client = EngineClient(channel, "w", CallerToken(engine_tokens.suite))
+        finish = [step_request(t, 1, "MODEL_CALL", "COMPLETED", response={"text": "ok"}) for t in tasks]
+        # The first task's finish twice, as a worker re-sending it would: the same answer both times.
+        answers = await asyncio.gather(*(client.append_step(step) for step in [finish[0], *finish]))
+    assert sorted(counting.calls) == ["AppendStep", "AppendSteps"]
+    assert answers[0] == answers[1]
+    assert [a.step.state for a in answers] == [external_task_pb2.STEP_STATE_COMPLETED] * 4
+
+
+class OlderEngine(external_task_pb2_grpc.ExternalTaskServiceServicer):
+    """An engine from before AppendSteps: it journals one step a call, and knows no other RPC."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, int]] = []
+
+    async def AppendStep(self, request, context):
+        self.steps.append((request.task_id, request.sequence))
+        return external_task_pb2.AppendStepResponse(
+            step=external_task_pb2.JournalStep(sequence=request.sequence, state=request.state)
+        )
+
+
+async def test_against_an_engine_without_append_steps_the_worker_sends_one_step_a_call():
+    older = OlderEngine()
+    server = grpc.aio.server()
+    external_task_pb2_grpc.add_ExternalTaskServiceServicer_to_server(older, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    counting = Counting()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", interceptors=[counting]) as channel:
+            client = EngineClient(channel, "w", CallerToken("token"))
+
+            async def steps(sequence: int) -> list[int]:
+                answers = await asyncio.gather(
+                    *(
+                        client.append_step(
+                            external_task_pb2.AppendStepRequest(task_id=f"t{n}", sequence=sequence)
+                        )
+                        for n in range(6)
+                    )
+                )
+                return [a.step.sequence for a in answers]
+
+            assert await steps(1) == [1] * 6
+            # The refused batch was sent again a step at a time; from then on every step goes alone.
+            assert counting.calls == ["AppendSteps", *["AppendStep"] * 6]
+            assert await steps(2) == [2] * 6
+            assert counting.calls[7:] == ["AppendStep"] * 6
+    finally:
+        await server.stop(None)
+    assert sorted(older.steps) == sorted((f"t{n}", s) for n in range(6) for s in (1, 2))

@@ -89,6 +89,8 @@ class EngineClient:
         )
         # Off for good once the engine answers AppendSteps UNIMPLEMENTED (an engine older than it).
         self._batch_steps = True
+        # Tasks with a step in the line or on its way in it.
+        self._tasks_in_line: set[str] = set()
 
     async def fetch_and_lock(
         self, topic: str, lease_ms: int, max_tasks: int, wait_ms: int
@@ -125,7 +127,15 @@ class EngineClient:
         self, request: external_task_pb2.AppendStepRequest
     ) -> external_task_pb2.AppendStepResponse:
         request.worker_id = self.worker_id
-        answer = await self._steps.submit(request)
+        if request.task_id in self._tasks_in_line or not self._batch_steps:
+            # The engine takes one step a task per AppendSteps; a task's steps that meet (the calls
+            # of one turn finishing together) go on their own, as each would have without batching.
+            return await self._call(self._stub.AppendStep, request, self._timeout)
+        self._tasks_in_line.add(request.task_id)
+        try:
+            answer = await self._steps.submit(request)
+        finally:
+            self._tasks_in_line.discard(request.task_id)
         if isinstance(answer, external_task_pb2.AppendStepResponse):
             return answer
         if answer.transient:
@@ -138,7 +148,7 @@ class EngineClient:
     ) -> list[external_task_pb2.AppendStepResponse | RpcFailure]:
         """One batch of the step line: a single step as AppendStep (with retries), several in one
         AppendSteps. A batch that fails whole is sent again a step at a time by the line."""
-        if len(requests) == 1 or not self._batch_steps:
+        if len(requests) == 1:
             return [await self._call(self._stub.AppendStep, requests[0], self._timeout)]
         try:
             reply = await self._stub.AppendSteps(
