@@ -179,9 +179,15 @@ def step_request(
 
 
 async def append(
-    engine: Any, task: external_task_pb2.ExternalTask, sequence: int, kind: str, state: str, **fields: Any
+    engine: Any,
+    task: external_task_pb2.ExternalTask,
+    sequence: int,
+    kind: str,
+    state: str,
+    tool_ref: str = "",
+    **fields: Any,
 ) -> external_task_pb2.AppendStepResponse:
-    return await engine.tasks.AppendStep(step_request(task, sequence, kind, state, **fields))
+    return await engine.tasks.AppendStep(step_request(task, sequence, kind, state, tool_ref, **fields))
 
 
 async def journal(engine: Any, task_id: str) -> list[external_task_pb2.JournalStep]:
