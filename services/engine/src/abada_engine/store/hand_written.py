@@ -22,13 +22,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import SESSION_SETTINGS, autocommit, dumps
 
+from .hot_pool import HotPool
+
 _PARAMETER = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
 R = TypeVar("R")
 
-# Where a hand-written statement runs: a SQLAlchemy connection (inside its transaction, if any), or
-# asyncpg's own pool or connection.
-Executor = AsyncConnection | asyncpg.Pool | asyncpg.Connection
+# Where a hand-written statement runs: a SQLAlchemy connection (inside its transaction, if any), the
+# hot statements' own pool, or an asyncpg connection.
+Executor = AsyncConnection | HotPool | asyncpg.Connection
 
 
 class Row(dict[str, Any]):
@@ -68,7 +70,7 @@ class HandWritten:
         return Row(record) if record is not None else None
 
 
-async def _driver(conn: Executor) -> asyncpg.Pool | asyncpg.Connection:
+async def _driver(conn: Executor) -> HotPool | asyncpg.Connection:
     if isinstance(conn, AsyncConnection):
         driver = (await conn.get_raw_connection()).driver_connection
         # SQLAlchemy types the DBAPI's own connection as Any; under the asyncpg dialect it is asyncpg's.
@@ -79,12 +81,13 @@ async def _driver(conn: Executor) -> asyncpg.Pool | asyncpg.Connection:
 class HotPath:
     """Where the runtime runs hand-written statements outside a transaction of its own.
 
-    With asyncpg's own pool, a statement costs one acquire from that pool instead of SQLAlchemy's
-    checkout, reset and checkin around the same asyncpg call; without one (a runtime assembled
-    over a bare SQLAlchemy engine, as some tests do), SQLAlchemy's autocommit pool serves.
+    With the hot statements' own pool (`hot_pool.py`), a statement borrows an idle asyncpg connection
+    instead of SQLAlchemy's checkout, reset and checkin around the same asyncpg call; without one (a
+    runtime assembled over a bare SQLAlchemy engine, as some tests do), SQLAlchemy's autocommit pool
+    serves.
     """
 
-    def __init__(self, engine: AsyncEngine, pool: asyncpg.Pool | None = None) -> None:
+    def __init__(self, engine: AsyncEngine, pool: HotPool | None = None) -> None:
         self._reads = autocommit(engine)
         self.pool = pool
 
@@ -97,27 +100,14 @@ class HotPath:
             yield conn
 
     @staticmethod
-    async def open_pool(url: str, size: int) -> asyncpg.Pool:
-        """asyncpg's pool, decoding json/jsonb as the SQLAlchemy engine does (statements pass JSON text)."""
-        return await asyncpg.create_pool(
-            url,
-            min_size=1,
-            max_size=size,
-            init=_json_codecs,
-            reset=_nothing_to_reset,
-            server_settings=SESSION_SETTINGS,
-        )
+    async def open_pool(url: str, size: int) -> HotPool:
+        """The hot statements' pool, decoding json/jsonb as the SQLAlchemy engine does (statements pass
+        JSON text)."""
+        return await HotPool.open(url, size, SESSION_SETTINGS, _json_codecs)
 
     async def close(self) -> None:
         if self.pool is not None:
             await self.pool.close()
-
-
-async def _nothing_to_reset(conn: asyncpg.Connection) -> None:
-    """asyncpg's default reset sends `SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`
-    on every release: one more round trip per hot statement. These statements leave no session state
-    behind (no locks beyond their own, cursors, listeners or settings); asyncpg still rolls back a
-    transaction left open before calling this."""
 
 
 async def _json_codecs(conn: asyncpg.Connection) -> None:
