@@ -34,7 +34,7 @@ def main() -> None:
         appends.append(append_step.measure(8, 200))
         append_step.report(appends[-1], 8)
         levels = [100, args.in_flight]
-        flights.append(many_in_flight.measure(levels, 300))
+        flights.append(many_in_flight.measure(levels, 1000))
         many_in_flight.report(flights[-1], levels)
         starts.append(start_instance.measure(3000))
         start_instance.report(starts[-1])
