@@ -17,7 +17,7 @@ import os
 import pathlib
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -42,6 +42,20 @@ def canonical(value: Any) -> bytes:
 class KeyRing:
     keys: dict[str, bytes]
     primary: str
+    # Built once per key, not per payload: its AES-GCM cipher and the HMAC key of its digests.
+    _ciphers: dict[str, AESGCM] = field(init=False, repr=False, compare=False)
+    _digest_keys: dict[str, bytes] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_ciphers", {key_id: AESGCM(key) for key_id, key in self.keys.items()})
+        object.__setattr__(
+            self,
+            "_digest_keys",
+            {
+                key_id: hmac.new(key, b"abada.journal.digest", hashlib.sha256).digest()
+                for key_id, key in self.keys.items()
+            },
+        )
 
     @staticmethod
     def parse(text: str) -> KeyRing:
@@ -67,31 +81,29 @@ class KeyRing:
 
     def seal(self, key_id: str, plaintext: bytes, aad: bytes) -> bytes:
         """Seal under `key_id`, bound to the associated data `aad`."""
-        key = self.keys.get(key_id)
-        if key is None:
+        cipher = self._ciphers.get(key_id)
+        if cipher is None:
             raise JournalIntegrityError(f"journal key {key_id!r} is not in the key ring")
         nonce = os.urandom(NONCE_BYTES)
-        return nonce + AESGCM(key).encrypt(nonce, plaintext, aad)
+        return nonce + cipher.encrypt(nonce, plaintext, aad)
 
     def open(self, key_id: str, blob: bytes, aad: bytes) -> bytes:
         """The plaintext of a payload sealed under `key_id` with associated data `aad`."""
-        key = self.keys.get(key_id)
-        if key is None:
+        cipher = self._ciphers.get(key_id)
+        if cipher is None:
             raise JournalIntegrityError(f"journal key {key_id!r} is not in the key ring")
         try:
-            return AESGCM(key).decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], aad)
+            return cipher.decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], aad)
         except InvalidTag:
             raise JournalIntegrityError("failed authentication (altered or misplaced)") from None
 
     def digest(self, key_id: str, value: Any) -> bytes:
         """A keyed digest of a payload, to recognise an identical re-send without decrypting."""
-        key = self.keys.get(key_id)
-        if key is None:
+        digest_key = self._digest_keys.get(key_id)
+        if digest_key is None:
             # Never fall back to another key: a digest under the wrong key would call a re-send different.
             raise JournalIntegrityError(f"journal key {key_id!r} is not in the key ring")
-        return hmac.new(
-            hmac.new(key, b"abada.journal.digest", hashlib.sha256).digest(), canonical(value), hashlib.sha256
-        ).digest()
+        return hmac.digest(digest_key, canonical(value), "sha256")
 
 
 @dataclass(frozen=True)
