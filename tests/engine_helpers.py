@@ -21,6 +21,22 @@ processes:
       - { id: done, type: end }
 """
 
+# One agent task (topic abada:agent) that may make one model call and no tool call.
+ONE_AGENT_TASK = """
+processes:
+  - id: think
+    start: agent
+    nodes:
+      - id: agent
+        type: agent
+        model: gemini-3.6-flash
+        prompt: think
+        result_variable: answer
+        limits: { max_model_calls: 1, max_tool_calls: 0, max_tokens: 1000 }
+        next: done
+      - { id: done, type: end }
+"""
+
 
 async def until_lease_ran_out(*tasks: external_task_pb2.ExternalTask) -> None:
     """Sleeps to the latest of the tasks' lease expiries, read from the leases themselves (not a guessed
@@ -134,6 +150,18 @@ async def complete(
             metadata=meta,
         )
     )
+
+
+async def leased(
+    engine: Any, bundle: str, process_id: str, topic: str, count: int, **variables: Any
+) -> list[external_task_pb2.ExternalTask]:
+    """`count` instances of a one-task process started, their tasks leased by worker "w"."""
+    await deploy(engine, bundle)
+    for _ in range(count):
+        await start(engine, process_id, **variables)
+    tasks = await fetch(engine, "w", topic, max_tasks=count)
+    assert len(tasks) == count
+    return tasks
 
 
 async def history_types(engine: Any, instance_id: str) -> list[tuple[str, str]]:

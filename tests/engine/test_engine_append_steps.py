@@ -11,31 +11,11 @@ from abada_common.rpc_status import refused_item_status
 from abada_worker.caller_token import CallerToken
 from abada_worker.engine_client import EngineClient, EngineRefused
 from abada_worker.errors import LeaseLost
-from engine_helpers import append, deploy, error_info, fetch, journal, start, step_request
-
-AGENT = """
-processes:
-  - id: think
-    start: agent
-    nodes:
-      - id: agent
-        type: agent
-        model: gemini-3.6-flash
-        prompt: think
-        result_variable: answer
-        limits: { max_model_calls: 1, max_tool_calls: 0, max_tokens: 1000 }
-        next: done
-      - { id: done, type: end }
-"""
+from engine_helpers import ONE_AGENT_TASK, append, error_info, journal, leased, step_request
 
 
-async def leased(engine, count: int) -> list[external_task_pb2.ExternalTask]:
-    await deploy(engine, AGENT)
-    for _ in range(count):
-        await start(engine, "think")
-    tasks = await fetch(engine, "w", "abada:agent", max_tasks=count)
-    assert len(tasks) == count
-    return tasks
+async def agents(engine, count: int) -> list[external_task_pb2.ExternalTask]:
+    return await leased(engine, ONE_AGENT_TASK, "think", "abada:agent", count)
 
 
 class Counting(grpc.aio.UnaryUnaryClientInterceptor):
@@ -50,7 +30,7 @@ class Counting(grpc.aio.UnaryUnaryClientInterceptor):
 
 
 async def test_each_step_is_journaled_or_refused_on_its_own_and_answered_in_order(engine):
-    fresh, stale, spent, gapped = await leased(engine, 4)
+    fresh, stale, spent, gapped = await agents(engine, 4)
     await append(engine, spent, 1, "MODEL_CALL", "STARTED", request={"turn": 0})
     await append(engine, spent, 1, "MODEL_CALL", "COMPLETED", response={"text": "done"}, tokens=(5, 5))
     steps = [
@@ -112,7 +92,7 @@ async def test_each_step_is_journaled_or_refused_on_its_own_and_answered_in_orde
     ids=["empty", "over-100", "a-task-twice", "another-worker"],
 )
 async def test_a_malformed_batch_is_refused_whole_and_changes_nothing(engine, batch, field):
-    tasks = await leased(engine, 2)
+    tasks = await agents(engine, 2)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await engine.tasks.AppendSteps(
             external_task_pb2.AppendStepsRequest(worker_id="w", steps=batch(tasks))
@@ -126,7 +106,7 @@ async def test_a_malformed_batch_is_refused_whole_and_changes_nothing(engine, ba
 async def test_the_agent_workers_steps_that_arrive_together_go_in_one_call(engine, engine_tokens):
     """The agent worker's engine client: the steps its tasks journal at the same moment go together in
     one AppendSteps, and each caller gets its own answer, or its own refusal."""
-    tasks = await leased(engine, 12)
+    tasks = await agents(engine, 12)
     counting = Counting()
     async with grpc.aio.insecure_channel(engine.address, interceptors=[counting]) as channel:
         client = EngineClient(channel, "w", CallerToken(engine_tokens.suite))
@@ -151,7 +131,7 @@ async def test_the_agent_workers_steps_that_arrive_together_go_in_one_call(engin
 async def test_steps_of_one_task_that_meet_are_not_batched_together(engine, engine_tokens):
     """The engine takes one step a task per AppendSteps: the worker's client sends a task's second
     step that meets its first on its own, instead of a batch the engine would refuse whole."""
-    tasks = await leased(engine, 3)
+    tasks = await agents(engine, 3)
     for task in tasks:
         await append(engine, task, 1, "MODEL_CALL", "STARTED")
     counting = Counting()

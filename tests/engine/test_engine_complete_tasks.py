@@ -8,10 +8,10 @@ from abada.engine.v1 import external_task_pb2, process_pb2
 from engine_helpers import (
     ONE_SERVICE_TASK,
     complete,
-    deploy,
     error_info,
     fetch,
     instance,
+    leased,
     plain,
     start,
     struct,
@@ -42,17 +42,12 @@ def refusal_info(refusal: external_task_pb2.Refusal) -> error_details_pb2.ErrorI
     raise AssertionError(f"no ErrorInfo in {status}")
 
 
-async def leased(engine, count: int) -> list[external_task_pb2.ExternalTask]:
-    await deploy(engine, ONE_SERVICE_TASK)
-    for _ in range(count):
-        await start(engine, "job")
-    tasks = await fetch(engine, "w", "jobs", max_tasks=count)
-    assert len(tasks) == count
-    return tasks
+async def jobs(engine, count: int) -> list[external_task_pb2.ExternalTask]:
+    return await leased(engine, ONE_SERVICE_TASK, "job", "jobs", count)
 
 
 async def test_each_completion_is_done_or_refused_on_its_own_and_answered_in_order(engine):
-    first, stale, third, malformed = await leased(engine, 4)
+    first, stale, third, malformed = await jobs(engine, 4)
     answer = await engine.tasks.CompleteTasks(
         external_task_pb2.CompleteTasksRequest(
             worker_id="w",
@@ -117,7 +112,7 @@ async def test_each_completion_is_done_or_refused_on_its_own_and_answered_in_ord
     ids=["empty", "over-100", "a-task-twice", "another-worker", "own-fetch-next", "bad-fetch-next"],
 )
 async def test_a_malformed_batch_is_refused_whole_and_changes_nothing(engine, batch, field):
-    tasks = await leased(engine, 2)
+    tasks = await jobs(engine, 2)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await engine.tasks.CompleteTasks(
             external_task_pb2.CompleteTasksRequest(worker_id="w", **batch(tasks))
@@ -131,7 +126,7 @@ async def test_a_malformed_batch_is_refused_whole_and_changes_nothing(engine, ba
 
 async def test_a_batch_with_fetch_next_hands_out_the_workers_next_tasks(engine):
     """Eager dispatch for a whole batch: one call finishes the worker's tasks and brings the next ones."""
-    tasks = await leased(engine, 3)
+    tasks = await jobs(engine, 3)
     for _ in range(2):
         await start(engine, "job")
     answer = await engine.tasks.CompleteTasks(

@@ -9,7 +9,17 @@ from collections.abc import Sequence
 import grpc
 from abada.engine.v1 import process_pb2
 from abada_common.group_commit import GroupCommit
-from engine_helpers import GREET, complete, deploy, error_info, fetch, history_types, start
+from engine_helpers import (
+    GREET,
+    ONE_AGENT_TASK,
+    complete,
+    deploy,
+    error_info,
+    fetch,
+    history_types,
+    leased,
+    start,
+)
 from engine_helpers import instance as instance_of
 from sqlalchemy import text
 
@@ -71,31 +81,6 @@ async def test_a_caller_that_gives_up_does_not_stop_the_others():
     assert impatient.cancelled()
 
 
-AGENT = """
-processes:
-  - id: think
-    start: agent
-    nodes:
-      - id: agent
-        type: agent
-        model: gemini-3.6-flash
-        prompt: p
-        result_variable: answer
-        limits: { max_model_calls: 1 }
-        next: done
-      - { id: done, type: end }
-"""
-
-
-async def leased_agents(engine, count: int):
-    await deploy(engine, AGENT)
-    for n in range(count):
-        await start(engine, "think", n=n)
-    tasks = await fetch(engine, "w", "abada:agent", max_tasks=count)
-    assert len(tasks) == count
-    return tasks
-
-
 async def transactions_writing(db, rows: str) -> int:
     """How many transactions last wrote these rows: a row carries the id of the one that wrote it (xmin)."""
     async with db.connect() as conn:
@@ -103,7 +88,7 @@ async def transactions_writing(db, rows: str) -> int:
 
 
 async def test_completes_arriving_together_share_commits_and_a_refused_one_changes_nothing(engine, db):
-    tasks = await leased_agents(engine, 30)
+    tasks = await leased(engine, ONE_AGENT_TASK, "think", "abada:agent", 30)
     stale, *others = tasks
     stale_token = type(stale)()
     stale_token.CopyFrom(stale)
