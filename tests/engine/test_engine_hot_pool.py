@@ -8,6 +8,7 @@ import asyncio
 import asyncpg
 import pytest
 from abada_engine.db.database import plain_url
+from abada_engine.db.outage import database_unreachable
 from abada_engine.store.hand_written import HotPath
 
 
@@ -44,8 +45,10 @@ async def test_a_lost_connection_is_replaced_not_lent_again(pool, database_url: 
         await admin.close()
     try:
         await pool.fetchrow("SELECT 1")
-    except Exception:
-        pass  # the statement that meets the lost connection may fail (asyncpg says so in several ways)
+    except Exception as error:
+        # The statement that meets the lost connection may fail (asyncpg says so in several ways);
+        # its caller is told the database was out of reach (UNAVAILABLE: send it again), not INTERNAL.
+        assert database_unreachable(error), repr(error)
     pids = await asyncio.gather(*(backend(pool) for _ in range(4)))
     assert lost not in pids
     assert len(set(pids)) <= 2

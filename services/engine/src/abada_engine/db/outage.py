@@ -11,8 +11,11 @@ import asyncpg
 from sqlalchemy import exc as sa_exc
 
 # asyncpg's own: the server going away, refusing connections while it starts or stops, or the
-# connection object already closed under us.
+# connection object already closed under us. InternalClientError is how asyncpg refuses the next
+# statement on a connection whose session the server ended while it sat idle (its protocol still
+# holds the server's unsolicited farewell); the statement was not sent.
 _DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.InternalClientError,
     asyncpg.PostgresConnectionError,
     asyncpg.exceptions.CannotConnectNowError,
     asyncpg.exceptions.OperatorInterventionError,
