@@ -188,5 +188,5 @@ def status_from_trailers(
 def refused_item_status(code: int, message: str, status: bytes) -> RpcStatus:
     """One refused item of a batch call (its google.rpc code, message and serialized google.rpc.Status),
     read as the failed single call it stands for."""
-    status_code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+    status_code = _GRPC_CODES.get(code, grpc.StatusCode.UNKNOWN)
     return status_from_trailers(status_code, message or status_code.name, [(DETAILS_KEY, status)])

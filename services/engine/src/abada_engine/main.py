@@ -46,7 +46,7 @@ async def serve(settings: EngineSettings) -> None:
     env = dict(os.environ)
     _require_real_secrets(settings)
     url, embedded = _database_url(settings)
-    # ABADA_DB_POOL_SIZE connections in all: most for the hot statements on asyncpg's own pool, a
+    # ABADA_DB_POOL_SIZE connections in all: most for the hot statements' own pool (store/hot_pool.py), a
     # quarter for everything else through SQLAlchemy.
     cold = max(2, settings.db_pool_size // 4)
     db = create_engine(url, cold)

@@ -95,10 +95,6 @@ def _check_batch(worker_id: str, items: Sequence[_BatchItem], field: str) -> Non
                 f"{where}.worker_id",
                 f"must be empty or this request's worker_id {worker_id!r}",
             )
-        if isinstance(item, external_task_pb2.CompleteRequest) and item.HasField("fetch_next"):
-            raise invalid(
-                "INVALID_ARGUMENT", f"{where}.fetch_next", "set fetch_next on the batch, not on a completion"
-            )
         if item.task_id in seen:
             raise invalid(
                 "INVALID_ARGUMENT", f"{where}.task_id", f"task {item.task_id!r} is in this call twice"
@@ -276,6 +272,13 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         caller = current_caller.get()
         require_worker(caller, request.worker_id)
         _check_batch(request.worker_id, request.completions, "completions")
+        for index, completion in enumerate(request.completions):
+            if completion.HasField("fetch_next"):
+                raise invalid(
+                    "INVALID_ARGUMENT",
+                    f"completions[{index}].fetch_next",
+                    "set fetch_next on the batch, not on a completion",
+                )
         fetch_next = request.fetch_next if request.HasField("fetch_next") else None
         subscriptions = _next_subscriptions(caller, request.worker_id, fetch_next, "fetch_next.")
         # Each completion on its own, all at once: those that reach the database together share its

@@ -85,7 +85,7 @@ class EngineCore:
     approval_reaper: Periodic
     # What this replica remembers of the tasks it handed out (see `runtime/handed_out.py`).
     handed_out: HandedOut
-    # asyncpg's own pool, for the hand-written hot statements (see `store/hand_written.py`).
+    # The hand-written hot statements' own connection pool (see `store/hot_pool.py`).
     hot: HotPath
     # Whether PostgreSQL answers: the health endpoints follow it.
     database: DatabaseWatch
