@@ -8,6 +8,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from abada_engine.runtime.queue_stats import QueueStats
+from abada_engine.store.states import DependencyState
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -61,6 +62,26 @@ MODEL_CALLS_WAITING = Gauge(
 )
 
 
+DEPENDENCY_UP = Gauge(
+    "abada_dependency_up",
+    "Whether a dependency of agent tasks answers (1) or its circuit is open or probing (0).",
+    ["kind", "name"],
+    registry=REGISTRY,
+)
+DEPENDENCY_HELD_TASKS = Gauge(
+    "abada_dependency_held_tasks",
+    "Tasks parked until a dependency answers again.",
+    ["kind", "name"],
+    registry=REGISTRY,
+)
+TASKS_PARKED = Gauge(
+    "abada_tasks_parked",
+    "Tasks parked for a dependency that is down, per topic.",
+    ["topic"],
+    registry=REGISTRY,
+)
+
+
 def refused_total(model: str) -> int:
     """The model calls of `model` this replica refused, whatever the reason."""
     return int(
@@ -76,9 +97,10 @@ def refused_total(model: str) -> int:
 async def render(stats: QueueStats) -> bytes:
     """Refresh the database-wide gauges (so replicas agree) and render every metric."""
     topics = await stats.topics()
-    for gauge in (TASKS_READY, TASKS_LEASED, TASKS_DEMAND, TASKS_DELAYED, OLDEST_READY):
+    for gauge in (TASKS_READY, TASKS_LEASED, TASKS_DEMAND, TASKS_DELAYED, OLDEST_READY, TASKS_PARKED):
         gauge.clear()
     for topic in topics:
+        TASKS_PARKED.labels(topic.topic).set(topic.parked)
         TASKS_READY.labels(topic.topic).set(topic.ready)
         TASKS_LEASED.labels(topic.topic).set(topic.leased)
         TASKS_DEMAND.labels(topic.topic).set(topic.demand)
@@ -93,6 +115,11 @@ async def render(stats: QueueStats) -> bytes:
     MODEL_CALLS_WAITING.clear()
     for model, count in (await stats.model_calls_waiting()).items():
         MODEL_CALLS_WAITING.labels(model).set(count)
+    DEPENDENCY_UP.clear()
+    DEPENDENCY_HELD_TASKS.clear()
+    for circuit in await stats.dependencies():
+        DEPENDENCY_UP.labels(circuit.kind, circuit.name).set(1 if circuit.state == DependencyState.UP else 0)
+        DEPENDENCY_HELD_TASKS.labels(circuit.kind, circuit.name).set(circuit.held_tasks)
     return generate_latest(REGISTRY)
 
 

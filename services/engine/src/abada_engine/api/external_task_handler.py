@@ -18,6 +18,7 @@ from abada_engine.errors import invalid
 from abada_engine.runtime.approvals import Approvals
 from abada_engine.runtime.completion import AttemptMetadata, Completions
 from abada_engine.runtime.contract import Verdict
+from abada_engine.runtime.dependencies import Dependencies, Report
 from abada_engine.runtime.instances import MAX_VARIABLES_BYTES
 from abada_engine.runtime.journal import Journal, StepRequest
 from abada_engine.runtime.leases import Leases, Subscription, check_fetch
@@ -30,6 +31,12 @@ from .guard import Guard, current_caller
 
 _KIND_NAMES = {value: name for name, value in messages.STEP_KINDS.items()}
 _STATE_NAMES = {value: name for name, value in messages.STEP_STATES.items() if name in WORKER_STEP_STATES}
+_DEPENDENCY_ACTIONS = {
+    "CONTINUE": external_task_pb2.DEPENDENCY_ACTION_CONTINUE,
+    "WAIT": external_task_pb2.DEPENDENCY_ACTION_WAIT,
+    "PARKED": external_task_pb2.DEPENDENCY_ACTION_PARKED,
+    "INCIDENT_RAISED": external_task_pb2.DEPENDENCY_ACTION_INCIDENT_RAISED,
+}
 _OUTCOMES = {
     (Verdict.ACCEPTED, False): external_task_pb2.COMPLETE_OUTCOME_ADVANCED,
     (Verdict.INVALID_OUTPUT, True): external_task_pb2.COMPLETE_OUTCOME_INVALID_OUTPUT_ROUTED,
@@ -135,12 +142,18 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
     database: DatabaseWatch | None = None
 
     def __init__(
-        self, leases: Leases, completions: Completions, journal: Journal, approvals: Approvals
+        self,
+        leases: Leases,
+        completions: Completions,
+        journal: Journal,
+        approvals: Approvals,
+        dependencies: Dependencies,
     ) -> None:
         self._leases = leases
         self._completions = completions
         self._journal = journal
         self._approvals = approvals
+        self._dependencies = dependencies
 
     async def AppendStep(
         self, request: external_task_pb2.AppendStepRequest, context: grpc.aio.ServicerContext
@@ -346,6 +359,8 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
             request.error_message,
             from_struct(request.error_details),
             request.no_retry,
+            transient=request.transient,
+            retry_after_ms=request.retry_after_ms,
         )
         return external_task_pb2.FailResponse(
             will_retry=result.will_retry,
@@ -361,3 +376,34 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
             parse_uuid(request.task_id, "task_id"), request.worker_id, request.lease_token
         )
         return external_task_pb2.AwaitApprovalResponse(approval_ids=[str(i) for i in opened])
+
+    async def ReportDependency(
+        self, request: external_task_pb2.ReportDependencyRequest, context: grpc.aio.ServicerContext
+    ) -> external_task_pb2.ReportDependencyResponse:
+        require_worker(current_caller.get(), request.worker_id)
+        kind = messages.DEPENDENCY_KIND_NAMES.get(request.dependency.kind)
+        if kind is None:
+            raise invalid("INVALID_ARGUMENT", "dependency.kind", "name the kind of dependency")
+        if request.retry_after_ms < 0:
+            raise invalid("INVALID_ARGUMENT", "retry_after_ms", "cannot be negative")
+        decision = await self._dependencies.report(
+            Report(
+                task_id=parse_uuid(request.task_id, "task_id"),
+                worker_id=request.worker_id,
+                lease_token=request.lease_token,
+                kind=kind,
+                name=request.dependency.name,
+                up=request.up,
+                error=request.error_message,
+                # An hour at most: a longer wait is an outage budget's business, not a probe time's.
+                retry_after_seconds=min(request.retry_after_ms, 3_600_000) / 1000,
+                not_called=request.not_called,
+                wait_in_place=request.wait_in_place,
+            )
+        )
+        return external_task_pb2.ReportDependencyResponse(
+            action=_DEPENDENCY_ACTIONS[decision.action],
+            retry_time=timestamp(decision.retry_at),
+            incident_id=str(decision.incident_id) if decision.incident_id else "",
+            probe=decision.probe,
+        )

@@ -6,7 +6,7 @@ import grpc
 from abada.engine.v1 import incident_pb2, incident_pb2_grpc
 
 from abada_engine.errors import invalid
-from abada_engine.runtime.incidents import Incidents
+from abada_engine.runtime.incidents import MAX_BULK, IncidentFilter, Incidents
 from abada_engine.store.states import IncidentState
 
 from . import messages
@@ -35,9 +35,47 @@ class IncidentHandler(incident_pb2_grpc.IncidentServiceServicer):
     ) -> incident_pb2.ListIncidentsResponse:
         state = messages.INCIDENT_STATE_NAMES.get(request.state, IncidentState.OPEN)
         found = await self._incidents.list(
-            optional_uuid(request.instance_id, "instance_id"), state, request.type
+            optional_uuid(request.instance_id, "instance_id"),
+            state,
+            request.type,
+            dependency=_dependency_filter(request),
         )
         return incident_pb2.ListIncidentsResponse(incidents=[messages.incident(i) for i in found])
+
+    async def ResolveIncidents(
+        self, request: incident_pb2.ResolveIncidentsRequest, context: grpc.aio.ServicerContext
+    ) -> incident_pb2.ResolveIncidentsResponse:
+        resolution = _RESOLUTIONS.get(request.resolution)
+        if resolution not in ("RETRY", "CANCEL_INSTANCE"):
+            raise invalid(
+                "INVALID_ARGUMENT",
+                "resolution",
+                "say RETRY or CANCEL_INSTANCE (the others need one decision each)",
+            )
+        if not request.type:
+            raise invalid("INVALID_ARGUMENT", "type", "name the type of the incidents to resolve")
+        if not 0 <= request.max_incidents <= MAX_BULK:
+            raise invalid("INVALID_ARGUMENT", "max_incidents", f"must be between 0 and {MAX_BULK}")
+        outcome = await self._incidents.resolve_matching(
+            IncidentFilter(
+                type=request.type,
+                dependency=_dependency_filter(request),
+                process_id=request.process_id,
+            ),
+            resolution,
+            request.comment,
+            request.max_incidents or MAX_BULK,
+        )
+        return incident_pb2.ResolveIncidentsResponse(
+            resolved=[messages.incident(i) for i in outcome.resolved],
+            refused=[
+                incident_pb2.IncidentRefusal(
+                    incident_id=str(r.incident_id), reason=r.reason, message=r.message
+                )
+                for r in outcome.refused
+            ],
+            remaining=outcome.remaining,
+        )
 
     async def ResolveIncident(
         self, request: incident_pb2.ResolveIncidentRequest, context: grpc.aio.ServicerContext
@@ -52,3 +90,15 @@ class IncidentHandler(incident_pb2_grpc.IncidentServiceServicer):
             parse_uuid(request.incident_id, "incident_id"), resolution, result, request.comment
         )
         return incident_pb2.ResolveIncidentResponse(incident=messages.incident(resolved))
+
+
+def _dependency_filter(
+    request: incident_pb2.ListIncidentsRequest | incident_pb2.ResolveIncidentsRequest,
+) -> str:
+    """The dependency key a request filters on ("" for none)."""
+    if not request.HasField("dependency"):
+        return ""
+    key = messages.dependency_key_of(request.dependency)
+    if not key or not request.dependency.name:
+        raise invalid("INVALID_ARGUMENT", "dependency", "give the dependency's kind and name")
+    return key

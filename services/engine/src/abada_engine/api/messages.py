@@ -5,11 +5,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from abada.engine.v1 import common_pb2, definition_pb2, external_task_pb2, incident_pb2, process_pb2
+from abada.engine.v1 import (
+    common_pb2,
+    definition_pb2,
+    dependency_pb2,
+    external_task_pb2,
+    incident_pb2,
+    process_pb2,
+)
 from google.protobuf import struct_pb2
 
 from abada_engine.definitions.catalog import Definition
 from abada_engine.definitions.model import Limits, ToolBinding
+from abada_engine.runtime.dependencies import dependency_key, split_key
 from abada_engine.runtime.views import (
     HistoryView,
     IncidentView,
@@ -18,7 +26,8 @@ from abada_engine.runtime.views import (
     StepView,
     UserTaskView,
 )
-from abada_engine.store.states import IncidentState, InstanceState, StepKind, StepState
+from abada_engine.store.dependencies import ListedCircuit
+from abada_engine.store.states import DependencyState, IncidentState, InstanceState, StepKind, StepState
 
 from .convert import timestamp, to_struct
 
@@ -47,6 +56,46 @@ STEP_STATES: dict[str, external_task_pb2.StepState] = {
     StepState.AWAITING_APPROVAL: external_task_pb2.STEP_STATE_AWAITING_APPROVAL,
     StepState.APPROVED: external_task_pb2.STEP_STATE_APPROVED,
 }
+
+DEPENDENCY_KINDS: dict[str, dependency_pb2.DependencyKind] = {
+    "model": dependency_pb2.DEPENDENCY_KIND_MODEL,
+    "tool_server": dependency_pb2.DEPENDENCY_KIND_TOOL_SERVER,
+    "broker": dependency_pb2.DEPENDENCY_KIND_BROKER,
+    "secret_store": dependency_pb2.DEPENDENCY_KIND_SECRET_STORE,
+}
+DEPENDENCY_KIND_NAMES = {v: k for k, v in DEPENDENCY_KINDS.items()}
+_DEPENDENCY_STATE: dict[str, dependency_pb2.DependencyState] = {
+    DependencyState.UP: dependency_pb2.DEPENDENCY_STATE_UP,
+    DependencyState.DOWN: dependency_pb2.DEPENDENCY_STATE_DOWN,
+    DependencyState.PROBING: dependency_pb2.DEPENDENCY_STATE_PROBING,
+}
+
+
+def dependency(key: str) -> dependency_pb2.Dependency:
+    kind, name = split_key(key)
+    return dependency_pb2.Dependency(
+        kind=DEPENDENCY_KINDS.get(kind, dependency_pb2.DEPENDENCY_KIND_UNSPECIFIED), name=name
+    )
+
+
+def dependency_key_of(message: dependency_pb2.Dependency) -> str:
+    """The engine's key for a dependency message ("" for an unknown kind)."""
+    kind = DEPENDENCY_KIND_NAMES.get(message.kind)
+    return dependency_key(kind, message.name) if kind else ""
+
+
+def dependency_status(row: ListedCircuit) -> dependency_pb2.DependencyStatus:
+    return dependency_pb2.DependencyStatus(
+        dependency=dependency(row.key),
+        state=_DEPENDENCY_STATE.get(row.state, dependency_pb2.DEPENDENCY_STATE_UNSPECIFIED),
+        down_since=timestamp(row.down_since),
+        failed_probes=row.failed_probes,
+        last_error=row.last_error,
+        next_probe_time=timestamp(row.next_probe_at),
+        probe_task_id=str(row.probe_task_id) if row.probe_task_id else "",
+        held_tasks=row.held_tasks,
+        update_time=timestamp(row.updated_at),
+    )
 
 
 def binding(value: ToolBinding) -> common_pb2.ToolBinding:
@@ -187,6 +236,7 @@ def locked_task(value: LockedTask) -> external_task_pb2.ExternalTask:
         steps=[step(s) for s in value.steps],
         business_key=value.business_key,
         retries_left=value.retries_left,
+        probes=[dependency(key) for key in value.probes],
     )
     work = value.agent_work
     if work is not None:

@@ -31,6 +31,7 @@ def _queued(task: QueuedTask) -> queue_pb2.QueuedTask:
         lease_expires_at=timestamp(row.lease_expires_at),
         due_time=timestamp(row.due_at),
         create_time=timestamp(row.created_at),
+        parked_on=row.parked_on or "",
     )
 
 
@@ -68,6 +69,7 @@ class QueueHandler(queue_pb2_grpc.QueueServiceServicer):
                     demand=t.demand,
                     oldest_ready_age_seconds=round(t.oldest_ready_age_seconds, 3),
                     quota_waiting=t.quota_waiting,
+                    parked=t.parked,
                 )
                 for t in topics
             ],

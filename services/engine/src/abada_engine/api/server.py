@@ -13,6 +13,8 @@ from abada.engine.v1 import (
     approval_pb2_grpc,
     definition_pb2,
     definition_pb2_grpc,
+    dependency_pb2,
+    dependency_pb2_grpc,
     external_task_pb2,
     external_task_pb2_grpc,
     incident_pb2,
@@ -34,6 +36,7 @@ from abada_engine.definitions.catalog import ContractCheck, DefinitionCatalog
 from abada_engine.runtime.approvals import APPROVAL_TIMEOUT, Approvals
 from abada_engine.runtime.completion import Completions
 from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
+from abada_engine.runtime.dependencies import DEPENDENCY_UNAVAILABLE, Dependencies, DependencyBoard
 from abada_engine.runtime.handed_out import HandedOut
 from abada_engine.runtime.incidents import Incidents
 from abada_engine.runtime.instances import Instances
@@ -43,10 +46,12 @@ from abada_engine.runtime.queue_stats import QueueStats
 from abada_engine.runtime.reaper import Periodic
 from abada_engine.runtime.views import IncidentView
 from abada_engine.runtime.wakeups import TaskWakeups
+from abada_engine.store.dependencies import DEPENDENCY_CHANNEL
 from abada_engine.store.hand_written import HotPath
 
 from .approval_handler import ApprovalHandler
 from .definition_handler import DefinitionHandler
+from .dependency_handler import DependencyHandler
 from .external_task_handler import ExternalTaskHandler
 from .guard import Guard
 from .incident_handler import IncidentHandler
@@ -64,6 +69,7 @@ SERVICE_NAMES = (
     lease_pb2.DESCRIPTOR.services_by_name["LeaseService"].full_name,
     queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
     approval_pb2.DESCRIPTOR.services_by_name["ApprovalService"].full_name,
+    dependency_pb2.DESCRIPTOR.services_by_name["DependencyService"].full_name,
 )
 
 
@@ -89,6 +95,10 @@ class EngineCore:
     hot: HotPath
     # Whether PostgreSQL answers: the health endpoints follow it.
     database: DatabaseWatch
+    # The circuits of what agent tasks depend on, and the rounds that probe them and end budgets.
+    dependencies: Dependencies
+    probe_rounds: Periodic
+    outage_budget_rounds: Periodic
 
     @staticmethod
     async def open(
@@ -102,14 +112,16 @@ class EngineCore:
         database_check_seconds: float = 1.0,
         unkeyed_write_grace_seconds: float = UNKEYED_WRITE_GRACE_SECONDS,
         takeover_grace_seconds: float = TAKEOVER_GRACE_SECONDS,
+        probe_round_seconds: float = 0.5,
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
         handed_out = HandedOut()
+        dependencies = Dependencies(db, catalog, DependencyBoard(db))
         # The hot statements' own pool; by default half as large as SQLAlchemy's, so the engine's
         # connections grow by half, not double, next to a pool that then serves only the cold path.
         size = hot_pool_size or max(2, db.pool.size() // 2)  # type: ignore[attr-defined]
         hot = HotPath(db, await HotPath.open_pool(plain_url(database_url), size))
-        journal = Journal(db, catalog, keys, idempotency, handed_out, hot)
+        journal = Journal(db, catalog, keys, idempotency, handed_out, hot, dependencies)
         takeover = Takeover(db, catalog, journal.sealer, handed_out, unkeyed_write_grace_seconds)
         resolutions = JournalResolutions(journal.sealer)
         incidents = Incidents(db, catalog)
@@ -127,7 +139,9 @@ class EngineCore:
         incidents.register_details("TOOL_OUTCOME_UNKNOWN", unknown_write_request)
         for rejected in ("INVALID_OUTPUT", "LOW_CONFIDENCE"):
             incidents.register(rejected, "RETRY", resolutions.retry_the_answer)
+        incidents.register(DEPENDENCY_UNAVAILABLE, "RETRY", dependencies.retry_after_outage)
         wakeups = TaskWakeups(plain_url(database_url))
+        wakeups.listen(DEPENDENCY_CHANNEL, dependencies.board.changed)
         await wakeups.start()
         reaper = Periodic(
             "outcome-unknown reaper", takeover.hold_expired_unkeyed_writes, reaper_interval_seconds
@@ -147,7 +161,12 @@ class EngineCore:
             after_lock=takeover,
             hot=hot,
             takeover_grace_seconds=takeover_grace_seconds,
+            dependencies=dependencies,
         )
+        probe_rounds = Periodic("dependency probes", dependencies.probe_round, probe_round_seconds)
+        probe_rounds.start()
+        outage_budget_rounds = Periodic("outage budgets", dependencies.budget_round, reaper_interval_seconds)
+        outage_budget_rounds.start()
         database = DatabaseWatch(db, interval_seconds=database_check_seconds)
         database.subscribe(leases.database_changed)
         database.start()
@@ -167,9 +186,14 @@ class EngineCore:
             handed_out=handed_out,
             hot=hot,
             database=database,
+            dependencies=dependencies,
+            probe_rounds=probe_rounds,
+            outage_budget_rounds=outage_budget_rounds,
         )
 
     async def close(self) -> None:
+        await self.outage_budget_rounds.stop()
+        await self.probe_rounds.stop()
         await self.approval_reaper.stop()
         await self.database.stop()
         await self.reaper.stop()
@@ -215,8 +239,11 @@ async def start_grpc_server(
         (process_pb2_grpc.add_ProcessServiceServicer_to_server, ProcessHandler(core.instances)),
         (
             external_task_pb2_grpc.add_ExternalTaskServiceServicer_to_server,
-            ExternalTaskHandler(core.leases, core.completions, core.journal, core.approvals),
+            ExternalTaskHandler(
+                core.leases, core.completions, core.journal, core.approvals, core.dependencies
+            ),
         ),
+        (dependency_pb2_grpc.add_DependencyServiceServicer_to_server, DependencyHandler(core.dependencies)),
         (approval_pb2_grpc.add_ApprovalServiceServicer_to_server, ApprovalHandler(core.approvals)),
         (incident_pb2_grpc.add_IncidentServiceServicer_to_server, IncidentHandler(core.incidents)),
         (lease_pb2_grpc.add_LeaseServiceServicer_to_server, LeaseHandler(core.leases)),

@@ -13,6 +13,7 @@ import typer
 from abada.engine.v1 import (
     approval_pb2,
     definition_pb2,
+    dependency_pb2,
     external_task_pb2,
     incident_pb2,
     process_pb2,
@@ -421,11 +422,16 @@ def incidents(
     instance: Annotated[str | None, typer.Option(help="Only incidents of this instance.")] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Include resolved incidents.")] = False,
     incident_type: Annotated[
-        str | None, typer.Option("--type", help="Only this type, e.g. TOOL_OUTCOME_UNKNOWN.")
+        str | None,
+        typer.Option(
+            "--reason", "--type", help="Only this type, e.g. DEPENDENCY_UNAVAILABLE or TOOL_OUTCOME_UNKNOWN."
+        ),
     ] = None,
+    dependency: DependencyOption = None,
 ) -> None:
     """List open incidents (with --all, resolved ones too)."""
     client = _client(ctx)
+    held_by = _dependency(dependency)
     states = (
         (incident_pb2.INCIDENT_STATE_OPEN, incident_pb2.INCIDENT_STATE_RESOLVED)
         if show_all
@@ -436,7 +442,7 @@ def incidents(
         response = client.call(
             client.incidents.ListIncidents,
             incident_pb2.ListIncidentsRequest(
-                instance_id=instance or "", state=state, type=incident_type or ""
+                instance_id=instance or "", state=state, type=incident_type or "", dependency=held_by
             ),
         )
         found.extend(response.incidents)
@@ -445,10 +451,54 @@ def incidents(
     _emit(ctx, listed, views.incidents_table(found, with_state=show_all) if found else "no incidents")
 
 
+DependencyOption = Annotated[
+    str | None,
+    typer.Option(
+        metavar="KIND:NAME",
+        help="Only incidents of this dependency: model:NAME, tool_server:NAME, broker:broker or "
+        "secret_store:secret-store (as `abada dependencies` names them).",
+    ),
+]
+_DEPENDENCY_KINDS = {
+    "model": dependency_pb2.DEPENDENCY_KIND_MODEL,
+    "tool_server": dependency_pb2.DEPENDENCY_KIND_TOOL_SERVER,
+    "broker": dependency_pb2.DEPENDENCY_KIND_BROKER,
+    "secret_store": dependency_pb2.DEPENDENCY_KIND_SECRET_STORE,
+}
+
+
+def _dependency(text: str | None) -> dependency_pb2.Dependency | None:
+    if text is None:
+        return None
+    kind, _, name = text.partition(":")
+    if kind not in _DEPENDENCY_KINDS or not name:
+        raise invalid_input(
+            f"--dependency {text!r}: say KIND:NAME, KIND one of {', '.join(_DEPENDENCY_KINDS)} (model:gemini-3.6-flash)"
+        )
+    return dependency_pb2.Dependency(kind=_DEPENDENCY_KINDS[kind], name=name)
+
+
+@app.command()
+def dependencies(ctx: typer.Context) -> None:
+    """The dependencies agent tasks need (models, tool servers, the broker, its secret store), as workers
+    report them: up, down or probing, since when, the tasks held for each and the next probe."""
+    client = _client(ctx)
+    response = client.call(client.dependencies.ListDependencies, dependency_pb2.ListDependenciesRequest())
+    _emit(
+        ctx,
+        response,
+        views.dependencies_table(response.dependencies)
+        if response.dependencies
+        else "no dependency reported yet: every one answers",
+    )
+
+
 @app.command()
 def resolve(
     ctx: typer.Context,
-    incident: Annotated[str, typer.Argument(help="The incident id.")],
+    incident: Annotated[
+        str | None, typer.Argument(help="The incident id (or --all with --reason for many at once).")
+    ] = None,
     retry: Annotated[bool, typer.Option("--retry", help="Offer the task again with fresh retries.")] = False,
     happened: Annotated[
         bool, typer.Option("--happened", help="The tool call happened; give its --result.")
@@ -461,8 +511,29 @@ def resolve(
     ] = False,
     cancel: Annotated[bool, typer.Option("--cancel", help="Cancel the instance.")] = False,
     comment: Annotated[str | None, typer.Option(help="Why; kept in the instance's history.")] = None,
+    every: Annotated[
+        bool,
+        typer.Option("--all", help="Every open incident of --reason (and --dependency, --process) at once."),
+    ] = False,
+    reason: Annotated[
+        str | None, typer.Option(help="With --all: the incidents' type, e.g. DEPENDENCY_UNAVAILABLE.")
+    ] = None,
+    dependency: DependencyOption = None,
+    process: Annotated[str | None, typer.Option(help="With --all: only incidents of this process.")] = None,
 ) -> None:
-    """Decide an incident: --retry, --happened --result JSON, --did-not-happen or --cancel."""
+    """Decide an incident: --retry, --happened --result JSON, --did-not-happen or --cancel.
+
+    After an outage: `abada resolve --all --reason DEPENDENCY_UNAVAILABLE --dependency model:NAME --retry`
+    offers every task that waited too long again (and probes the dependency at once)."""
+    if every or reason is not None or dependency is not None or process is not None:
+        if happened or did_not_happen or result is not None:
+            raise invalid_input(
+                "--all resolves with --retry or --cancel only: the others need one decision each"
+            )
+        _resolve_many(ctx, incident, every, reason, _dependency(dependency), process, retry, cancel, comment)
+        return
+    if incident is None:
+        raise invalid_input("name the incident to resolve, or use --all --reason TYPE")
     chosen = [
         resolution
         for flag, resolution in (
@@ -487,6 +558,43 @@ def resolve(
     client = _client(ctx)
     response = client.call(client.incidents.ResolveIncident, request)
     _emit(ctx, response, "resolved\n" + views.resolved(response.incident))
+
+
+def _resolve_many(
+    ctx: typer.Context,
+    incident: str | None,
+    every: bool,
+    reason: str | None,
+    dependency: dependency_pb2.Dependency | None,
+    process: str | None,
+    retry: bool,
+    cancel: bool,
+    comment: str | None,
+) -> None:
+    if incident is not None or not every or not reason:
+        raise invalid_input("resolve many with --all --reason TYPE (and no incident id)")
+    if retry == cancel:
+        raise invalid_input("--all resolves with exactly one of --retry or --cancel")
+    request = incident_pb2.ResolveIncidentsRequest(
+        type=reason,
+        dependency=dependency,
+        process_id=process or "",
+        resolution=incident_pb2.RESOLUTION_RETRY if retry else incident_pb2.RESOLUTION_CANCEL_INSTANCE,
+        comment=comment or "",
+    )
+    client = _client(ctx)
+    total = incident_pb2.ResolveIncidentsResponse()
+    while True:
+        response = client.call(client.incidents.ResolveIncidents, request)
+        total.resolved.extend(response.resolved)
+        total.refused.extend(response.refused)
+        # Each call takes at most a thousand; refused ones stay open and are not asked again.
+        if not response.remaining or not response.resolved:
+            total.remaining = response.remaining
+            break
+    _emit(ctx, total, views.bulk_resolved(total))
+    if total.refused:
+        raise typer.Exit(FAILURE)
 
 
 @app.command("user-tasks")

@@ -11,6 +11,7 @@ import grpc
 from abada.engine.v1 import (
     approval_pb2_grpc,
     definition_pb2_grpc,
+    dependency_pb2_grpc,
     external_task_pb2_grpc,
     incident_pb2_grpc,
     process_pb2_grpc,
@@ -81,6 +82,7 @@ class EngineClient:
         self.incidents = incident_pb2_grpc.IncidentServiceStub(self._channel)
         self.queue = queue_pb2_grpc.QueueServiceStub(self._channel)
         self.approvals = approval_pb2_grpc.ApprovalServiceStub(self._channel)
+        self.dependencies = dependency_pb2_grpc.DependencyServiceStub(self._channel)
 
     def call(self, method: Callable[..., Response], request: Any) -> Response:
         metadata = (("authorization", f"Bearer {self._settings.token}"),) if self._settings.token else None

@@ -9,6 +9,7 @@ from abada.engine.v1 import (
     approval_pb2,
     common_pb2,
     definition_pb2,
+    dependency_pb2,
     external_task_pb2,
     incident_pb2,
     process_pb2,
@@ -362,7 +363,7 @@ def queued_tasks_table(tasks: Sequence[queue_pb2.QueuedTask]) -> str:
             t.state,
             str(t.attempt),
             str(t.retries_left),
-            t.lease_owner or EMPTY,
+            t.lease_owner or (f"(waits for {t.parked_on})" if t.parked_on else EMPTY),
             age(t.create_time),
             t.node_id,
             t.instance_id,
@@ -385,10 +386,11 @@ def topics_table(topics: Sequence[queue_pb2.TopicStats]) -> str:
             str(t.delayed),
             str(t.demand) + (f" ({t.quota_waiting} waiting for quota)" if t.quota_waiting else ""),
             f"{t.oldest_ready_age_seconds:.1f}s" if t.ready else EMPTY,
+            str(t.parked),
         )
         for t in topics
     ]
-    return table(("TOPIC", "READY", "LEASED", "DELAYED", "DEMAND", "OLDEST READY"), rows)
+    return table(("TOPIC", "READY", "LEASED", "DELAYED", "DEMAND", "OLDEST READY", "PARKED"), rows)
 
 
 def models_table(models: Sequence[queue_pb2.ModelQuotaStats]) -> str:
@@ -448,3 +450,35 @@ def approval_card(approval: approval_pb2.Approval) -> str:
 
 def approvals_list(approvals: Sequence[approval_pb2.Approval]) -> str:
     return "\n\n".join(approval_card(a) for a in approvals)
+
+
+def dependency_name(dependency: dependency_pb2.Dependency) -> str:
+    """`model:gemini-3.6-flash`, as `--dependency` takes it."""
+    kind = enum_label(dependency_pb2.DependencyKind.Name(dependency.kind), "DEPENDENCY_KIND_").lower()
+    return f"{kind}:{dependency.name}"
+
+
+def dependencies_table(dependencies: Sequence[dependency_pb2.DependencyStatus]) -> str:
+    rows = [
+        (
+            dependency_name(d.dependency),
+            enum_label(dependency_pb2.DependencyState.Name(d.state), "DEPENDENCY_STATE_").lower(),
+            age(d.down_since) if is_set(d.down_since) else EMPTY,
+            str(d.held_tasks),
+            moment(d.next_probe_time) if is_set(d.next_probe_time) else (d.probe_task_id or EMPTY),
+            str(d.failed_probes),
+            shorten(d.last_error, 80) if d.state != dependency_pb2.DEPENDENCY_STATE_UP else EMPTY,
+        )
+        for d in dependencies
+    ]
+    return table(
+        ("DEPENDENCY", "STATE", "DOWN FOR", "HELD TASKS", "NEXT PROBE", "FAILED PROBES", "LAST ERROR"),
+        rows,
+        drop=("LAST ERROR", "FAILED PROBES"),
+    )
+
+
+def bulk_resolved(response: incident_pb2.ResolveIncidentsResponse) -> str:
+    lines = [f"resolved {len(response.resolved)} incident(s)"]
+    lines += [f"  not resolved {r.incident_id}: {r.reason}: {r.message}" for r in response.refused]
+    return "\n".join(lines)

@@ -67,6 +67,26 @@ tasks = Table(
     Column("last_error", JSONB),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("completed_at", DateTime(timezone=True)),
+    # Waiting out a dependency's outage (migration 0006).
+    Column("parked_on", Text),
+    Column("waiting_since", DateTime(timezone=True)),
+    Column("outage_deadline", DateTime(timezone=True)),
+    Column("outage_waits", Integer, nullable=False),
+)
+
+dependencies = Table(
+    "dependencies",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("down_since", DateTime(timezone=True)),
+    Column("failed_probes", Integer, nullable=False),
+    Column("last_error", Text, nullable=False),
+    Column("next_probe_at", DateTime(timezone=True)),
+    Column("probe_task_id", Uuid),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
 )
 
 history = Table(

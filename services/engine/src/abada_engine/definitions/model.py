@@ -133,6 +133,9 @@ class Node:
     inputs: dict[str, Any] | None = None
     retries: int = 3
     retry_backoff_ms: int = 1000
+    # How long a task waits out the outages of what it depends on (seconds; parsed from an ISO-8601
+    # duration) before a DEPENDENCY_UNAVAILABLE incident; None: the engine's default, 30 minutes.
+    outage_budget_seconds: float | None = None
     # agent nodes
     model: str | None = None
     # Resolved at deploy (definitions.providers): gemini, openai or anthropic.

@@ -73,8 +73,9 @@ _NODE_KEYS: dict[str, set[str]] = {
         "on_approval_timeout",
         "retries",
         "retry_backoff_ms",
+        "outage_budget",
     },
-    "service": _COMMON_NODE_KEYS | {"topic", "inputs", "retries", "retry_backoff_ms"},
+    "service": _COMMON_NODE_KEYS | {"topic", "inputs", "retries", "retry_backoff_ms", "outage_budget"},
     "exclusive": {"id", "type", "branches", "default"},
     "user_task": _COMMON_NODE_KEYS | {"inputs"},
     "end": {"id", "type"},
@@ -223,6 +224,20 @@ class _Checker:
         if data.get(key) is None:
             return None
         return self.integer(data, key, path, minimum, minimum)
+
+    def duration(self, data: dict[str, Any], key: str, path: tuple[str | int, ...]) -> float | None:
+        """A positive ISO-8601 duration in seconds (`PT30M`, `P2D`), or None when absent or wrong."""
+        text = self.string(data, key, path, required=False)
+        if text is None:
+            return None
+        seconds = iso_duration_seconds(text)
+        if seconds is None or seconds <= 0:
+            self.report(
+                (*path, key),
+                f"{text!r} is not a positive ISO-8601 duration (for example PT30M, P2D, PT1H30M)",
+            )
+            return None
+        return seconds
 
     def amount(
         self, data: dict[str, Any], key: str, path: tuple[str | int, ...], *, positive: bool = False
@@ -521,6 +536,7 @@ def _check_node(
     if node_type in ("agent", "service"):
         values["retries"] = checker.integer(data, "retries", path, 3)
         values["retry_backoff_ms"] = checker.integer(data, "retry_backoff_ms", path, 1000)
+        values["outage_budget_seconds"] = checker.duration(data, "outage_budget", path)
     if node_type == "service":
         topic = checker.string(data, "topic", path, pattern=_TOPIC, what="topic name")
         if topic and topic.startswith("abada:"):
@@ -603,18 +619,9 @@ def _check_agent(
     )
     values["on_invalid_output"] = checker.string(data, "on_invalid_output", path, required=False)
     values["on_low_confidence"] = checker.string(data, "on_low_confidence", path, required=False)
-    timeout = checker.string(data, "approval_timeout", path, required=False)
-    if timeout is not None:
-        seconds = iso_duration_seconds(timeout)
-        if seconds is None or seconds <= 0:
-            checker.report(
-                (*path, "approval_timeout"),
-                f"{timeout!r} is not a positive ISO-8601 duration (for example PT30M, P2D, PT1H30M)",
-            )
-        else:
-            values["approval_timeout_seconds"] = seconds
+    values["approval_timeout_seconds"] = checker.duration(data, "approval_timeout", path)
     values["on_approval_timeout"] = checker.string(data, "on_approval_timeout", path, required=False)
-    if values["on_approval_timeout"] and timeout is None:
+    if values["on_approval_timeout"] and data.get("approval_timeout") is None:
         checker.report((*path, "on_approval_timeout"), "needs an approval_timeout to ever be taken")
     return values
 

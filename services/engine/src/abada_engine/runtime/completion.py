@@ -9,6 +9,7 @@ row lock.
 from __future__ import annotations
 
 import dataclasses
+import random
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,9 +17,10 @@ from datetime import datetime
 from typing import Any
 
 from abada_common.group_commit import GroupCommit
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.definitions.catalog import DefinitionCatalog
+from abada_engine.definitions.model import Node
 from abada_engine.errors import Category, EngineError, invalid
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
@@ -27,6 +29,7 @@ from abada_engine.store.moves import TokenMove, move_tokens
 from abada_engine.store.states import TaskState
 
 from .contract import Verdict, check_written_variables, judge, judging_can_take_long
+from .dependencies import dependency_key, next_probe_delay, outage_budget_ms, raise_unavailable
 from .handed_out import HandedOut, LeaseHeld
 from .leases import hash_token, hold_lease
 from .navigator import Advance, HistoryEntry, IncidentToRaise, advance, evaluates_conditions, leave_node
@@ -97,6 +100,7 @@ class Completions:
         # Completes that arrive while the previous batch is in the database move their tokens together
         # next, in one statement (each under its own lease guard, answered on its own).
         self._moves = GroupCommit(self._move_many, each_alone_on_failure=True)
+        self._rng = random.Random()
 
     async def complete(
         self,
@@ -254,9 +258,18 @@ class Completions:
         error_message: str,
         error_details: dict[str, Any],
         no_retry: bool,
+        *,
+        transient: bool = False,
+        retry_after_ms: int = 0,
     ) -> FailResult:
         if len(error_message) > 10_000:
             raise invalid("INVALID_ARGUMENT", "error_message", "is longer than 10000 characters")
+        if transient and no_retry:
+            raise invalid(
+                "INVALID_ARGUMENT", "transient", "a failure is temporary or beyond retrying, not both"
+            )
+        if retry_after_ms < 0:
+            raise invalid("INVALID_ARGUMENT", "retry_after_ms", "cannot be negative")
         async with self._engine.begin() as conn:
             held = await hold_lease(conn, task_id, worker_id, lease_token)
             definition = await self._catalog.get(held.definition_id)
@@ -268,6 +281,8 @@ class Completions:
                 "attempt": held.attempt,
                 "worker_id": worker_id,
             }
+            if transient:
+                return await self._wait_out(conn, held, node, error, retry_after_ms)
             records = [history_record(held.instance_id, HistoryEntry("TASK_FAILED", node.id, error), task_id)]
             if not no_retry and held.retries_left > 0:
                 failures = node.retries - held.retries_left + 1
@@ -302,3 +317,30 @@ class Completions:
             )
             await write_history(conn, records)
             return FailResult(False, None, incident_id)
+
+    async def _wait_out(
+        self, conn: AsyncConnection, held: LeaseHeld, node: Node, error: dict[str, Any], retry_after_ms: int
+    ) -> FailResult:
+        """A temporary failure costs time, not a retry: the task is offered again after a backoff
+        (exponential with full jitter, 1 s doubling to 60 s, at least `retry_after_ms`) until the
+        node's outage budget runs out; then a DEPENDENCY_UNAVAILABLE incident holds it."""
+        streak = await task_store.note_outage(conn, held.task_id, outage_budget_ms(node))
+        details = error["details"] if isinstance(error["details"], dict) else {}
+        what = str(details.get("dependency") or node.topic or node.id)
+        if streak.budget_spent:
+            incident_id = await raise_unavailable(
+                conn,
+                held.task_id,
+                held.instance_id,
+                node.id,
+                dependency_key("service", what),
+                streak.waiting_since,
+                streak.now,
+                str(error["message"]),
+            )
+            return FailResult(False, None, incident_id)
+        delay = next_probe_delay(streak.outage_waits - 1, retry_after_ms / 1000, self._rng)
+        retry_at = await task_store.wait_out(conn, held.task_id, int(delay * 1000), error)
+        entry = HistoryEntry("TASK_WAITING", node.id, {**error, "retry_at": retry_at.isoformat()})
+        await write_history(conn, [history_record(held.instance_id, entry, held.task_id)])
+        return FailResult(True, retry_at, None)

@@ -25,6 +25,34 @@ from .tokens import advance_move, apply_move, history_record, write_history
 from .views import IncidentView
 
 RESOLUTIONS = ("RETRY", "HAPPENED", "DID_NOT_HAPPEN", "CANCEL_INSTANCE")
+# How many incidents one bulk resolution takes on.
+MAX_BULK = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class IncidentFilter:
+    """Which open incidents a bulk resolution takes: of a type, and of a dependency and a process."""
+
+    type: str
+    dependency: str = ""
+    process_id: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class BulkRefusal:
+    incident_id: uuid.UUID
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BulkResolution:
+    resolved: list[IncidentView]
+    refused: list[BulkRefusal]
+    # Matching incidents beyond the limit, left for another call.
+    remaining: int
+
+
 # A resolution that only some incident types understand (the journal adds HAPPENED / DID_NOT_HAPPEN).
 ResolutionHandler = Callable[[AsyncConnection, IncidentRow, str, dict[str, Any] | None], Awaitable[None]]
 DetailsOpener = Callable[[IncidentView], Awaitable[dict[str, Any]]]
@@ -52,13 +80,35 @@ class Incidents:
         return dataclasses.replace(view, details={**view.details, **await opener(view)})
 
     async def list(
-        self, instance_id: uuid.UUID | None = None, state: str = IncidentState.OPEN, incident_type: str = ""
+        self,
+        instance_id: uuid.UUID | None = None,
+        state: str = IncidentState.OPEN,
+        incident_type: str = "",
+        dependency: str = "",
     ) -> list[IncidentView]:
         async with self._reads.connect() as conn:
             rows = await incident_store.listed(
-                conn, instance_id=instance_id, state=state, incident_type=incident_type
+                conn, instance_id=instance_id, state=state, incident_type=incident_type, dependency=dependency
             )
         return [await self._opened(_view(r)) for r in rows]
+
+    async def resolve_matching(
+        self, which: IncidentFilter, resolution: str, comment: str, limit: int
+    ) -> BulkResolution:
+        """Resolves every open incident `which` matches (up to `limit`), each on its own as `resolve`
+        would, in its own transaction: one that cannot be resolved stops none of the others."""
+        async with self._reads.connect() as conn:
+            ids, total = await incident_store.open_matching(
+                conn, which.type, dependency=which.dependency, process_id=which.process_id, limit=limit
+            )
+        resolved: list[IncidentView] = []
+        refused: list[BulkRefusal] = []
+        for incident_id in ids:
+            try:
+                resolved.append(await self.resolve(incident_id, resolution, None, comment))
+            except EngineError as error:
+                refused.append(BulkRefusal(incident_id, error.reason, error.message))
+        return BulkResolution(resolved, refused, max(0, total - len(ids)))
 
     async def get(self, incident_id: uuid.UUID) -> IncidentView:
         async with self._reads.connect() as conn:

@@ -66,7 +66,7 @@ from abada_engine.store.tasks import LeaseRow, LockedRow
 from .handed_out import HandedOut, LeaseHeld
 from .navigator import HistoryEntry
 from .tokens import history_record, write_history
-from .views import AgentWorkView, LockedTask
+from .views import AgentWorkView, HeldBack, LockedTask
 from .wakeups import TaskWakeups
 
 MIN_LEASE_MS = 1_000
@@ -87,6 +87,13 @@ __all__ = [
     "held_from_row",
     "hold_lease",
 ]
+
+
+class HoldsBack(Protocol):
+    """Parks the tasks just locked that a dependency which is down holds, and names each other task's
+    probes (`runtime/dependencies.py`)."""
+
+    async def hold_back(self, conn: Executor, locked: Sequence[LockedRow]) -> HeldBack: ...
 
 
 class AfterLock(Protocol):
@@ -116,8 +123,10 @@ class Leases:
         after_lock: AfterLock | None = None,
         hot: HotPath | None = None,
         takeover_grace_seconds: float = TAKEOVER_GRACE_SECONDS,
+        dependencies: HoldsBack | None = None,
     ) -> None:
         self._hot = hot if hot is not None else HotPath(engine)
+        self._dependencies = dependencies
         self._after_lock = after_lock
         self._takeover_grace = takeover_grace_seconds
         self._takeovers_from = 0.0
@@ -181,9 +190,14 @@ class Leases:
                 [hash_token(t) for t in tokens],
                 takeovers=self._takeovers_held_for() == 0.0,
             )
+            probes: dict[uuid.UUID, tuple[str, ...]] = {}
+            if rows and self._dependencies is not None:
+                held = await self._dependencies.hold_back(conn, rows)
+                rows = [row for row in rows if row.id not in held.parked]
+                probes = held.probes
         if not rows:
             return []
-        tasks = [await self._locked_task(row, tokens[row.n - 1]) for row in rows]
+        tasks = [await self._locked_task(row, tokens[row.n - 1], probes.get(row.id, ())) for row in rows]
         for row in rows:
             if row.prior_state == TaskState.LEASED:
                 LEASE_EXPIRIES.labels(row.topic).inc()
@@ -205,7 +219,7 @@ class Leases:
             return tasks
         return await self._after_lock.on_locked(tasks, [row.prior_state for row in rows])
 
-    async def _locked_task(self, row: LockedRow, token: str) -> LockedTask:
+    async def _locked_task(self, row: LockedRow, token: str, probes: tuple[str, ...] = ()) -> LockedTask:
         payload = row.payload
         agent_work = None
         if row.topic == "abada:agent":
@@ -236,6 +250,7 @@ class Leases:
             agent_work=agent_work,
             business_key=row.business_key,
             retries_left=row.retries_left,
+            probes=probes,
         )
 
     async def extend(self, task_id: uuid.UUID, worker_id: str, lease_token: str, lease_ms: int) -> datetime:

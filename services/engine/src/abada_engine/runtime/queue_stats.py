@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
+from abada_engine.store import dependencies as circuit_store
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import model_quotas as quota_store
 from abada_engine.store import tasks as task_store
+from abada_engine.store.dependencies import ListedCircuit
 from abada_engine.store.states import TaskState
 
 from .quota_window import QUOTA_SPAN_SECONDS
@@ -28,6 +30,9 @@ class TopicStats:
     oldest_ready_age_seconds: float
     # Leased tasks whose model call is waiting for its quota: part of `leased`, but not of `demand`.
     quota_waiting: int = 0
+    # Parked until a dependency they need answers again: neither ready nor leased, so not demand
+    # either (more pods cannot make a provider that is down answer sooner).
+    parked: int = 0
 
     @property
     def demand(self) -> int:
@@ -48,6 +53,7 @@ class TopicStats:
             "delayed": self.delayed,
             "demand": self.demand,
             "quotaWaiting": self.quota_waiting,
+            "parked": self.parked,
             "oldestReadyAgeSeconds": round(self.oldest_ready_age_seconds, 3),
         }
 
@@ -60,7 +66,8 @@ class QueuedTask:
 
     @property
     def standing(self) -> str:
-        """READY, DELAYED (in a retry backoff), LEASED, EXPIRED (lease ran out, fetchable) or INCIDENT."""
+        """READY, DELAYED (in a retry backoff), LEASED, EXPIRED (lease ran out, fetchable), PARKED (for
+        a dependency that is down) or INCIDENT."""
         row = self.row
         due = row.due_at is None or row.due_at <= row.now
         if row.state == TaskState.LEASED:
@@ -128,6 +135,10 @@ class QueueStats:
         async with self._reads.connect() as conn:
             return await incident_store.open_counts_by_type(conn)
 
+    async def dependencies(self) -> list[ListedCircuit]:
+        async with self._reads.connect() as conn:
+            return await circuit_store.listed(conn)
+
     async def journal_steps(self) -> dict[tuple[str, str], int]:
         async with self._reads.connect() as conn:
             return await step_store.counts_by_kind_and_state(conn)
@@ -141,4 +152,5 @@ def _stats(counts: task_store.TopicCounts, quota_waiting: dict[str, int]) -> Top
         counts.delayed,
         counts.oldest,
         quota_waiting.get(counts.topic, 0),
+        counts.parked,
     )

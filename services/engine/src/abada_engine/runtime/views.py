@@ -111,3 +111,13 @@ class LockedTask:
     steps: list[StepView] = field(default_factory=list)
     business_key: str = ""
     retries_left: int = 0
+    # The dependencies (`model:gemini-3.6-flash`) this attempt probes after an outage.
+    probes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HeldBack:
+    """What a fetch does with the tasks it locked while some dependency is down."""
+
+    parked: dict[uuid.UUID, str]  # task -> the dependency it now waits for, parked
+    probes: dict[uuid.UUID, tuple[str, ...]]  # task -> the dependencies it goes out to probe

@@ -1,4 +1,5 @@
-"""Waking long-polling fetchers when work arrives, through PostgreSQL LISTEN/NOTIFY.
+"""Waking long-polling fetchers when work arrives, through PostgreSQL LISTEN/NOTIFY (and hearing
+the engine's other announcements, such as a dependency's circuit changing, on the same connection).
 
 Every transaction that creates a fetchable task sends `pg_notify('abada_tasks', topic)`;
 PostgreSQL delivers it on commit to every engine replica, so a fetcher waiting on
@@ -11,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import asyncpg
@@ -28,10 +29,17 @@ _MAX_RECONNECT_SECONDS = 1.0
 class TaskWakeups:
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
+        # Other channels heard on the same connection: channel -> what to call with each payload.
+        self._channels: dict[str, Callable[[str], None]] = {}
         self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
         self._connection: asyncpg.Connection | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
+
+    def listen(self, channel: str, on_payload: Callable[[str], None]) -> None:
+        """Also hear `channel` (before `start`); `on_payload("")` after any gap in listening, when
+        notifications may have been lost."""
+        self._channels[channel] = on_payload
 
     async def start(self) -> None:
         self._supervisor = asyncio.create_task(self._keep_listening(), name="abada-task-wakeups")
@@ -83,6 +91,9 @@ class TaskWakeups:
             try:
                 self._connection = await asyncpg.connect(self._dsn)
                 await self._connection.add_listener(TASK_CHANNEL, self._on_notify)
+                for channel, on_payload in self._channels.items():
+                    await self._connection.add_listener(channel, _payload_to(on_payload))
+                    on_payload("")
                 self._listening.set()
                 delay = 0.2
                 # Notifications sent while we were not listening are lost: let every waiter re-check.
@@ -97,5 +108,14 @@ class TaskWakeups:
                 log.warning("cannot LISTEN for new tasks (%s); retrying in %.1fs", error, delay)
             self._listening.clear()
             self._wake_everyone()
+            for on_payload in self._channels.values():
+                on_payload("")
             await asyncio.sleep(delay)
             delay = min(delay * 2, _MAX_RECONNECT_SECONDS)
+
+
+def _payload_to(on_payload: Callable[[str], None]) -> Callable[[Any, int, str, object], None]:
+    def listener(con_ref: Any, pid: int, channel: str, payload: object) -> None:
+        on_payload(str(payload))
+
+    return listener

@@ -94,6 +94,7 @@ async def listed(
     instance_id: uuid.UUID | None = None,
     state: str = "",
     incident_type: str = "",
+    dependency: str = "",
     limit: int = 1000,
 ) -> list[ListedIncident]:
     query = (
@@ -109,6 +110,8 @@ async def listed(
         query = query.where(incidents.c.state == state)
     if incident_type:
         query = query.where(incidents.c.type == incident_type)
+    if dependency:
+        query = query.where(incidents.c.details["dependency"].astext == dependency)
     rows = (await conn.execute(query.limit(limit))).all()
     return [typed(ListedIncident, row._mapping) for row in rows]
 
@@ -122,3 +125,22 @@ async def open_counts_by_type(conn: AsyncConnection) -> dict[str, int]:
         )
     ).all()
     return {r.type: r.n for r in rows}
+
+
+async def open_matching(
+    conn: AsyncConnection, incident_type: str, *, dependency: str = "", process_id: str = "", limit: int
+) -> tuple[list[uuid.UUID], int]:
+    """The oldest `limit` open incidents of a type (and of a dependency, of a process), and how many
+    match in all."""
+    query = select(incidents.c.id).where(
+        is_(incidents.c.state, IncidentState.OPEN), incidents.c.type == incident_type
+    )
+    if dependency:
+        query = query.where(incidents.c.details["dependency"].astext == dependency)
+    if process_id:
+        query = query.join(instances, instances.c.id == incidents.c.instance_id).where(
+            instances.c.process_id == process_id
+        )
+    total = (await conn.execute(select(func.count()).select_from(query.subquery()))).scalar_one()
+    ids = (await conn.execute(query.order_by(incidents.c.created_at).limit(limit))).scalars().all()
+    return list(ids), int(total)

@@ -20,6 +20,9 @@ class TaskState(StrEnum):
     # Parked: its journal holds tool calls waiting for a person's approval. No lease, not fetchable
     # (so the broker can issue no credential for it) until every approval is decided.
     AWAITING_APPROVAL = "AWAITING_APPROVAL"
+    # Parked: a dependency it needs (its model, a tool server, the broker, the secret store) is down.
+    # No lease, not fetchable, until the dependency answers a probe (or its outage budget runs out).
+    PARKED = "PARKED"
     COMPLETED = "COMPLETED"
     CANCELED = "CANCELED"
 
@@ -33,6 +36,7 @@ OPEN_TASK_STATES = (
     TaskState.WAITING,
     TaskState.INCIDENT,
     TaskState.AWAITING_APPROVAL,
+    TaskState.PARKED,
 )
 
 
@@ -77,6 +81,14 @@ class ApprovalState(StrEnum):
     REJECTED = "REJECTED"
     EXPIRED = "EXPIRED"  # nobody decided within the node's approval_timeout
     CANCELED = "CANCELED"  # the instance was cancelled while the call waited
+
+
+class DependencyState(StrEnum):
+    """A dependency's circuit."""
+
+    UP = "UP"  # closed: its tasks are fetched as usual
+    DOWN = "DOWN"  # open: its tasks are parked until the next probe time
+    PROBING = "PROBING"  # half-open: one task is out as the probe
 
 
 class IncidentState(StrEnum):

@@ -18,6 +18,7 @@ from .hand_written import Executor, HandWritten, typed
 from .states import (
     FETCHABLE,
     OPEN_TASK_STATES,
+    DependencyState,
     StepKind,
     StepState,
     TaskKind,
@@ -184,6 +185,8 @@ async def extend_lease(conn: AsyncConnection, task_id: uuid.UUID, lease_ms: int)
 
 
 _NO_LEASE = {"lease_owner": None, "lease_token_hash": None, "lease_expires_at": None}
+# A task done waiting out an outage: its next one starts a fresh outage budget.
+_NO_OUTAGE = {"parked_on": None, "waiting_since": None, "outage_deadline": None, "outage_waits": 0}
 
 
 async def release_for_retry(
@@ -241,7 +244,7 @@ async def hold_as_incident(
 
     `give_back_attempt` for a task locked but never handed out: the attempt the lock took is returned.
     """
-    values: dict[str, Any] = {"state": TaskState.INCIDENT, **_NO_LEASE}
+    values: dict[str, Any] = {"state": TaskState.INCIDENT, "parked_on": None, **_NO_LEASE}
     if last_error is not None:
         values["last_error"] = bindparam("error", last_error, JSONB)
     if give_back_attempt:
@@ -252,7 +255,7 @@ async def hold_as_incident(
 async def offer_again(conn: AsyncConnection, task_id: uuid.UUID, retries_left: int | None = None) -> bool:
     """A task an incident held is fetchable again at once (with fresh retries if given); False if it
     is no longer held by an incident."""
-    values: dict[str, Any] = {"state": TaskState.READY, "due_at": func.now()}
+    values: dict[str, Any] = {"state": TaskState.READY, "due_at": func.now(), **_NO_OUTAGE}
     if retries_left is not None:
         values["retries_left"] = retries_left
     topic = (
@@ -310,6 +313,197 @@ async def park_again(conn: AsyncConnection, task_id: uuid.UUID) -> bool:
         .values(state=TaskState.AWAITING_APPROVAL)
     )
     return result.rowcount == 1
+
+
+@dataclass(slots=True)
+class OutageStreak:
+    """How long a task has been waiting out outages, as of the database's `now`."""
+
+    waiting_since: datetime
+    outage_deadline: datetime
+    # Temporary failures reported in a row, this one included.
+    outage_waits: int
+    now: datetime
+
+    @property
+    def budget_spent(self) -> bool:
+        return self.outage_deadline <= self.now
+
+
+async def note_outage(conn: AsyncConnection, task_id: uuid.UUID, budget_ms: int) -> OutageStreak:
+    """The task met a temporary failure: its waiting streak goes on (or begins now, with `budget_ms`
+    until its outage budget runs out)."""
+    row = (
+        await conn.execute(
+            update(tasks)
+            .where(tasks.c.id == task_id)
+            .values(
+                waiting_since=func.coalesce(tasks.c.waiting_since, func.now()),
+                outage_deadline=func.coalesce(
+                    tasks.c.outage_deadline,
+                    func.now() + bindparam("budget", budget_ms, Integer) * _MILLISECOND,
+                ),
+                outage_waits=tasks.c.outage_waits + 1,
+            )
+            .returning(
+                tasks.c.waiting_since, tasks.c.outage_deadline, tasks.c.outage_waits, func.now().label("now")
+            )
+        )
+    ).one()
+    return typed(OutageStreak, row._mapping)
+
+
+async def end_outage(conn: AsyncConnection, task_id: uuid.UUID) -> None:
+    """A call the task needed went through: its waiting streak is over."""
+    await conn.execute(
+        update(tasks).where(tasks.c.id == task_id, tasks.c.waiting_since.is_not(None)).values(**_NO_OUTAGE)
+    )
+
+
+async def park(conn: AsyncConnection, task_id: uuid.UUID, dependency: str) -> None:
+    """Its holder met `dependency` down: PARKED (no lease, so no credential; not fetchable) until the
+    dependency answers a probe."""
+    await conn.execute(
+        update(tasks)
+        .where(tasks.c.id == task_id)
+        .values(state=TaskState.PARKED, parked_on=dependency, **_NO_LEASE)
+    )
+
+
+async def wait_out(
+    conn: AsyncConnection, task_id: uuid.UUID, delay_ms: int, error: dict[str, Any]
+) -> datetime:
+    """A temporary failure of a task without a circuit (a service task's): READY again after `delay_ms`,
+    no retry spent."""
+    due: datetime = (
+        await conn.execute(
+            update(tasks)
+            .where(tasks.c.id == task_id)
+            .values(
+                state=TaskState.READY,
+                last_error=bindparam("error", error, JSONB),
+                due_at=func.now() + bindparam("ms", delay_ms, Integer) * _MILLISECOND,
+                **_NO_LEASE,
+            )
+            .returning(tasks.c.due_at)
+        )
+    ).scalar_one()
+    return due
+
+
+# Hand-written: the fetch runs it on the tasks it just locked, whenever some dependency is down. Each
+# task is parked on the first of its dependencies that is not UP and of which it is not the probe,
+# judged by the circuits as they are in the database now (a replica's view of them may lag). The
+# attempt the lock took is given back: waiting for a dependency is no attempt.
+HOLD_FOR_DEPENDENCIES = HandWritten(
+    f"""
+    WITH wanted AS (
+        SELECT * FROM unnest(CAST(:task_ids AS uuid[]), CAST(:keys AS text[]), CAST(:budgets_ms AS bigint[]))
+            AS w(task_id, key, budget_ms)
+    ),
+    held AS (
+        SELECT DISTINCT ON (w.task_id) w.task_id, w.key, w.budget_ms
+        FROM wanted w JOIN dependencies d ON d.key = w.key
+        WHERE d.state <> '{DependencyState.UP}' AND d.probe_task_id IS DISTINCT FROM w.task_id
+        ORDER BY w.task_id, w.key
+    )
+    UPDATE tasks t
+    SET state = '{TaskState.PARKED}', parked_on = held.key, attempt = t.attempt - 1,
+        lease_owner = NULL, lease_token_hash = NULL, lease_expires_at = NULL,
+        waiting_since = coalesce(t.waiting_since, now()),
+        outage_deadline = coalesce(t.outage_deadline, now() + held.budget_ms * interval '1 millisecond')
+    FROM held
+    WHERE t.id = held.task_id AND t.state = '{TaskState.LEASED}'
+    RETURNING t.id, held.key
+    """
+)
+
+
+async def hold_for_dependencies(
+    conn: Executor, task_ids: Sequence[uuid.UUID], keys: Sequence[str], budgets_ms: Sequence[int]
+) -> dict[uuid.UUID, str]:
+    """Of the (task, dependency, outage budget) triples, parks each task held by a dependency that is
+    down; returns the parked tasks and what each waits for."""
+    rows = await HOLD_FOR_DEPENDENCIES.fetch(
+        conn, {"task_ids": list(task_ids), "keys": list(keys), "budgets_ms": list(budgets_ms)}
+    )
+    return {row["id"]: row["key"] for row in rows}
+
+
+async def release_parked(conn: AsyncConnection, dependency: str) -> int:
+    """`dependency` answers again: every task parked for it is fetchable at once, its outage over."""
+    topics = (
+        (
+            await conn.execute(
+                update(tasks)
+                .where(is_(tasks.c.state, TaskState.PARKED), tasks.c.parked_on == dependency)
+                .values(state=TaskState.READY, due_at=func.now(), **_NO_OUTAGE)
+                .returning(tasks.c.topic)
+            )
+        )
+        .scalars()
+        .all()
+    )
+    for topic in set(topics):
+        await announce_work(conn, topic)
+    return len(topics)
+
+
+async def release_probe(conn: AsyncConnection, dependency: str) -> uuid.UUID | None:
+    """The oldest task parked for `dependency` is fetchable at once, as its probe (None: none waits).
+    It keeps its waiting streak: a probe that fails again counts against the same outage budget."""
+    oldest = (
+        select(tasks.c.id)
+        .where(is_(tasks.c.state, TaskState.PARKED), tasks.c.parked_on == dependency)
+        .order_by(tasks.c.created_at)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    row = (
+        await conn.execute(
+            update(tasks)
+            .where(tasks.c.id == oldest)
+            .values(state=TaskState.READY, due_at=func.now(), parked_on=None)
+            .returning(tasks.c.id, tasks.c.topic)
+        )
+    ).one_or_none()
+    if row is None:
+        return None
+    await announce_work(conn, row.topic)
+    task_id: uuid.UUID = row.id
+    return task_id
+
+
+@dataclass(slots=True)
+class OverdueTask:
+    """A parked task whose outage budget ran out."""
+
+    id: uuid.UUID
+    instance_id: uuid.UUID
+    node_id: str
+    parked_on: str
+    waiting_since: datetime
+    now: datetime
+
+
+async def lock_overdue_parked(conn: AsyncConnection, limit: int) -> list[OverdueTask]:
+    """Parked tasks past their outage deadline, locked (SKIP LOCKED) for an incident each."""
+    query = (
+        select(
+            tasks.c.id,
+            tasks.c.instance_id,
+            tasks.c.node_id,
+            tasks.c.parked_on,
+            tasks.c.waiting_since,
+            func.now().label("now"),
+        )
+        .where(is_(tasks.c.state, TaskState.PARKED), tasks.c.outage_deadline <= func.now())
+        .order_by(tasks.c.outage_deadline)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return [typed(OverdueTask, row._mapping) for row in (await conn.execute(query)).all()]
 
 
 async def announce_work(conn: AsyncConnection, topic: str) -> None:
@@ -451,11 +645,14 @@ class TopicCounts:
     leased: int
     delayed: int
     oldest: float
+    parked: int = 0
 
 
 async def topic_counts(conn: AsyncConnection, topic: str | None = None) -> list[TopicCounts]:
-    """Per topic: fetchable now (an expired lease counts), under a live lease, waiting out a backoff."""
-    due = tasks.c.due_at <= func.now()
+    """Per topic: fetchable now (an expired lease counts), under a live lease, waiting out a backoff,
+    parked for a dependency."""
+    fetchable = one_of(tasks.c.state, FETCHABLE)
+    due = and_(fetchable, tasks.c.due_at <= func.now())
     not_due = tasks.c.due_at > func.now()
     query = (
         select(
@@ -466,15 +663,16 @@ async def topic_counts(conn: AsyncConnection, topic: str | None = None) -> list[
             func.coalesce(extract("epoch", func.now() - func.min(tasks.c.due_at).filter(due)), 0).label(
                 "oldest"
             ),
+            func.count().filter(is_(tasks.c.state, TaskState.PARKED)).label("parked"),
         )
-        .where(one_of(tasks.c.state, FETCHABLE))
+        .where(one_of(tasks.c.state, (*FETCHABLE, TaskState.PARKED)))
         .group_by(tasks.c.topic)
     )
     query = (
         query.where(tasks.c.topic == topic) if topic is not None else query.where(tasks.c.topic.is_not(None))
     )
     return [
-        TopicCounts(r.topic, r.ready, r.leased, r.delayed, float(r.oldest))
+        TopicCounts(r.topic, r.ready, r.leased, r.delayed, float(r.oldest), r.parked)
         for r in (await conn.execute(query)).all()
     ]
 
@@ -496,12 +694,13 @@ class QueuedTaskRow:
     due_at: datetime | None
     created_at: datetime
     now: datetime
+    parked_on: str | None = None
 
 
 async def open_external_tasks(
     conn: AsyncConnection, topic: str | None, instance_id: uuid.UUID | None, limit: int
 ) -> list[QueuedTaskRow]:
-    """External tasks still ready, leased or held by an incident, oldest first."""
+    """External tasks still ready, leased, parked for a dependency or held by an incident, oldest first."""
     query = (
         select(
             tasks.c.id,
@@ -517,11 +716,12 @@ async def open_external_tasks(
             tasks.c.due_at,
             tasks.c.created_at,
             func.now().label("now"),
+            tasks.c.parked_on,
         )
         .join(instances, instances.c.id == tasks.c.instance_id)
         .where(
             tasks.c.kind == TaskKind.EXTERNAL,
-            one_of(tasks.c.state, (TaskState.READY, TaskState.LEASED, TaskState.INCIDENT)),
+            one_of(tasks.c.state, (TaskState.READY, TaskState.LEASED, TaskState.INCIDENT, TaskState.PARKED)),
         )
         .order_by(tasks.c.created_at, tasks.c.id)
         .limit(limit)

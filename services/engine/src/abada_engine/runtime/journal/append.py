@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
-from abada_engine.definitions.catalog import DefinitionCatalog
+from abada_engine.definitions.catalog import Definition, DefinitionCatalog
 from abada_engine.definitions.model import ModelProfile, Node, Process, ToolBinding
 from abada_engine.errors import Category, EngineError, not_found
 from abada_engine.store import approvals as approval_store
@@ -26,6 +26,7 @@ from abada_engine.store.journal_steps import AppendContext
 from abada_engine.store.states import FINISHED_STEP_STATES, StepKind, StepState
 
 from ..crypto import IdempotencyKeys, KeyRing
+from ..dependencies import Dependencies, dependency_key
 from ..handed_out import HandedOut
 from ..leases import hash_token, held_from_row
 from ..model_quota import Budgets, ModelQuotas, cost_usd, has_quota
@@ -51,7 +52,10 @@ class Journal:
         idempotency: IdempotencyKeys,
         handed_out: HandedOut | None = None,
         hot: HotPath | None = None,
+        dependencies: Dependencies | None = None,
     ) -> None:
+        # Refuses calls to a dependency that is down before they begin (see `runtime/dependencies`).
+        self.dependencies = dependencies
         self._reads = autocommit(engine)
         self._hot = hot if hot is not None else HotPath(engine)
         self._catalog = catalog
@@ -69,6 +73,12 @@ class Journal:
         Anything else (a re-send, a conflict, a refusal to explain) takes the careful path.
         """
         check_shape(step)
+        if (
+            step.state == StepState.STARTED
+            and self.dependencies is not None
+            and self.dependencies.board.anything_down
+        ):
+            await self._hold_for_dependency(step)
         if step.kind != StepKind.MODEL_CALL or step.state != StepState.STARTED:
             # A model call's finished step settles its quota in the same transaction (the database's
             # trigger: see `model_quota`), so it is journaled like any other step.
@@ -98,10 +108,20 @@ class Journal:
                 return direct
         return await self._append_checked(step)
 
-    async def _model_call_rules(
-        self, task_id: uuid.UUID
-    ) -> tuple[ModelProfile | None, tuple[Process, str] | None]:
-        """The model profile of the task's node, and (process, node id) when a spend budget applies."""
+    async def _hold_for_dependency(self, step: StepRequest) -> None:
+        """A call about to start that would reach a dependency which is down is refused (unless this
+        task is its probe): the worker parks the task instead of calling."""
+        assert self.dependencies is not None
+        if step.kind == StepKind.MODEL_CALL:
+            definition, node_id = await self._placed(step.task_id)
+            model = definition.process.nodes[node_id].model if node_id in definition.process.nodes else None
+            key = dependency_key("model", model or "")
+        else:
+            key = dependency_key("tool_server", step.tool_ref.partition("/")[0])
+        await self.dependencies.gate(step.task_id, key)
+
+    async def _placed(self, task_id: uuid.UUID) -> tuple[Definition, str]:
+        """The task's definition version and node, remembered once read."""
         placed = self.handed_out.placement(task_id)
         if placed is None:
             async with self._reads.connect() as conn:
@@ -110,8 +130,14 @@ class Journal:
                 raise not_found("task", str(task_id), "task_id")
             placed = (found.definition_id, found.node_id)
             self.handed_out.place(task_id, *placed)
-        definition = await self._catalog.get(placed[0])
-        process, node_id = definition.process, placed[1]
+        return await self._catalog.get(placed[0]), placed[1]
+
+    async def _model_call_rules(
+        self, task_id: uuid.UUID
+    ) -> tuple[ModelProfile | None, tuple[Process, str] | None]:
+        """The model profile of the task's node, and (process, node id) when a spend budget applies."""
+        definition, node_id = await self._placed(task_id)
+        process = definition.process
         if node_id not in process.nodes:
             return None, None
         budgeted = (process, node_id) if Budgets.applies(process, node_id) else None

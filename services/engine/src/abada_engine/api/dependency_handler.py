@@ -1,0 +1,28 @@
+"""DependencyService: the circuits of what agent tasks depend on, for operators."""
+
+from __future__ import annotations
+
+import grpc
+from abada.engine.v1 import dependency_pb2, dependency_pb2_grpc
+
+from abada_engine.runtime.dependencies import Dependencies
+
+from . import messages
+from .errors import translates_errors
+from .guard import Guard
+
+
+@translates_errors
+class DependencyHandler(dependency_pb2_grpc.DependencyServiceServicer):
+    SERVICE = "abada.engine.v1.DependencyService"
+    guard: Guard | None = None
+
+    def __init__(self, dependencies: Dependencies) -> None:
+        self._dependencies = dependencies
+
+    async def ListDependencies(
+        self, request: dependency_pb2.ListDependenciesRequest, context: grpc.aio.ServicerContext
+    ) -> dependency_pb2.ListDependenciesResponse:
+        return dependency_pb2.ListDependenciesResponse(
+            dependencies=[messages.dependency_status(row) for row in await self._dependencies.listed()]
+        )
