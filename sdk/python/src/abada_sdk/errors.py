@@ -93,7 +93,12 @@ class InstanceFailed(AbadaError):
 class TaskFailed(Exception):
     """Raised by a task handler: the attempt failed. With `retry=False` the engine raises an incident now.
 
-    Any other exception from a handler is reported the same way with `retry=True`.
+    With `transient=True` something the handler needs is down (a mail server, a payment API): the
+    task is offered again after a backoff (exponential with full jitter, at least
+    `retry_after_seconds`) without spending one of the node's retries, until the node's
+    `outage_budget` runs out (then a DEPENDENCY_UNAVAILABLE incident names `dependency`, or the topic).
+    A handler's connection error or timeout (`OSError`, `TimeoutError`) counts as transient too;
+    any other exception is reported as a failure with `retry=True`.
     """
 
     def __init__(
@@ -103,12 +108,21 @@ class TaskFailed(Exception):
         retry: bool = True,
         code: str = "TASK_FAILED",
         details: Mapping[str, Any] | None = None,
+        transient: bool = False,
+        retry_after_seconds: float | None = None,
+        dependency: str | None = None,
     ) -> None:
+        if transient and not retry:
+            raise ValueError("a failure is transient or beyond retrying, not both")
         super().__init__(message)
         self.message = message
         self.retry = retry
         self.code = code
         self.details = dict(details or {})
+        self.transient = transient
+        self.retry_after_seconds = retry_after_seconds
+        if dependency:
+            self.details["dependency"] = dependency
 
 
 _KINDS: dict[grpc.StatusCode, type[AbadaError]] = {

@@ -10,8 +10,10 @@
 
 For every fetched task the worker runs its topic's handler (async handlers on the loop, plain
 functions in a thread), keeps the lease alive meanwhile, and then completes the task with the
-returned variables, or fails it: `TaskFailed(retry=False)` raises an incident at once, any other
-exception lets the engine retry with backoff until the node's retries run out. At most
+returned variables, or fails it: `TaskFailed(retry=False)` raises an incident at once;
+`TaskFailed(transient=True)`, a connection error or a timeout waits with backoff without spending a
+retry (until the node's outage budget runs out); any other exception lets the engine retry with
+backoff until the node's retries run out. At most
 `concurrency` tasks run at once. If the engine goes away the worker waits and asks again. On
 SIGTERM or SIGINT it fetches nothing more, lets running handlers finish for `drain_seconds`, then
 hands the rest back so another worker takes them over at once, without counting a failed attempt.
@@ -254,15 +256,14 @@ class Worker:
                 return
             raise
         except TaskFailed as failed:
-            await self._fail(
-                task, lease_token, failed.code, failed.message, failed.details, failed.retry, context
-            )
+            await self._fail(task, lease_token, failed, context)
+            return
+        except (OSError, TimeoutError) as error:
+            # Something the handler talks to is out of reach: wait it out, spending no retry.
+            await self._fail(task, lease_token, _failure_of(error, "UNREACHABLE", transient=True), context)
             return
         except Exception as error:
-            details = {"exception": type(error).__name__, "traceback": traceback.format_exc()[-4_000:]}
-            await self._fail(
-                task, lease_token, "HANDLER_ERROR", f"{type(error).__name__}: {error}", details, True, context
-            )
+            await self._fail(task, lease_token, _failure_of(error, "HANDLER_ERROR"), context)
             return
         finally:
             keeper.cancel()
@@ -328,24 +329,17 @@ class Worker:
             return
         log.info("task completed", extra=context)
 
-    async def _fail(
-        self,
-        task: Task,
-        lease_token: str,
-        code: str,
-        message: str,
-        details: dict[str, Any],
-        retry: bool,
-        context: dict[str, Any],
-    ) -> None:
+    async def _fail(self, task: Task, lease_token: str, failed: TaskFailed, context: dict[str, Any]) -> None:
         request = external_task_pb2.FailRequest(
             task_id=task.id,
             worker_id=self.worker_id,
             lease_token=lease_token,
-            error_code=code,
-            error_message=message[:_MESSAGE_LIMIT],
-            error_details=to_struct(details),
-            no_retry=not retry,
+            error_code=failed.code,
+            error_message=failed.message[:_MESSAGE_LIMIT],
+            error_details=to_struct(failed.details),
+            no_retry=not failed.retry,
+            transient=failed.transient,
+            retry_after_ms=int((failed.retry_after_seconds or 0) * 1000),
         )
         try:
             reply = await self._with_retries(lambda: self.client.tasks.Fail, request)
@@ -353,11 +347,11 @@ class Worker:
             log.error("could not report the failure: %s", error, extra=context)
             return
         log.warning(
-            "task failed: %s",
-            message,
+            "task waits out an outage: %s" if failed.transient and reply.will_retry else "task failed: %s",
+            failed.message,
             extra={
                 **context,
-                "error_code": code,
+                "error_code": failed.code,
                 "will_retry": reply.will_retry,
                 "incident_id": reply.incident_id,
             },
@@ -512,3 +506,9 @@ async def _first(work: Awaitable[object], stopping: asyncio.Event) -> bool:
 async def _sleep_unless(stopping: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stopping.wait(), timeout=seconds)
+
+
+def _failure_of(error: Exception, code: str, *, transient: bool = False) -> TaskFailed:
+    """A handler's own exception as the failure the engine is told of."""
+    details = {"exception": type(error).__name__, "traceback": traceback.format_exc()[-4_000:]}
+    return TaskFailed(f"{type(error).__name__}: {error}", code=code, details=details, transient=transient)

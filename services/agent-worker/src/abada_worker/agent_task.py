@@ -10,12 +10,18 @@ the turn's other calls ran, the task is handed back to wait for a person (the en
 takes the lease). Offered again after every call of the turn is decided, the journal replays up to
 that turn (no model turn paid twice) and the approved calls run with the arguments as approved.
 
+A dependency that fails for a reason that passes (the provider overloaded, a tool server restarting,
+the broker or its secret store away) costs time, not the attempt: every call to one goes through the
+attempt's `DependencyWatch`, which waits the outage out as the engine directs or ends the attempt
+with the task parked (`dependencies`).
+
 Every way the attempt can end early is an exception from `errors`; the executor reports it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -32,6 +38,16 @@ from opentelemetry.trace import SpanKind
 from .answer import InvalidAnswer, parse_answer
 from .broker_client import BrokerClient
 from .conversation import FunctionCall, FunctionResult, ModelReply, ModelRequest, ModelTurn, ToolResults, Turn
+from .dependencies import (
+    BROKER,
+    SECRET_STORE,
+    Dependency,
+    DependencyDown,
+    DependencyWatch,
+    Verdict,
+    model,
+    tool_server,
+)
 from .engine_client import EngineClient, LeaseRef
 from .errors import AttemptFailed, QuotaWait
 from .fault import FaultPlan
@@ -41,7 +57,7 @@ from .logs import TaskLog
 from .metrics import observe_model_call
 from .outage import until_the_engine_takes_it
 from .prompt import RenderedPrompt
-from .providers.base import ModelCallError, ModelProvider
+from .providers.base import CREDENTIAL_STATUSES, QUOTA_STATUS, ModelCallError, ModelProvider, is_outage
 from .providers.registry import ProviderSet
 from .replay import Blocked, CallModel, Finish, PlannedCall, ReplayPlan, RunCalls, Usage, plan_replay
 from .tool_batch import ToolBatch
@@ -51,8 +67,6 @@ from .work import AGENT_PROFILE, AgentWork, agent_work_from_proto, journal_entry
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("abada.worker")
 
-# A provider answering this has run out of its own quota for now: wait and ask again.
-PROVIDER_QUOTA_STATUS = 429
 # What the engine keeps of an answer it could not parse, for the person who reviews it.
 _MAX_INVALID_OUTPUT_CHARS = 8_000
 
@@ -123,8 +137,19 @@ class AgentTask:
         self._quota_wait_ms = 0
         self._log = TaskLog(log, {"task_id": task.id, "attempt": task.attempt})
         self._provider: ModelProvider | None = None
+        probes = (Dependency.from_proto(probe) for probe in task.probes)
+        self._watch = DependencyWatch(
+            self._report_dependency, interruption, self._log, [p for p in probes if p is not None]
+        )
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        except DependencyDown as down:
+            # A call no other place waits out (each does where it can wait in place): park the task.
+            await self._watch.stop_for(down)
+
+    async def _run(self) -> None:
         work = agent_work_from_proto(self._task.agent_work)
         if work.profile_version != AGENT_PROFILE:
             raise AttemptFailed(
@@ -161,19 +186,21 @@ class AgentTask:
         )
         history = list(plan.history)
         action = plan.next_action
-        services = self._services
-        async with Toolbox.open(
-            work,
-            self._lease,
-            services.broker,
-            timeout_seconds=services.tool_timeout_seconds,
-            fault=services.fault,
-        ) as toolbox:
+        toolbox_open, toolbox = await self._watch.call(lambda: self._open_toolbox(work), needs=needs_of(work))
+        async with toolbox_open:
             while not isinstance(action, Finish):
                 if isinstance(action, RunCalls):
                     turn = history[-1]
                     turn_text = turn.text if isinstance(turn, ModelTurn) else ""
-                    results, waiting = await self._run_calls(action.calls, toolbox, journal, tally, turn_text)
+                    try:
+                        results, waiting = await self._run_calls(
+                            action.calls, toolbox, journal, tally, turn_text
+                        )
+                    except DependencyDown as down:
+                        if down.not_called:
+                            raise
+                        # The session broke in the middle of a turn: resume from the journal when offered again.
+                        await self._watch.stop_for(down)
                     if waiting:
                         await self._hand_back_for_approval(waiting)
                         return None
@@ -185,6 +212,39 @@ class AgentTask:
                     calls = tuple(PlannedCall(call) for call in turn.function_calls)
                     action = RunCalls(calls) if calls else Finish(turn.text, turn.refusal)
         return action
+
+    async def _open_toolbox(self, work: AgentWork) -> tuple[contextlib.AsyncExitStack, Toolbox]:
+        """The bound servers' sessions, open and checked, on a stack the caller closes."""
+        stack = contextlib.AsyncExitStack()
+        services = self._services
+        try:
+            toolbox = await stack.enter_async_context(
+                Toolbox.open(
+                    work,
+                    self._lease,
+                    services.broker,
+                    timeout_seconds=services.tool_timeout_seconds,
+                    fault=services.fault,
+                )
+            )
+        except BaseException:
+            await stack.aclose()
+            raise
+        return stack, toolbox
+
+    async def _report_dependency(
+        self, dependency: Dependency, *, up: bool, failure: DependencyDown | None, wait_in_place: bool
+    ) -> Verdict:
+        """Tells the engine, through its own outages too, what a call to a dependency met."""
+        engine = self._services.engine
+        return await until_the_engine_takes_it(
+            lambda: engine.report_dependency(
+                self._lease, dependency, up=up, failure=failure, wait_in_place=wait_in_place
+            ),
+            self._interruption,
+            renew=self._renewal(),
+            what="dependency report",
+        )
 
     async def _call_model(
         self,
@@ -203,29 +263,29 @@ class AgentTask:
         estimate = estimated_tokens(request)
         while True:
             try:
-                sequence = await journal.start_model_call(turn_index, work.model, provider.name, estimate)
+                sequence = await self._watch.call(
+                    lambda: journal.start_model_call(turn_index, work.model, provider.name, estimate)
+                )
                 break
             except QuotaWait as wait:
                 await self._wait_for_quota(wait)
         while True:
             try:
-                reply = await self._generate(provider, work, request, sequence)
+                reply = await self._watch.call(
+                    lambda: self._generate(provider, work, request, sequence), needs=(model(work.model),)
+                )
                 break
             except ModelCallError as error:
-                if error.status == PROVIDER_QUOTA_STATUS and error.retryable:
+                if error.status == QUOTA_STATUS and error.retryable:
                     # The provider's own quota: the same wait, the same STARTED step, no failed attempt.
                     # (OpenAI's insufficient_quota is a 429 too, but not retryable: no wait clears it.)
                     await self._wait_for_quota(
                         QuotaWait(error.retry_after_seconds or 1.0, str(error), provider.name)
                     )
                     continue
+                # A refusal of the request or of the credential: no retry can change it.
                 await journal.fail_model_call(sequence, str(error))
-                raise AttemptFailed(
-                    "MODEL_CALL_FAILED",
-                    str(error),
-                    no_retry=not error.retryable,
-                    details={"status": error.status, "provider": provider.name},
-                ) from None
+                raise refused_model_call(provider, error) from None
         reply = assign_call_ids(reply, sequence)
         await journal.finish_model_call(sequence, reply)
         self._services.fault.boundary("model-returned")
@@ -277,8 +337,12 @@ class AgentTask:
                 reply = await provider.generate(request)
                 span.set_attribute("gen_ai.usage.input_tokens", reply.input_tokens)
                 span.set_attribute("gen_ai.usage.output_tokens", reply.output_tokens)
-        except ModelCallError:
+        except ModelCallError as error:
             observe_model_call(work.model, time.monotonic() - began, 0, 0, failed=True)
+            if is_outage(error):
+                raise DependencyDown(
+                    model(work.model), str(error), retry_after_seconds=error.retry_after_seconds or 0.0
+                ) from None
             raise
         observe_model_call(work.model, time.monotonic() - began, reply.input_tokens, reply.output_tokens)
         return reply
@@ -294,6 +358,7 @@ class AgentTask:
             self._log,
             concurrency=self._services.tool_call_concurrency,
             fault=self._services.fault,
+            watch=self._watch,
         )
         outcome = await batch.run(calls, turn_text)
         for ref in outcome.tools_called:
@@ -369,6 +434,30 @@ class AgentTask:
                 "invalid_output": bool(invalid_reason),
             },
         )
+
+
+def refused_model_call(provider: ModelProvider, error: ModelCallError) -> AttemptFailed:
+    """The incident for a model call the provider refused (not an outage): a rejected credential is
+    named as such, with where the worker reads it from."""
+    details = {"status": error.status, "provider": provider.name}
+    if error.status in CREDENTIAL_STATUSES:
+        return AttemptFailed(
+            "MODEL_CREDENTIAL_REJECTED",
+            f"{provider.name} rejected the worker's credential ({provider.credential}): {error}",
+            no_retry=True,
+            details={**details, "credential": provider.credential},
+        )
+    return AttemptFailed("MODEL_CALL_FAILED", str(error), no_retry=True, details=details)
+
+
+def needs_of(work: AgentWork) -> tuple[Dependency, ...]:
+    """What opening the node's tool sessions shows to be answering: each bound server, and the broker
+    and its secret store when a server needs a credential."""
+    servers = work.servers()
+    needs = [tool_server(name) for name in servers]
+    if any(bindings[0].credential for bindings in servers.values()):
+        needs += [BROKER, SECRET_STORE]
+    return tuple(needs)
 
 
 def assign_call_ids(reply: ModelReply, sequence: int) -> ModelReply:

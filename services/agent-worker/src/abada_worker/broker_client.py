@@ -1,14 +1,18 @@
-"""Tool-server credentials from the broker, asked for with the live lease and held only in memory."""
+"""Tool-server credentials from the broker, asked for with the live lease and held only in memory.
+
+The broker or its secret store out of reach (UNAVAILABLE, a deadline, SECRET_STORE_UNAVAILABLE) is
+an outage to wait out (`DependencyDown`); any other refusal ends the attempt with an incident.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import grpc
 from abada.broker.v1 import credential_pb2, credential_pb2_grpc
 
 from .caller_token import CallerToken
+from .dependencies import BROKER, SECRET_STORE, DependencyDown
 from .engine_client import LeaseRef
 from .errors import AttemptFailed, LeaseLost
 from .logs import redactor
@@ -17,7 +21,8 @@ from .settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
-_ATTEMPTS = 3
+# The broker's word for its secret store (Vault) being sealed or out of reach.
+SECRET_STORE_UNAVAILABLE = "SECRET_STORE_UNAVAILABLE"
 
 
 class Secret:
@@ -70,27 +75,31 @@ class BrokerClient:
         request = credential_pb2.GetToolCredentialRequest(
             task_id=lease.task_id, worker_id=self._worker_id, lease_token=lease.lease_token, server=server
         )
-        for attempt in range(1, _ATTEMPTS + 1):
-            try:
-                reply = await self._stub.GetToolCredential(
-                    request, timeout=self._timeout, metadata=self._token.metadata()
-                )
-            except grpc.aio.AioRpcError as error:
-                failure = failure_of(error)
-                if failure.lease_lost:
-                    raise LeaseLost(failure.reason or failure.code.name, failure.message) from None
-                if failure.transient and attempt < _ATTEMPTS:
-                    await asyncio.sleep(0.2 * attempt)
-                    continue
-                raise AttemptFailed(
-                    "CREDENTIAL_UNAVAILABLE",
-                    f"the broker gave no credential for tool server {server!r}: "
-                    f"{failure.reason or failure.code.name}: {failure.message}",
-                    details={"server": server},
+        try:
+            reply = await self._stub.GetToolCredential(
+                request, timeout=self._timeout, metadata=self._token.metadata()
+            )
+        except grpc.aio.AioRpcError as error:
+            failure = failure_of(error)
+            if failure.lease_lost:
+                raise LeaseLost(failure.reason or failure.code.name, failure.message) from None
+            said = f"{failure.reason or failure.code.name}: {failure.message}"
+            if failure.transient:
+                # The secret store sealed or away, or the broker itself (or its way to the engine).
+                down = SECRET_STORE if failure.reason == SECRET_STORE_UNAVAILABLE else BROKER
+                raise DependencyDown(
+                    down,
+                    f"the broker gave no credential for tool server {server!r}: {said}",
+                    retry_after_seconds=failure.retry_after_seconds or 0.0,
                 ) from None
-            redactor.hold(reply.secret)
-            return Secret(reply.secret)
-        raise AssertionError("unreachable")
+            raise AttemptFailed(
+                "CREDENTIAL_REFUSED",
+                f"the broker refused the credential for tool server {server!r}: {said}",
+                no_retry=True,
+                details={"server": server, "reason": failure.reason},
+            ) from None
+        redactor.hold(reply.secret)
+        return Secret(reply.secret)
 
     @staticmethod
     def forget(secret: Secret) -> None:

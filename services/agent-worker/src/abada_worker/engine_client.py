@@ -12,6 +12,7 @@ Each is answered on its own, exactly as its own AppendStep would be.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import random
 import time
@@ -25,8 +26,17 @@ from abada_common.group_commit import GroupCommit
 from abada_common.struct_codec import to_struct
 
 from .caller_token import CallerToken
+from .dependencies import Dependency, DependencyDown, Verdict
 from .errors import AttemptFailed, EngineUnavailable, LeaseLost, LimitExceeded, QuotaWait
-from .rpc_errors import LIMIT_EXCEEDED, MODEL_QUOTA_EXHAUSTED, RpcFailure, failure_of, failure_of_refusal
+from .logs import redactor
+from .rpc_errors import (
+    DEPENDENCY_UNAVAILABLE,
+    LIMIT_EXCEEDED,
+    MODEL_QUOTA_EXHAUSTED,
+    RpcFailure,
+    failure_of,
+    failure_of_refusal,
+)
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +223,36 @@ class EngineClient:
         )
         return await self._call(self._stub.Fail, request, self._timeout)
 
+    async def report_dependency(
+        self,
+        lease: LeaseRef,
+        dependency: Dependency,
+        *,
+        up: bool,
+        failure: DependencyDown | None,
+        wait_in_place: bool,
+    ) -> Verdict:
+        """Tells the engine what a call to `dependency` met; its answer says what the attempt does next."""
+        request = external_task_pb2.ReportDependencyRequest(
+            task_id=lease.task_id,
+            worker_id=self.worker_id,
+            lease_token=lease.lease_token,
+            dependency=dependency.to_proto(),
+            up=up,
+            wait_in_place=wait_in_place,
+        )
+        if failure is not None:
+            request.error_message = redactor.redact(failure.message)[:2_000]
+            request.retry_after_ms = int(failure.retry_after_seconds * 1000)
+            request.not_called = failure.not_called
+        reply = await self._call(self._stub.ReportDependency, request, self._timeout)
+        return Verdict(
+            action=external_task_pb2.DependencyAction.Name(reply.action).removeprefix("DEPENDENCY_ACTION_"),
+            retry_at=reply.retry_time.ToDatetime(datetime.UTC) if reply.HasField("retry_time") else None,
+            probe=reply.probe,
+            incident_id=reply.incident_id,
+        )
+
     async def _call(
         self,
         method: Callable[..., Awaitable[Reply]],
@@ -246,4 +286,9 @@ def _refusal(failure: RpcFailure) -> Exception:
     if failure.reason == MODEL_QUOTA_EXHAUSTED:
         wait = failure.retry_after_seconds if failure.retry_after_seconds is not None else 1.0
         return QuotaWait(wait, failure.message, "engine")
+    held = Dependency.from_key(failure.metadata.get("dependency", ""))
+    if failure.reason == DEPENDENCY_UNAVAILABLE and held is not None:
+        return DependencyDown(
+            held, failure.message, retry_after_seconds=failure.retry_after_seconds or 0.0, not_called=True
+        )
     return EngineRefused(failure)

@@ -19,6 +19,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from .dependencies import TaskParked
 from .engine_client import EngineClient, LeaseRef
 from .errors import AttemptFailed, EngineUnavailable, Interrupted, LeaseLost
 from .interruption import TaskInterruption
@@ -163,7 +164,9 @@ class JobExecutor:
         error = work.exception()
         if error is None:
             return
-        if isinstance(error, LeaseLost):
+        if isinstance(error, TaskParked):
+            log.info("task parked until a dependency answers", extra={**context, "reason": str(error)})
+        elif isinstance(error, LeaseLost):
             log.warning("task abandoned: the lease is gone", extra={**context, "reason": error.reason})
         elif isinstance(error, AttemptFailed):
             await self._report_failure(lease, error, context)

@@ -56,8 +56,7 @@ class Journal:
             request=step_payloads.model_request(turn, model, provider),
             tokens=(estimated_tokens, 0) if estimated_tokens else None,
         )
-        self._next += 1
-        return sequence
+        return self._taken(sequence)
 
     async def finish_model_call(self, sequence: int, reply: ModelReply) -> None:
         await self._append(
@@ -75,7 +74,7 @@ class Journal:
         )
 
     async def record_read(self, call: FunctionCall, tool_ref: str, result: dict[str, Any]) -> int:
-        sequence = self._take()
+        sequence = self._next
         await self._append(
             sequence,
             StepKind.TOOL_CALL,
@@ -84,11 +83,11 @@ class Journal:
             request=step_payloads.tool_request(call),
             response=result,
         )
-        return sequence
+        return self._taken(sequence)
 
     async def start_read(self, call: FunctionCall, tool_ref: str) -> int:
         """Takes a read's sequence before it runs, so parallel calls keep their call order in the journal."""
-        sequence = self._take()
+        sequence = self._next
         await self._append(
             sequence,
             StepKind.TOOL_CALL,
@@ -96,14 +95,14 @@ class Journal:
             tool_ref,
             request=step_payloads.tool_request(call),
         )
-        return sequence
+        return self._taken(sequence)
 
     async def finish_read(self, sequence: int, tool_ref: str, result: dict[str, Any]) -> None:
         await self._append(sequence, StepKind.TOOL_CALL, _finished_state(result), tool_ref, response=result)
 
     async def propose_call(self, call: FunctionCall, tool_ref: str, model_text: str) -> int:
         """Journals a call of a tool under approval as AWAITING_APPROVAL: proposed, not sent."""
-        sequence = self._take()
+        sequence = self._next
         await self._append(
             sequence,
             StepKind.TOOL_CALL,
@@ -111,11 +110,11 @@ class Journal:
             tool_ref,
             request=step_payloads.proposed_call_request(call, model_text),
         )
-        return sequence
+        return self._taken(sequence)
 
     async def start_write(self, call: FunctionCall, tool_ref: str) -> tuple[int, str]:
         """Journals the write before it happens; returns its sequence and the engine's idempotency key ("" if none)."""
-        sequence = self._take()
+        sequence = self._next
         reply = await self._append(
             sequence,
             StepKind.TOOL_CALL,
@@ -123,14 +122,15 @@ class Journal:
             tool_ref,
             request=step_payloads.tool_request(call),
         )
-        return sequence, reply.idempotency_key or reply.step.idempotency_key
+        return self._taken(sequence), reply.idempotency_key or reply.step.idempotency_key
 
     async def finish_write(self, sequence: int, tool_ref: str, result: dict[str, Any]) -> None:
         await self._append(sequence, StepKind.TOOL_CALL, _finished_state(result), tool_ref, response=result)
 
-    def _take(self) -> int:
-        sequence = self._next
-        self._next += 1
+    def _taken(self, sequence: int) -> int:
+        """The engine journaled `sequence`: the next step takes the one after. A step it refused (a
+        quota, a dependency that is down) leaves the sequence free for the same step to ask again."""
+        self._next = sequence + 1
         return sequence
 
     async def _append(

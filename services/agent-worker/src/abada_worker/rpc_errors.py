@@ -14,6 +14,8 @@ TRANSIENT_CODES = frozenset(
 LEASE_LOST_REASONS = frozenset({"NOT_LEASE_HOLDER", "LEASE_EXPIRED", "TASK_NOT_LEASED", "ATTEMPT_MISMATCH"})
 LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
 MODEL_QUOTA_EXHAUSTED = "MODEL_QUOTA_EXHAUSTED"
+# The engine refused a call to a dependency that is down (the task is parked instead).
+DEPENDENCY_UNAVAILABLE = "DEPENDENCY_UNAVAILABLE"
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .conversation import FunctionResult
+from .dependencies import DependencyWatch
 from .fault import FaultPlan
 from .interruption import TaskInterruption
 from .journal import Journal
@@ -43,6 +45,8 @@ from .replay import PlannedCall
 from .step_payloads import unknown_function_result
 from .toolbox import Toolbox
 from .work import ToolBinding
+
+Started = TypeVar("Started")
 
 
 @dataclass(frozen=True)
@@ -76,8 +80,10 @@ class ToolBatch:
         *,
         concurrency: int,
         fault: FaultPlan | None = None,
+        watch: DependencyWatch | None = None,
     ) -> None:
         self._fault = fault if fault is not None else FaultPlan()
+        self._watch = watch
         self._toolbox = toolbox
         self._journal = journal
         self._interruption = interruption
@@ -181,14 +187,19 @@ class ToolBatch:
         if planned.resend is not None:
             return _Reserved(index, planned, binding, planned.resend.sequence, planned.resend.idempotency_key)
         if binding.is_write:
-            sequence, key = await self._journal.start_write(planned.call, binding.ref)
+            sequence, key = await self._started(lambda: self._journal.start_write(planned.call, binding.ref))
             if binding.keyed and not key:
                 self._log.warning(
                     "the engine gave no idempotency key for a keyed write", extra={"tool": binding.ref}
                 )
             return _Reserved(index, planned, binding, sequence, key)
-        sequence = await self._journal.start_read(planned.call, binding.ref)
+        sequence = await self._started(lambda: self._journal.start_read(planned.call, binding.ref))
         return _Reserved(index, planned, binding, sequence, "")
+
+    async def _started(self, start: Callable[[], Awaitable[Started]]) -> Started:
+        """A STARTED step, asked again while the engine holds it back for a server that is down and
+        this task is its probe (the engine parks the task otherwise)."""
+        return await (self._watch.call(start) if self._watch is not None else start())
 
     async def _send(self, step: _Reserved) -> dict[str, Any]:
         """Calls the tool (a keyed write with its key) and journals the outcome at the call's sequence."""

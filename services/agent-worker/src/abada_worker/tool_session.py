@@ -1,5 +1,10 @@
 """MCP tool servers for one attempt: one session per server, the contract check, and the calls.
 
+A failed exchange is told apart once, here (`_failure`): connection refused or reset, a timeout, a
+session the server forgot, 5xx and 429 pass with time (`DependencyDown`: the attempt waits the outage
+out with every other worker); a rejected credential, an endpoint that is not there or another refusal
+does not (`ToolServerRefused`: an incident at once).
+
 The credential travels as an `httpx2.Auth`, never in the journal or the model's view. A write's
 idempotency key goes in `_meta.idempotencyKey` and in the `Idempotency-Key` header; `call_tool`
 takes no per-call headers, so a request hook reads the key from a context variable set just
@@ -22,9 +27,20 @@ from abada_common.tool_schemas import description_sha256, schema_sha256
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolResult, PaginatedRequestParams, RequestParamsMeta, Tool
+from mcp_types import (
+    CONNECTION_CLOSED,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    REQUEST_TIMEOUT,
+    CallToolResult,
+    PaginatedRequestParams,
+    RequestParamsMeta,
+    Tool,
+)
 
 from .broker_client import Secret
+from .dependencies import DependencyDown, tool_server
 from .errors import AttemptEnded, AttemptFailed
 from .fault import FaultPlan
 from .step_payloads import error_result
@@ -33,17 +49,60 @@ from .work import ToolBinding
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 IDEMPOTENCY_META_KEY = "idempotencyKey"
 SUPPORTED_TRANSPORTS = frozenset({"streamable-http", ""})
-# JSON-RPC "invalid params": the server refused the arguments, which the model can correct.
-_INVALID_PARAMS = -32602
 
 _idempotency_key: ContextVar[str | None] = ContextVar("abada_worker_idempotency_key", default=None)
 
 
-class ToolUnavailable(AttemptFailed):
-    """The server could not be reached or broke off; worth another attempt, not the model's concern."""
+# HTTP statuses of a tool server that pass with time (a restart, an overload, a rate limit).
+_PASSING_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+# The server rejected the worker's credential.
+CREDENTIAL_STATUSES = frozenset({401, 403})
 
-    def __init__(self, server: str, message: str) -> None:
-        super().__init__("TOOL_UNAVAILABLE", message, details={"server": server})
+
+class ToolServerRefused(AttemptFailed):
+    """The server answered, and refused: a rejected credential, an endpoint that is not there, a call
+    it cannot serve. Waiting will not change it: an incident at once, naming the server and why."""
+
+    def __init__(self, server: str, message: str, status: int | None = None) -> None:
+        details: dict[str, Any] = {"server": server}
+        if status is not None:
+            details["http_status"] = status
+        super().__init__("TOOL_SERVER_REFUSED", message, no_retry=True, details=details)
+
+
+class _LastStatus:
+    """The HTTP status of the server's last answer that was not a success: the MCP client turns a
+    failed POST into a JSON-RPC error without it, and it tells an outage from a refusal."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+
+    async def record(self, response: httpx2.Response) -> None:
+        if response.status_code >= 400:
+            self.status = response.status_code
+
+
+def _failure(name: str, url: str, error: BaseException, last: _LastStatus, *, opening: bool) -> Exception:
+    """What a failed exchange with a tool server means: `DependencyDown` when it passes with time
+    (connection refused or reset, a timeout, a lost session, 5xx, 429), `ToolServerRefused` otherwise."""
+    where = f"tool server {name!r} at {url}"
+    if isinstance(error, MCPError):
+        status = last.status
+        if error.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
+            return DependencyDown(tool_server(name), f"{where}: {error.message}")
+        if error.code == INVALID_REQUEST and error.message == "Session terminated":
+            # The server forgot the session (it restarted): a new session will do.
+            return DependencyDown(tool_server(name), f"{where} lost the session: {error.message}")
+        if status in CREDENTIAL_STATUSES:
+            return ToolServerRefused(name, f"{where} rejected the credential ({status})", status)
+        if error.code == METHOD_NOT_FOUND and opening:
+            return ToolServerRefused(name, f"{where} serves no MCP endpoint there (404)", 404)
+        if status is not None and (status in _PASSING_STATUSES or status >= 500):
+            return DependencyDown(tool_server(name), f"{where} answered {status}: {error.message}")
+        if status is not None:
+            return ToolServerRefused(name, f"{where} refused the request ({status}): {error.message}", status)
+        return ToolServerRefused(name, f"{where} answered with an error: {error.message} ({error.code})")
+    return DependencyDown(tool_server(name), f"cannot talk to {where}: {_describe(error)}")
 
 
 @dataclass(frozen=True)
@@ -125,9 +184,11 @@ def _shared_tls_context() -> ssl.SSLContext:
 class ToolServer:
     """An initialized MCP session to one server."""
 
-    def __init__(self, name: str, session: ClientSession) -> None:
+    def __init__(self, name: str, url: str, session: ClientSession, last: _LastStatus | None = None) -> None:
         self.name = name
+        self._url = url
         self._session = session
+        self._last = last if last is not None else _LastStatus()
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -140,10 +201,11 @@ class ToolServer:
         timeout_seconds: float,
         fault: FaultPlan | None = None,
     ) -> AsyncIterator[ToolServer]:
-        hooks: dict[str, list[Any]] = {"request": [_add_idempotency_header]}
+        last = _LastStatus()
+        hooks: dict[str, list[Any]] = {"request": [_add_idempotency_header], "response": [last.record]}
         fault_hook = fault.response_hook(name) if fault is not None else None
         if fault_hook is not None:
-            hooks["response"] = [fault_hook]
+            hooks["response"].append(fault_hook)
         in_use = False
         try:
             async with (
@@ -159,29 +221,26 @@ class ToolServer:
             ):
                 await session.initialize()
                 in_use = True
-                yield cls(name, session)
+                yield cls(name, url, session, last)
         except BaseExceptionGroup as group:
             # The transport's task group wraps whatever crosses it, the caller's own exceptions included.
             error = primary_error(group)
-            if in_use or not _is_transport_error(error):
+            if not _is_transport_error(error):
                 raise error from None
-            raise ToolUnavailable(
-                name, f"cannot talk to tool server {name!r} at {url}: {_describe(error)}"
-            ) from error
+            raise _failure(name, url, error, last, opening=not in_use) from error
         except (httpx2.HTTPError, MCPError, OSError) as error:
-            if in_use:
-                raise
-            raise ToolUnavailable(
-                name, f"cannot talk to tool server {name!r} at {url}: {_describe(error)}"
-            ) from error
+            raise _failure(name, url, error, last, opening=not in_use) from error
 
     async def list_tools(self) -> dict[str, Tool]:
         listed: dict[str, Tool] = {}
         cursor: str | None = None
         while True:
-            page = await self._session.list_tools(
-                params=PaginatedRequestParams(cursor=cursor) if cursor is not None else None
-            )
+            try:
+                page = await self._session.list_tools(
+                    params=PaginatedRequestParams(cursor=cursor) if cursor is not None else None
+                )
+            except (MCPError, httpx2.HTTPError, OSError) as error:
+                raise _failure(self.name, self._url, error, self._last, opening=True) from error
             listed.update((tool.name, tool) for tool in page.tools)
             cursor = page.next_cursor
             if not cursor:
@@ -198,16 +257,17 @@ class ToolServer:
             else None
         )
         reset = _idempotency_key.set(idempotency_key)
+        self._last.status = None
         try:
             result = await self._session.call_tool(
                 tool, arguments, read_timeout_seconds=timeout_seconds, meta=meta
             )
         except MCPError as error:
-            if error.code == _INVALID_PARAMS:
+            if error.code == INVALID_PARAMS:
                 return error_result(f"The server refused the arguments: {error.message}")
-            raise ToolUnavailable(
-                self.name, f"tool server {self.name!r} failed on {tool}: {error.message}"
-            ) from None
+            raise _failure(self.name, self._url, error, self._last, opening=False) from None
+        except (httpx2.HTTPError, OSError) as error:
+            raise _failure(self.name, self._url, error, self._last, opening=False) from error
         except RuntimeError as error:
             # Raised after the answer arrived, e.g. structured content that breaks the declared output schema.
             return error_result(f"The tool's answer could not be used: {error}")

@@ -1,7 +1,8 @@
 """Anthropic's Messages API with tool use, through the official `anthropic` SDK's async client.
 
 The SDK's own retries are off, as for OpenAI: a 429 with `retry-after` goes back to the worker,
-which waits it out within the attempt; a 529 (overloaded) or a 5xx ends the attempt, retryable.
+which waits it out within the attempt; a 529 (overloaded) or a 5xx is an outage the worker waits
+out with every other worker (`providers.base.is_outage`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ _FINISHES = {
 
 class AnthropicMessagesProvider:
     name = "anthropic"
+    credential = "ANTHROPIC_API_KEY"
 
     def __init__(
         self,
@@ -94,7 +96,7 @@ def _call_error(error: anthropic.APIStatusError) -> ModelCallError:
         f"Anthropic answered {status}{f' {kind}' if kind else ''}: {detail.get('message') or error.message}",
         retryable=status_is_retryable(status),
         status=status,
-        retry_after_seconds=retry_after_seconds(error.response.headers) if status == 429 else None,
+        retry_after_seconds=retry_after_seconds(error.response.headers),
     )
 
 

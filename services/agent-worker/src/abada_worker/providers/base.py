@@ -39,6 +39,8 @@ class ModelCallError(Exception):
 class ModelProvider(Protocol):
     # Reported in the attempt metadata, e.g. "gemini".
     name: str
+    # Where the worker's credential for the provider comes from, named when the provider rejects it.
+    credential: str
 
     async def generate(self, request: ModelRequest) -> ModelReply:
         """One model turn; raises ModelCallError when there is no reply."""
@@ -49,6 +51,19 @@ class ModelProvider(Protocol):
 
 def status_is_retryable(status: int) -> bool:
     return status >= 500 or status in RETRYABLE_STATUSES
+
+
+# The provider's own quota: waited out like the engine's (the lease kept, the same STARTED step).
+QUOTA_STATUS = 429
+# The provider refused the worker's credential: no retry can fix it.
+CREDENTIAL_STATUSES = frozenset({401, 403})
+
+
+def is_outage(error: ModelCallError) -> bool:
+    """A failure that passes with time rather than a refusal of this request: the provider overloaded
+    or out of reach (408, 409, any 5xx, 529 included, a connection error, a timeout). A 429 is not an
+    outage but the provider's quota, waited out as quota."""
+    return error.retryable and error.status != QUOTA_STATUS
 
 
 def retry_after_seconds(headers: Mapping[str, str], *, now: float | None = None) -> float | None:

@@ -29,8 +29,6 @@ from ..conversation import (
 )
 from .base import ModelCallError, status_is_retryable
 
-# The SDK retries these itself; a 429 is left to the worker, which waits out Gemini's RetryInfo.
-_SDK_RETRIED_STATUSES = [408, 500, 502, 503, 504]
 _FILTERED = frozenset(
     {"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "MODEL_ARMOR"}
 )
@@ -40,6 +38,7 @@ _PLACEHOLDER_KEY = "scripted-endpoint"
 
 class GeminiProvider:
     name = "gemini"
+    credential = "GEMINI_API_KEY"
 
     def __init__(
         self,
@@ -47,16 +46,15 @@ class GeminiProvider:
         api_key: str | None,
         base_url: str | None = None,
         timeout_seconds: float = 120.0,
-        retries: int = 3,
     ) -> None:
         if not api_key and not base_url:
             raise ValueError("Gemini needs GEMINI_API_KEY, or ABADA_GEMINI_BASE_URL for a scripted endpoint")
         options = types.HttpOptions(
             base_url=base_url or None,
             timeout=int(timeout_seconds * 1000),
-            retry_options=types.HttpRetryOptions(
-                attempts=retries, initial_delay=0.5, max_delay=8.0, http_status_codes=_SDK_RETRIED_STATUSES
-            ),
+            # One try per call: the worker waits out an outage with every other worker, through the
+            # engine's circuit, instead of each SDK retrying on its own (`dependencies`).
+            retry_options=types.HttpRetryOptions(attempts=1),
         )
         self._client = genai.Client(api_key=api_key or _PLACEHOLDER_KEY, http_options=options).aio
 
@@ -77,7 +75,7 @@ class GeminiProvider:
                 f"Gemini answered {error.code} {error.status or ''}: {error.message or ''}".strip(),
                 retryable=status_is_retryable(error.code),
                 status=error.code,
-                retry_after_seconds=retry_delay_of(error) if error.code == 429 else None,
+                retry_after_seconds=retry_delay_of(error),
             ) from None
         except Exception as error:
             # Whatever the transport raised, there is no reply; another attempt may well get one.
@@ -182,8 +180,9 @@ def _neutral_finish(finish: str, called: bool) -> str:
 
 
 def retry_delay_of(error: errors.APIError) -> float | None:
-    """The wait a quota error asks for: Gemini puts a google.rpc.RetryInfo (`retryDelay: "30s"`) in the
-    error's details; an HTTP Retry-After header says the same for other gateways."""
+    """The wait an error asks for (a quota error, an overloaded service): Gemini puts a
+    google.rpc.RetryInfo (`retryDelay: "30s"`) in the error's details; an HTTP Retry-After header
+    says the same for other gateways."""
     body = error.details if isinstance(error.details, dict) else {}
     for detail in (body.get("error") or {}).get("details") or []:
         delay = detail.get("retryDelay") if isinstance(detail, dict) else None

@@ -3,7 +3,8 @@
 One client serves OpenAI itself and every server speaking the same API (Azure OpenAI's v1
 endpoint, vLLM, Ollama, gateways): only `base_url` differs. The SDK's own retries are off:
 a rate limit goes back to the worker, which waits out `retry-after` with the lease kept alive
-and records the wait; any other failure ends the attempt for the engine's retry policy.
+and records the wait; an outage (5xx, a lost connection) is waited out with every other worker
+(`providers.base.is_outage`); any other failure ends the attempt.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ _FINISHES = {
 
 class OpenAIChatProvider:
     name = "openai"
+    credential = "OPENAI_API_KEY"
 
     def __init__(
         self, *, api_key: str | None, base_url: str | None = None, timeout_seconds: float = 120.0
@@ -86,7 +88,7 @@ def _call_error(error: openai.APIStatusError) -> ModelCallError:
     code = str(body.get("code") or "")
     # A 429 for an exhausted billing quota will not clear by waiting; a rate limit will.
     quota_gone = code == "insufficient_quota"
-    wait = retry_after_seconds(error.response.headers) if status == 429 and not quota_gone else None
+    wait = retry_after_seconds(error.response.headers) if not quota_gone else None
     return ModelCallError(
         f"OpenAI answered {status}{f' {code}' if code else ''}: {body.get('message') or error.message}",
         retryable=status_is_retryable(status) and not quota_gone,
