@@ -206,10 +206,12 @@ async def empty_tables(db: AsyncEngine) -> None:
                 await conn.execute(
                     text(
                         "TRUNCATE approvals, tasks, instances, definitions, journal_steps, incidents, history, model_quota_usage, "
-                        "model_quota_calls, model_quota_waiters "
+                        "model_quota_calls, model_quota_waiters, dependencies "
                         "RESTART IDENTITY CASCADE"
                     )
                 )
+                # The circuits are gone: every replica's view of them is read again (as after any change).
+                await conn.execute(text("SELECT pg_notify('abada_dependencies', '')"))
             return
         except DBAPIError as error:
             if "lock timeout" in str(error):

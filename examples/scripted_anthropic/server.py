@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from scripted_gemini.conversation import Conversation
-from scripted_gemini.endpoint import READY_MARKER, ScriptedEndpoint, control_routes, load_book, serve_main
+from scripted_gemini.endpoint import (
+    READY_MARKER,
+    ScriptedEndpoint,
+    control_routes,
+    load_book,
+    refused_by_outage,
+    serve_main,
+)
 from scripted_gemini.player import PlayedTurn, PlayError, RateLimited, decide
 from scripted_gemini.script import ScriptBook
 from starlette.applications import Starlette
@@ -53,7 +60,21 @@ def build_app(
     return app
 
 
+_ERROR_KINDS = {
+    401: "authentication_error",
+    403: "permission_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+
 async def _messages(state: ScriptedEndpoint, request: Request) -> Response:
+    refused = refused_by_outage(
+        state, lambda code, message: anthropic_error(code, _ERROR_KINDS.get(code, "api_error"), message)
+    )
+    if refused is not None:
+        return refused
     if not request.headers.get("x-api-key") and not request.headers.get("authorization"):
         return anthropic_error(401, "authentication_error", "x-api-key header is required")
     if not request.headers.get("anthropic-version"):

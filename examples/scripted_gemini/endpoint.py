@@ -8,13 +8,17 @@ and the call ledger are the same, so a script plays identically whichever API as
 - `POST /_script/reset`: clears the call record
 - `POST /_script/load`: body is a script file (YAML or JSON); replaces all scripts
 - `GET /_script/health`: readiness, with the loaded script names
+- `POST /_script/outage`: `{"status": 503, "retry_after_seconds": 2}` answers every model request
+  with that status until `{"status": 0}` ends it (each one recorded in the ledger)
 """
 
 import argparse
+import json
 import socket
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
@@ -38,12 +42,46 @@ READY_MARKER = " listening on "
 ErrorResponse = Callable[[int, str], Response]
 
 
+@dataclass(frozen=True)
+class Outage:
+    """Every model request is answered with `status` (a 503 overload, a 401 rejected key, ...)."""
+
+    status: int
+    retry_after_seconds: float | None = None
+
+
 class ScriptedEndpoint:
-    """The server's mutable state: the loaded scripts and the call ledger."""
+    """The server's mutable state: the loaded scripts, the call ledger and an outage, if one is on."""
 
     def __init__(self, book: ScriptBook, clock: Callable[[], float] = time.time) -> None:
         self.book = book
         self.ledger = CallLedger(clock)
+        self.outage: Outage | None = None
+
+
+def refused_by_outage(state: ScriptedEndpoint, error: ErrorResponse) -> Response | None:
+    """While an outage is on, a model request is answered with its status in the API's own error
+    shape (and a Retry-After when the outage names one); the ledger records it like any call."""
+    outage = state.outage
+    if outage is None:
+        return None
+    state.ledger.record(
+        conversation="", turn=-1, model="", script=None, status=outage.status, error="scripted outage"
+    )
+    response = error(
+        outage.status, _OUTAGE_MESSAGES.get(outage.status, "the service failed; try again later")
+    )
+    if outage.retry_after_seconds is not None:
+        response.headers["retry-after"] = f"{outage.retry_after_seconds:g}"
+    return response
+
+
+_OUTAGE_MESSAGES = {
+    401: "the API key was rejected",
+    403: "the API key may not use this model",
+    503: "the service is overloaded; try again later",
+    529: "overloaded",
+}
 
 
 def load_book(scripts: ScriptBook | str | Path | None) -> ScriptBook:
@@ -70,6 +108,23 @@ def control_routes(state: ScriptedEndpoint, bad_request: ErrorResponse) -> list[
             return bad_request(400, str(error))
         return JSONResponse({"scripts": state.book.names})
 
+    async def outage(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body() or b"{}")
+            status = int(body.get("status", 0))
+            retry_after = body.get("retry_after_seconds")
+            outage_on = (
+                Outage(status, None if retry_after is None else float(retry_after)) if status else None
+            )
+        except (ValueError, TypeError, AttributeError) as error:
+            return bad_request(
+                400, f"POST /_script/outage takes {{'status': 503, 'retry_after_seconds': 2}}: {error}"
+            )
+        if outage_on is not None and not 400 <= outage_on.status <= 599:
+            return bad_request(400, "an outage answers a 4xx or 5xx status")
+        state.outage = outage_on
+        return JSONResponse({"outage": None if outage_on is None else outage_on.status})
+
     async def health(_: Request) -> Response:
         return JSONResponse({"status": "ok", "scripts": state.book.names})
 
@@ -78,6 +133,7 @@ def control_routes(state: ScriptedEndpoint, bad_request: ErrorResponse) -> list[
         Route("/_script/reset", reset, methods=["POST"]),
         Route("/_script/load", load, methods=["POST"]),
         Route("/_script/health", health, methods=["GET"]),
+        Route("/_script/outage", outage, methods=["POST"]),
     ]
 
 

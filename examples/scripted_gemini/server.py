@@ -20,7 +20,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from scripted_gemini.conversation import RequestError, read_conversation
-from scripted_gemini.endpoint import READY_MARKER, ScriptedEndpoint, control_routes, load_book, serve_main
+from scripted_gemini.endpoint import (
+    READY_MARKER,
+    ScriptedEndpoint,
+    control_routes,
+    load_book,
+    refused_by_outage,
+    serve_main,
+)
 from scripted_gemini.player import PlayedTurn, PlayError, RateLimited, decide
 from scripted_gemini.script import ScriptBook
 
@@ -47,7 +54,26 @@ def build_app(
     return app
 
 
+_STATUS_NAMES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def gemini_error_for(code: int, message: str) -> JSONResponse:
+    return gemini_error(code, _STATUS_NAMES.get(code, "UNKNOWN"), message)
+
+
 async def _generate(state: ScriptedEndpoint, request: Request) -> Response:
+    refused = refused_by_outage(state, gemini_error_for)
+    if refused is not None:
+        return refused
     model, _, action = request.path_params["target"].rpartition(":")
     if action not in _ACTIONS or not model:
         return gemini_error(404, "NOT_FOUND", f"scripted Gemini serves only {' and '.join(_ACTIONS)}")

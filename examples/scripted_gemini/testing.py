@@ -76,6 +76,12 @@ def reset_calls(base_url: str) -> None:
     _request_json("POST", f"{base_url}/_script/reset", b"")
 
 
+def set_outage(base_url: str, status: int, retry_after_seconds: float | None = None) -> None:
+    """`POST /_script/outage`: answer every model request with `status` (0 ends the outage)."""
+    body = {"status": status, "retry_after_seconds": retry_after_seconds}
+    _request_json("POST", f"{base_url}/_script/outage", json.dumps(body).encode())
+
+
 def load_script(
     base_url: str, script: str | os.PathLike[str] | Mapping[str, Any] | Sequence[Any]
 ) -> list[str]:

@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from scripted_gemini.conversation import Conversation
-from scripted_gemini.endpoint import READY_MARKER, ScriptedEndpoint, control_routes, load_book, serve_main
+from scripted_gemini.endpoint import (
+    READY_MARKER,
+    ScriptedEndpoint,
+    control_routes,
+    load_book,
+    refused_by_outage,
+    serve_main,
+)
 from scripted_gemini.player import PlayedTurn, PlayError, RateLimited, decide
 from scripted_gemini.script import ScriptBook
 from starlette.applications import Starlette
@@ -53,6 +60,9 @@ def build_app(
 
 
 async def _completions(state: ScriptedEndpoint, request: Request, clock: Callable[[], float]) -> Response:
+    refused = refused_by_outage(state, lambda code, message: openai_error(code, message))
+    if refused is not None:
+        return refused
     if not request.headers.get("authorization", "").startswith("Bearer "):
         return openai_error(
             401,

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
+import hvac
 import pytest
 import yaml
 from broker_support import (
@@ -99,3 +100,41 @@ async def test_openbao_stopped_is_secret_store_unavailable_then_it_recovers(
     openbao.put_secret(CRM_SECRET_PATH, {"value": crm.token})
     again = await _eventually_served(lambda: bao_broker.for_task(dev_tokens.worker_token, task))
     assert again.secret == crm.token
+
+
+async def test_a_broker_whose_token_reads_only_the_credentials_serves_a_rotation_and_nothing_else(
+    engine, engine_channel, openbao, crm, dev_tokens, engine_tokens, tmp_path: Path
+):
+    """The token an operator gives the broker reads `secret/data/abada/tool-credentials/*` and nothing
+    more: a `bao kv put` of a new version still reaches the next task, and the token cannot read beside it."""
+    openbao.put_secret(CRM_SECRET_PATH, {"value": crm.token})
+    openbao.put_secret("abada/other/admin", {"value": "not for the broker"})
+    openbao.add_reader_policy(
+        "abada-broker-credentials",
+        {
+            "secret/data/abada/tool-credentials/*": ["read"],
+            "secret/metadata/abada/tool-credentials/*": ["read"],
+        },
+    )
+    token = openbao.create_token(["abada-broker-credentials"])
+    _, engine_address = engine_channel
+    settings = {
+        "ABADA_ENGINE_ADDRESS": engine_address,
+        "ABADA_ENGINE_TOKEN": engine_tokens.broker,
+        "ABADA_BROKER_AUTH_TOKENS_FILE": str(dev_tokens.callers_file),
+        "ABADA_SECRET_BACKEND": "vault",
+        "VAULT_ADDR": openbao.url,
+        "VAULT_TOKEN": token,
+        "ABADA_VAULT_TIMEOUT_SECONDS": "1",
+    }
+    async with running_broker(tmp_path, settings) as broker:
+        task = await leased_task(engine, bundle(crm.url))
+        first = await broker.for_task(dev_tokens.worker_token, task)
+        openbao.cli("kv", "put", "-mount=secret", CRM_SECRET_PATH, "value=rotated-under-the-policy")
+        rotated = await broker.for_task(dev_tokens.worker_token, task)
+
+    assert first.secret == crm.token
+    assert rotated.secret == "rotated-under-the-policy" and rotated.version == first.version + 1
+    limited = hvac.Client(url=openbao.url, token=token, timeout=5)
+    with pytest.raises(hvac.exceptions.Forbidden):
+        limited.secrets.kv.v2.read_secret_version(path="abada/other/admin", mount_point="secret")

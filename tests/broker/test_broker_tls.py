@@ -21,8 +21,8 @@ from abada_engine.definitions.tool_contracts import BrokerCredentials, credentia
 from abada_engine.errors import Category, EngineError
 from abada_worker.broker_client import BrokerClient, broker_channel_for
 from abada_worker.caller_token import CallerToken
+from abada_worker.dependencies import BROKER, DependencyDown
 from abada_worker.engine_client import LeaseRef
-from abada_worker.errors import AttemptFailed
 from abada_worker.settings import WorkerSettings
 from broker_support import (
     CRM_CREDENTIAL,
@@ -139,10 +139,11 @@ async def test_a_worker_gets_its_credential_from_a_tls_broker(
 
 async def test_a_worker_without_the_ca_cannot_reach_a_tls_broker(engine, tls_broker, crm, dev_tokens):
     task = await leased_task(engine, bundle(crm.url))
-    # No CA: the worker dials in plaintext, which the TLS port does not answer.
-    with pytest.raises(AttemptFailed) as caught:
+    # No CA: the worker dials in plaintext, which the TLS port does not answer: to the worker, the
+    # broker is out of reach (an outage it waits out and reports, naming the broker).
+    with pytest.raises(DependencyDown) as caught:
         await _worker_credential(_worker_settings(tls_broker.address), dev_tokens.worker_token, task)
-    assert caught.value.error_code == "CREDENTIAL_UNAVAILABLE"
+    assert caught.value.dependency == BROKER
     assert crm.token not in str(caught.value)
 
 
@@ -152,8 +153,9 @@ async def test_a_worker_trusting_another_ca_refuses_the_broker(
     stranger = make_pki(tmp_path)
     task = await leased_task(engine, bundle(crm.url))
     settings = _worker_settings(tls_broker.address, broker_tls_ca_file=stranger.ca)
-    with pytest.raises(AttemptFailed):
+    with pytest.raises(DependencyDown) as caught:
         await _worker_credential(settings, dev_tokens.worker_token, task)
+    assert caught.value.dependency == BROKER
 
 
 async def test_the_engine_gets_a_deploy_credential_from_a_tls_broker(tls_broker, broker_pki, crm, dev_tokens):

@@ -10,6 +10,8 @@ from abada_broker import metrics as broker_metrics
 from abada_broker.auth import parse_callers
 from abada_engine.auth import CallerRegistry, token_sha256
 from abada_engine.metrics import (
+    DEPENDENCY_HELD_TASKS,
+    DEPENDENCY_UP,
     INCIDENTS_OPEN,
     JOURNAL_STEPS,
     LEASE_EXPIRIES,
@@ -22,6 +24,7 @@ from abada_engine.metrics import (
     TASKS_DELAYED,
     TASKS_DEMAND,
     TASKS_LEASED,
+    TASKS_PARKED,
     TASKS_READY,
 )
 from abada_worker import metrics as worker_metrics
@@ -38,6 +41,9 @@ DATABASE_GAUGES = (
     INCIDENTS_OPEN,
     JOURNAL_STEPS,
     MODEL_CALLS_WAITING,
+    DEPENDENCY_UP,
+    DEPENDENCY_HELD_TASKS,
+    TASKS_PARKED,
 )
 
 

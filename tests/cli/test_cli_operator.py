@@ -147,7 +147,7 @@ async def test_tasks_and_topics_show_the_queue(engine):
     topics = await abada(engine.address, "topics")
     assert topics.exit_code == 0, topics.stderr
     header, row = topics.stdout.splitlines()
-    assert header.split() == ["TOPIC", "READY", "LEASED", "DELAYED", "DEMAND", "OLDEST", "READY"]
+    assert header.split() == ["TOPIC", "READY", "LEASED", "DELAYED", "DEMAND", "OLDEST", "READY", "PARKED"]
     assert row.split()[:5] == ["notify", "1", "1", "0", "2"]
 
 

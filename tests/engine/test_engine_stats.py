@@ -8,7 +8,7 @@ import secrets
 import httpx2
 import pytest
 import yaml
-from abada.engine.v1 import external_task_pb2
+from abada.engine.v1 import dependency_pb2, external_task_pb2
 from abada_engine.api.http import HttpServer, build_app
 from abada_engine.auth import CallerRegistry, token_sha256
 from abada_engine.db.database import create_engine
@@ -187,3 +187,34 @@ async def test_scrapes_share_cached_figures_instead_of_counting_tables_each_time
             await asyncio.sleep(0.1)
         else:
             raise AssertionError("the figures were never refreshed")
+
+
+async def test_a_dependency_down_shows_in_the_metrics_and_its_parked_tasks_leave_the_demand(engine, replicas):
+    urls, scaler_token, _ = replicas
+    await deploy(engine, JOBS)
+    for _ in range(3):
+        await start(engine, "job")
+    tasks = await fetch(engine, "w", "abada:agent", max_tasks=3)
+    for task in tasks:
+        await engine.tasks.ReportDependency(
+            external_task_pb2.ReportDependencyRequest(
+                task_id=task.id,
+                worker_id="w",
+                lease_token=task.lease_token,
+                dependency=dependency_pb2.Dependency(
+                    kind=dependency_pb2.DEPENDENCY_KIND_MODEL, name="gemini-m"
+                ),
+                error_message="overloaded",
+                retry_after_ms=60_000,
+            )
+        )
+    figures = await stats(urls[0], scaler_token)
+    async with httpx2.AsyncClient() as client:
+        text = (
+            await client.get(f"{urls[1]}/metrics", headers={"Authorization": f"Bearer {scaler_token}"})
+        ).text
+
+    assert (figures["ready"], figures["leased"], figures["demand"], figures["parked"]) == (0, 0, 0, 3)
+    assert 'abada_dependency_up{kind="model",name="gemini-m"} 0.0' in text
+    assert 'abada_dependency_held_tasks{kind="model",name="gemini-m"} 3.0' in text
+    assert 'abada_tasks_parked{topic="abada:agent"} 3.0' in text

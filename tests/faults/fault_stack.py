@@ -70,10 +70,14 @@ def write_private(path: pathlib.Path, text: str) -> pathlib.Path:
     return path
 
 
-def alice_bundle(crm_url: str, idempotency: str = "key", review_route: bool = False) -> str:
+def alice_bundle(
+    crm_url: str, idempotency: str = "key", review_route: bool = False, outage_budget: str | None = None
+) -> str:
     """Alice's triage; with `review_route`, an answer below the confidence threshold goes to a
-    person's review task instead of an incident."""
+    person's review task instead of an incident; `outage_budget` (ISO-8601) on the triage node."""
     route = "on_low_confidence: review\n        " if review_route else ""
+    if outage_budget is not None:
+        route += f"outage_budget: {outage_budget}\n        "
     review = "\n      - { id: review, type: user_task, next: done }" if review_route else ""
     return f"""
 tool_servers:
@@ -574,25 +578,29 @@ async def running_stack(
     idempotency: str = "key",
     env: dict[str, str] | None = None,
     review_route: bool = False,
+    broker_env: dict[str, str] | None = None,
+    outage_budget: str | None = None,
+    script: dict[str, Any] | None = None,
 ) -> AsyncIterator[Stack]:
     """Engine and broker up, Alice's bundle deployed, the script loaded and its ledger empty; no workers.
 
-    `env` is added to every service's own settings, workers added later included.
+    `env` is added to every service's own settings, workers added later included; `broker_env` to the
+    broker's alone (a Vault backend instead of the file); `script` replaces Alice's plain one.
     """
     credentials = state / "deploy-credentials.yaml"
     credentials.write_text(yaml.safe_dump({"crm-token": crm.token}))
     engine = engine_service(state, database_url, credentials)
     broker, broker_address = broker_service(state, engine, crm.token)
     engine.service.env.update(env or {})
-    broker.env.update(env or {})
+    broker.env.update({**(env or {}), **(broker_env or {})})
     stack = Stack(engine, broker, broker_address, crm, gemini_url, state, env=dict(env or {}))
     try:
         await engine.start()
         broker.start()
         await wait_for(lambda: _broker_serving(broker_address), "the broker serving", 60)
         async with engine.channel() as channel:
-            await deploy(channel, alice_bundle(crm.url, idempotency, review_route))
-        load_script(gemini_url, alice_script())
+            await deploy(channel, alice_bundle(crm.url, idempotency, review_route, outage_budget))
+        load_script(gemini_url, script or alice_script())
         reset_calls(gemini_url)
         yield stack
     finally:

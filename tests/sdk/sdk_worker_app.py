@@ -68,6 +68,22 @@ async def long_running(task: Task) -> dict:
     return {"slept": task.variables["seconds"]}
 
 
+def _calls_so_far(event: str) -> int:
+    with open(os.environ["SDK_WORKER_TRACE"], encoding="utf-8") as calls:
+        return sum(1 for line in calls if f'"{event}"' in line)
+
+
+@worker.task("sdk-flaky", lease_ms=LEASE_MS)
+async def flaky(task: Task) -> dict:
+    """The mail server is down for the first `outage_calls` calls (a restart), then answers."""
+    trace("flaky", task)
+    if _calls_so_far("flaky") <= int(task.variables["outage_calls"]):
+        if task.variables.get("as") == "connection":
+            raise ConnectionRefusedError(111, "Connection refused: smtp.internal:25")
+        raise TaskFailed("the mail server is restarting", transient=True, dependency="smtp")
+    return {"sent": True}
+
+
 if __name__ == "__main__":
     print("sdk worker starting", file=sys.stderr, flush=True)
     worker.run()

@@ -41,6 +41,16 @@ processes:
     nodes:
       - { id: work, type: service, topic: sdk-long, next: done }
       - { id: done, type: end }
+  - id: flaky
+    start: send
+    nodes:
+      - { id: send, type: service, topic: sdk-flaky, retries: 1, next: done }
+      - { id: done, type: end }
+  - id: flaky_short_budget
+    start: send
+    nodes:
+      - { id: send, type: service, topic: sdk-flaky, retries: 1, outage_budget: PT2S, next: done }
+      - { id: done, type: end }
 """
 
 
@@ -202,3 +212,47 @@ async def test_tasks_that_finish_together_are_completed_together(engine, sdk_cli
     calls = _calls_answered("CompleteTasks") - batches
     assert 1 <= calls <= 12, calls  # 24 tasks (two nodes each): at most one call for two
     assert await worker.terminate() == 0
+
+
+async def test_a_transient_failure_waits_with_backoff_and_spends_no_retry(engine, sdk_client, sdk_worker):
+    """Down for four calls, with one retry on the node: a blip costs time, not the node's retries."""
+    await sdk_client.deploy(BUNDLE, source_name="sdk.yaml")
+    worker = await sdk_worker(engine.address)
+
+    done = await sdk_client.start("flaky", {"outage_calls": 4}, wait=True, timeout=60)
+
+    assert done.state is InstanceState.COMPLETED and done.variables["sent"] is True
+    calls = worker.calls("flaky")
+    assert [c["retries_left"] for c in calls] == [1] * 5, "a wait spent one of the node's retries"
+    history = await sdk_client.history(done.id)
+    waits = [e.data for e in history if e.type == "TASK_WAITING"]
+    assert len(waits) == 4 and not [e for e in history if e.type == "TASK_FAILED"]
+    assert waits[0]["details"]["dependency"] == "smtp"
+
+
+async def test_a_connection_error_is_transient_too(engine, sdk_client, sdk_worker):
+    await sdk_client.deploy(BUNDLE, source_name="sdk.yaml")
+    worker = await sdk_worker(engine.address)
+
+    done = await sdk_client.start("flaky", {"outage_calls": 2, "as": "connection"}, wait=True, timeout=60)
+
+    assert done.state is InstanceState.COMPLETED
+    assert [c["retries_left"] for c in worker.calls("flaky")] == [1, 1, 1]
+    waits = [e.data for e in await sdk_client.history(done.id) if e.type == "TASK_WAITING"]
+    assert [w["code"] for w in waits] == ["UNREACHABLE", "UNREACHABLE"]
+    assert "ConnectionRefusedError" in waits[0]["message"]
+
+
+async def test_past_the_outage_budget_a_transient_failure_is_a_dependency_unavailable_incident(
+    engine, sdk_client, sdk_worker
+):
+    await sdk_client.deploy(BUNDLE, source_name="sdk.yaml")
+    await sdk_worker(engine.address)
+
+    handle = await sdk_client.start("flaky_short_budget", {"outage_calls": 1000})
+    await poll(lambda: _has_incident(sdk_client, handle.id), 30, "the incident")
+
+    [incident] = await sdk_client.incidents(instance_id=handle.id)
+    assert incident.type == "DEPENDENCY_UNAVAILABLE"
+    assert "'smtp' has been unavailable" in incident.message
+    assert incident.details["dependency"] == "service:smtp"

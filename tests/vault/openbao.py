@@ -81,6 +81,18 @@ class OpenBao:
                 self._process.kill()
                 self._process.wait(10)
 
+    def seal(self) -> None:
+        """`bao operator seal`: every read fails until `unseal` (the data and the tokens are kept)."""
+        self.cli("operator", "seal")
+
+    def unseal(self) -> None:
+        """`bao operator unseal` with the key the dev server printed when it started."""
+        for line in self._log.read_text().splitlines():
+            if line.strip().startswith("Unseal Key:"):
+                self.cli("operator", "unseal", line.split(":", 1)[1].strip())
+                return
+        raise RuntimeError("the dev server printed no unseal key")
+
     def root(self) -> hvac.Client:
         return hvac.Client(url=self.url, token=ROOT_TOKEN, timeout=5)
 

@@ -62,7 +62,7 @@ def base_url() -> Iterator[str]:
 @pytest.fixture
 async def gemini(base_url: str) -> AsyncIterator[GeminiProvider]:
     reset_calls(base_url)
-    provider = GeminiProvider(api_key=None, base_url=base_url, retries=1)
+    provider = GeminiProvider(api_key=None, base_url=base_url)
     yield provider
     await provider.aclose()
 
@@ -137,7 +137,7 @@ async def test_a_refused_request_is_a_model_error_not_worth_retrying(gemini: Gem
 
 
 async def test_an_unreachable_endpoint_is_worth_retrying() -> None:
-    provider = GeminiProvider(api_key=None, base_url="http://127.0.0.1:9", retries=1, timeout_seconds=5)
+    provider = GeminiProvider(api_key=None, base_url="http://127.0.0.1:9", timeout_seconds=5)
     try:
         with pytest.raises(ModelCallError) as unreachable:
             await provider.generate(request([]))

@@ -11,8 +11,9 @@ import grpc
 import pytest
 from abada_worker.broker_client import BrokerClient, Secret
 from abada_worker.caller_token import CallerToken
+from abada_worker.dependencies import DependencyDown, tool_server
 from abada_worker.engine_client import LeaseRef
-from abada_worker.tool_session import ToolServer, ToolUnavailable, description_sha256, schema_sha256
+from abada_worker.tool_session import ToolServer, ToolServerRefused, description_sha256, schema_sha256
 from abada_worker.toolbox import ContractBroken, Toolbox
 from abada_worker.work import ToolBinding
 from crm_mcp.testing import RunningCrmServer, running_crm_server
@@ -176,17 +177,26 @@ async def test_a_tool_error_is_a_result_for_the_model(crm: RunningCrmServer) -> 
     assert "No customer with id 'C-999'" in result["content"][0]["text"]
 
 
-async def test_a_refused_credential_or_an_absent_server_is_unavailable_not_a_model_matter(
+async def test_a_refused_credential_is_a_refusal_and_an_absent_server_an_outage_not_a_model_matter(
     crm: RunningCrmServer,
 ) -> None:
-    with pytest.raises(ToolUnavailable, match="cannot talk to tool server 'crm'"):
+    with pytest.raises(
+        ToolServerRefused, match=r"tool server 'crm' .* rejected the credential \(401\)"
+    ) as refused:
         async with ToolServer.connect("crm", crm.url, Secret("wrong-token"), timeout_seconds=10):
             pytest.fail("connected with a wrong token")
-    with pytest.raises(ToolUnavailable) as unreachable:
+    assert refused.value.error_code == "TOOL_SERVER_REFUSED"
+    assert refused.value.no_retry is True, "no wait fixes a rejected credential"
+    with pytest.raises(ToolServerRefused, match="serves no MCP endpoint there"):
+        async with ToolServer.connect(
+            "crm", crm.base_url + "/elsewhere", Secret(crm.token), timeout_seconds=10
+        ):
+            pytest.fail("connected to a path with no MCP endpoint")
+    with pytest.raises(DependencyDown) as unreachable:
         async with ToolServer.connect("crm", "http://127.0.0.1:9/mcp", Secret(crm.token), timeout_seconds=5):
             pytest.fail("connected to nothing")
-    assert unreachable.value.error_code == "TOOL_UNAVAILABLE"
-    assert unreachable.value.no_retry is False
+    assert unreachable.value.dependency == tool_server("crm")
+    assert "cannot talk to tool server 'crm'" in unreachable.value.message
 
 
 async def test_a_result_too_big_for_the_journal_reaches_the_model_as_an_error(broker: Broker) -> None:
