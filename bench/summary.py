@@ -12,6 +12,7 @@ import sys
 
 import append_step
 import many_in_flight
+import provider_outage
 import quota_admission
 import start_instance
 import task_cycle
@@ -41,6 +42,11 @@ def main() -> None:
         quotas.append(quota_admission.measure(32, 60))
         quota_admission.report(quotas[-1], 32)
         sys.stdout.flush()
+
+    # Once, not per run: two stacks of real processes and two 30 s windows.
+    print("== a 30 s provider outage with 1,000 instances in flight (provider_outage.py)")
+    outage = provider_outage.measure(1000, 30.0)
+    provider_outage.report(outage, 1000)
 
     def m(rows: list[dict[str, float]], key: str) -> float:
         return median([row[key] for row in rows])
@@ -118,6 +124,13 @@ def main() -> None:
             f"{m(quotas, 'worker_rate'):,.0f}/s",
             ">= 1,000/s",
             m(quotas, "worker_rate") >= 1000,
+        ),
+        (
+            "provider requests in a 30 s outage, 1,000 instances in flight (engine CPU, answering)",
+            f"{outage['outage_rate']:.2f}/s ({outage['outage_requests']:.0f}; engine {outage['outage_engine_cpu']:.1f} s) "
+            f"vs {outage['calm_requests']:.0f} (engine {outage['calm_engine_cpu']:.1f} s)",
+            "<= 1/s",
+            outage["outage_rate"] <= 1.0,
         ),
         (
             "context: raw single-row commits, 8 connections",
