@@ -686,7 +686,7 @@ async def memory_phase(
 
 @dataclass(frozen=True)
 class MachineFloors:
-    """What this machine gave in the same run; DESIGN.md's figures are 17 000 commits/s and 7 900 calls/s."""
+    """What this machine gave in the same run, the floors under the journal's figures."""
 
     commits_per_second: float
     grpc_calls_per_second: float
@@ -764,8 +764,7 @@ def report(
         f"-- target <= 2 ms: {verdict(per_step_p50 <= 0.002)}",
         "",
         f"same run, same machine:     {floors.commits_per_second:,.0f} single-row commits/s at 8 connections, "
-        f"{floors.grpc_calls_per_second:,.0f} bare gRPC calls/s at 8 callers "
-        "(DESIGN.md measured 17,000 and 7,900)",
+        f"{floors.grpc_calls_per_second:,.0f} bare gRPC calls/s at 8 callers",
         # Eight callers back to back: each call's mean round trip is 8 / rate, the floor under AppendStep.
         f"bare gRPC round trip:       {ms(8 / floors.grpc_calls_per_second)} mean at 8 callers, "
         f"the floor under AppendStep's {ms(percentile(timings.calls, 0.5))} p50",

@@ -1,6 +1,6 @@
 """The worker end to end: a real engine, the demo CRM, the scripted Gemini endpoint, a worker process.
 
-The reference scenario (shared/scenario/crm-call-and-back.md) and what happens around it: a
+The reference scenario (docs/scenario.md) and what happens around it: a
 crash in the middle of the write, answers the output contract refuses, a runaway model stopped by
 the limits, a tool server that changed, and a worker draining on SIGTERM.
 """
