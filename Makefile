@@ -43,6 +43,7 @@ lint: venv proto
 test: venv proto
 	@$(STEP) "buf lint" $(VENV)/bin/buf lint
 	@$(STEP) "ruff check" $(VENV)/bin/ruff check .
+	@$(STEP) "ruff format --check" $(VENV)/bin/ruff format --check .
 	@$(STEP) "mypy (types)" $(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
