@@ -492,11 +492,14 @@ def test_settings_from_env() -> None:
     [
         ({}, "needs a token"),
         ({"ABADA_VAULT_AUTH": "kubernetes"}, "needs a role"),
-        ({"ABADA_VAULT_AUTH": "ldap"}, "must be 'token' or 'kubernetes'"),
-        ({"VAULT_TOKEN": "t", "ABADA_SECRET_CACHE_SECONDS": "120"}, "cache_seconds must be between 0 and"),
-        ({"VAULT_TOKEN": "t", "ABADA_SECRET_CACHE_SECONDS": "soon"}, "must be a number"),
+        ({"ABADA_VAULT_AUTH": "ldap"}, "ABADA_VAULT_AUTH must be 'token' or 'kubernetes', not 'ldap'"),
+        (
+            {"VAULT_TOKEN": "t", "ABADA_SECRET_CACHE_SECONDS": "120"},
+            "ABADA_SECRET_CACHE_SECONDS must be between 0 and ABADA_SECRET_MAX",
+        ),
+        ({"VAULT_TOKEN": "t", "ABADA_SECRET_CACHE_SECONDS": "soon"}, "CACHE_SECONDS must be a number"),
         ({"VAULT_TOKEN": "t", "ABADA_VAULT_PATH_TEMPLATE": "abada/fixed"}, "exactly once"),
-        ({"VAULT_TOKEN": "t", "VAULT_ADDR": "vault:8200"}, "http:// or https://"),
+        ({"VAULT_TOKEN": "t", "VAULT_ADDR": "vault:8200"}, "VAULT_ADDR must start with http:// or https://"),
     ],
 )
 def test_bad_settings_are_refused(environ: dict[str, str], message: str) -> None:

@@ -2,7 +2,8 @@
 overridable by a command-line flag (see main.py).
 
 The secret store reads its own settings (ABADA_SECRET_BACKEND, VAULT_*, ABADA_VAULT_*, ABADA_SECRET_*,
-ABADA_SECRETS_FILE) through ``secret_store.secret_store_from_env``; :attr:`BrokerSettings.store_environ`
+ABADA_SECRETS_FILE) through ``secret_store.secret_store_from_env``, declared in
+``SecretBackendSettings`` and ``VaultSettings``; :attr:`BrokerSettings.store_environ`
 is the environment it is given.
 """
 
@@ -95,7 +96,7 @@ class BrokerSettings(ServiceSettings):
     ready_file: Path | None = variable(
         "ABADA_BROKER_READY_FILE", None, "once listening, write {address, port, pid} as JSON here"
     )
-    # The environment the secret store reads its own settings from (secret_store.py), flags applied.
+    # The environment the secret store reads its own settings from (secret_store/), flags applied.
     store_environ: dict[str, str] = Field(default_factory=dict, repr=False, exclude=True)
 
     @model_validator(mode="after")

@@ -27,7 +27,7 @@ from .dev_tokens import DEFAULT_ENGINE_IDENTITY, DEFAULT_WORKER_IDENTITY, DevTok
 from .engine_client import EngineCredentialsError
 from .logs import configure_logging
 from .origins import OriginsFileError
-from .secret_store import SecretStoreConfigError
+from .secret_store import SecretBackendSettings, SecretStoreConfigError, VaultSettings
 from .server import start_broker
 
 log = logging.getLogger("abada_broker")
@@ -50,8 +50,10 @@ def _parser() -> argparse.ArgumentParser:
         "serve",
         help="serve CredentialService over gRPC (the default command)",
         epilog=BrokerSettings.describe()
-        + "\n\nThe secret store reads ABADA_SECRET_BACKEND, ABADA_SECRETS_FILE, VAULT_*, ABADA_VAULT_* and "
-        "ABADA_SECRET_* (services/credential-broker/README.md).",
+        + "\n\nthe secret store's "
+        + SecretBackendSettings.describe()
+        + "\n\nwith ABADA_SECRET_BACKEND=vault, "
+        + VaultSettings.describe(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     serve.add_argument(

@@ -1,16 +1,4 @@
-"""Where the broker gets tool-server secrets: Vault KV v2 in production, a local file for the offline demo.
-
-The rest of the broker only sees :class:`SecretStore`::
-
-    store = secret_store_from_env()          # ABADA_SECRET_BACKEND=vault|file
-    secret = await store.read("crm-token")   # Secret(name, version, value); repr hides the value
-    await store.check()                      # readiness: Vault reachable, unsealed, our token valid
-    await store.close()
-
-Errors are :class:`SecretNotFound`, :class:`SecretStoreUnavailable` (retryable: Vault unreachable,
-sealed, timing out or erring), :class:`SecretStoreAuthError` (Vault refused the broker's identity or its
-policy denies the read) and :class:`SecretStoreConfigError`, all :class:`SecretStoreError`. No message and
-no log line of this module ever contains a secret value, a Vault token or a service-account JWT.
+"""The broker's production secret store: Vault (or OpenBao) KV v2, read with the broker's own identity.
 
 Rotation: ``vault kv put secret/abada/tool-credentials/crm-token value=...`` reaches the very next
 ``read``. Each read asks Vault for the secret's ``current_version`` (KV v2 metadata) and serves the value
@@ -21,29 +9,37 @@ that version. The broker's Vault policy therefore needs ``read`` on both paths::
     path "secret/metadata/abada/tool-credentials/*" { capabilities = ["read"] }
 
 With ``cache_seconds=0`` every read is a single read of the latest version and the metadata rule is not
-needed.
+needed. The broker's token is kept alive by :mod:`.vault_auth`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import os
-import re
-import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Self
 
 import hvac
 import hvac.exceptions
 import requests
-import yaml
+from abada_common.settings import ServiceSettings, SettingsError, variable
+from pydantic import BeforeValidator, model_validator
 
-from abada_broker.vault_auth import (
+from .base import (
+    CREDENTIAL_PLACEHOLDER,
+    DEFAULT_PATH_TEMPLATE,
+    Secret,
+    SecretNotFound,
+    SecretStoreAuthError,
+    SecretStoreConfigError,
+    SecretStoreError,
+    SecretStoreUnavailable,
+    secret_path,
+)
+from .vault_auth import (
     AuthMethod,
     KubernetesAuth,
     StaticTokenAuth,
@@ -53,14 +49,9 @@ from abada_broker.vault_auth import (
     vault_error_summary,
 )
 
-logger = logging.getLogger("abada_broker.secret_store")
+logger = logging.getLogger("abada_broker.secret_store.vault")
 
 DEFAULT_KUBERNETES_JWT_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
-DEFAULT_PATH_TEMPLATE = "abada/tool-credentials/{credential}"
-CREDENTIAL_PLACEHOLDER = "{credential}"
-# Credential names come from deployment bundles; keeping them to one path segment means a name can
-# never reach outside the configured path template ("../", "/").
-_CREDENTIAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # The upkeep task is woken when a new token arrives; this only bounds its sleep as a safety net.
 _UPKEEP_MAX_SLEEP_SECONDS = 5.0
 _UPKEEP_MAX_BACKOFF_SECONDS = 30.0
@@ -77,194 +68,117 @@ _VAULT_UNAVAILABLE_ERRORS = (
 _HEALTHY_STATUSES = frozenset({200, 429, 472, 473})
 
 
-# ---- the interface ---------------------------------------------------------------------------------
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
 
 
-@dataclass(frozen=True, kw_only=True)
-class Secret:
-    """One version of one credential. ``repr`` and ``str`` never show the value."""
-
-    name: str
-    version: int
-    value: str = field(repr=False)
+def _seconds(name: str, default: float, description: str, *, positive: bool = False) -> Any:
+    bound: dict[str, Any] = {"gt": 0} if positive else {"ge": 0}
+    return variable(name, default, description, accepts="a number of seconds", allow_inf_nan=False, **bound)
 
 
-class SecretStoreError(Exception):
-    """Base of every secret-store failure. ``retryable`` tells the caller whether trying later may help."""
+class VaultSettings(ServiceSettings):
+    """Where and how the broker reads Vault; every field is an environment variable (``abada-broker serve
+    --help`` lists them)."""
 
-    retryable: ClassVar[bool] = False
-
-    def __init__(self, message: str, *, credential: str | None = None) -> None:
-        super().__init__(message)
-        self.credential = credential
-
-
-class SecretNotFound(SecretStoreError):
-    """No live value for the credential: no such secret, its current version deleted, or no ``value``."""
-
-
-class SecretStoreUnavailable(SecretStoreError):
-    """The store cannot answer right now (unreachable, timing out, sealed, erring). Retry later."""
-
-    retryable: ClassVar[bool] = True
-
-
-class SecretStoreAuthError(SecretStoreError):
-    """Vault refused the broker's identity, or its policy does not allow the read."""
-
-
-class SecretStoreConfigError(SecretStoreError):
-    """The store is configured wrongly (settings, environment, or the content of the secrets file)."""
-
-
-@runtime_checkable
-class SecretStore(Protocol):
-    async def read(self, credential: str) -> Secret:
-        """The current value of ``credential``; raises a :class:`SecretStoreError`."""
-        ...
-
-    async def check(self) -> None:
-        """Returns if the store can serve reads; raises a :class:`SecretStoreError` otherwise."""
-        ...
-
-    async def close(self) -> None: ...
-
-
-def secret_path(path_template: str, credential: str) -> str:
-    """The KV path of ``credential`` (mount excluded); refuses names that are not one safe segment."""
-    if not isinstance(credential, str) or _CREDENTIAL_NAME.fullmatch(credential) is None:
-        raise SecretNotFound(
-            f"{credential!r} is not a valid credential name (letters, digits, '.', '_', '-'; at most 128)",
-            credential=credential if isinstance(credential, str) else None,
-        )
-    return path_template.replace(CREDENTIAL_PLACEHOLDER, credential)
-
-
-# ---- Vault -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class VaultSettings:
-    address: str = "http://127.0.0.1:8200"
-    kv_mount: str = "secret"
-    path_template: str = DEFAULT_PATH_TEMPLATE
-    value_field: str = "value"
-    auth_method: Literal["token", "kubernetes"] = "token"
-    token: str | None = field(default=None, repr=False)
-    token_file: Path | None = None
-    kubernetes_role: str | None = None
-    kubernetes_jwt_file: Path = DEFAULT_KUBERNETES_JWT_FILE
-    kubernetes_mount: str = "kubernetes"
-    # Renew when this much of the token's lease is left (at most half the lease, for short leases).
-    renew_before_seconds: float = 300.0
-    # How long a value read for one (credential, version) may be served again.
-    cache_seconds: float = 5.0
-    # How long a seen current_version is trusted before asking Vault again; 0: on every read, so a new
-    # version reaches the very next read.
-    version_check_seconds: float = 0.0
+    address: str = variable("VAULT_ADDR", "http://127.0.0.1:8200", "Vault's address (http:// or https://)")
+    kv_mount: str = variable("ABADA_VAULT_KV_MOUNT", "secret", "the KV v2 engine's mount")
+    path_template: str = variable(
+        "ABADA_VAULT_PATH_TEMPLATE",
+        DEFAULT_PATH_TEMPLATE,
+        "a credential's path under the mount; {credential} is its name",
+    )
+    value_field: str = variable("ABADA_VAULT_VALUE_FIELD", "value", "the secret's field holding the value")
+    auth_method: Annotated[Literal["token", "kubernetes"], BeforeValidator(_lower)] = variable(
+        "ABADA_VAULT_AUTH", "token", "how the broker logs in to Vault", accepts="'token' or 'kubernetes'"
+    )
+    token: str | None = variable(
+        "VAULT_TOKEN", None, "the broker's Vault token (auth token)", accepts="text", repr=False
+    )
+    token_file: Path | None = variable(
+        "ABADA_VAULT_TOKEN_FILE", None, "or a file holding it, read again when Vault rejects the token"
+    )
+    kubernetes_role: str | None = variable("ABADA_VAULT_K8S_ROLE", None, "the Vault role (auth kubernetes)")
+    kubernetes_jwt_file: Path = variable(
+        "ABADA_VAULT_K8S_JWT_FILE", DEFAULT_KUBERNETES_JWT_FILE, "the pod's service-account token"
+    )
+    kubernetes_mount: str = variable("ABADA_VAULT_K8S_MOUNT", "kubernetes", "the Kubernetes auth mount")
+    renew_before_seconds: float = _seconds(
+        "ABADA_VAULT_RENEW_BEFORE_SECONDS",
+        300.0,
+        "renew the token when this much of its lease is left",
+        positive=True,
+    )
+    cache_seconds: float = _seconds(
+        "ABADA_SECRET_CACHE_SECONDS", 5.0, "how long a value read for one credential version is served again"
+    )
+    version_check_seconds: float = _seconds(
+        "ABADA_SECRET_VERSION_CHECK_SECONDS",
+        0.0,
+        "how long a credential's current version is trusted before asking Vault again (0: every read)",
+    )
     # Both caching windows are bounded so a rotation or deletion is never hidden for long; raise this
     # explicitly to allow longer ones.
-    max_cache_seconds: float = 30.0
-    request_timeout_seconds: float = 5.0
-    ca_cert: Path | None = None
-    client_cert: Path | None = None
-    client_key: Path | None = None
-    tls_verify: bool = True
-    namespace: str | None = None
-
-    def __post_init__(self) -> None:
-        problems = list(self._problems())
-        if problems:
-            raise SecretStoreConfigError("invalid Vault settings: " + "; ".join(problems))
-
-    def _problems(self) -> Iterator[str]:
-        if not self.address.startswith(("http://", "https://")):
-            yield f"address must start with http:// or https:// (got {self.address!r})"
-        if not self.kv_mount.strip("/"):
-            yield "kv_mount must not be empty"
-        if self.path_template.count(CREDENTIAL_PLACEHOLDER) != 1:
-            yield f"path_template must contain {CREDENTIAL_PLACEHOLDER} exactly once (got {self.path_template!r})"
-        if self.path_template.startswith("/"):
-            yield "path_template is relative to the KV mount and must not start with '/'"
-        if not self.value_field:
-            yield "value_field must not be empty"
-        if self.auth_method not in ("token", "kubernetes"):
-            yield f"auth_method must be 'token' or 'kubernetes' (got {self.auth_method!r})"
-        if self.auth_method == "token" and not self.token and self.token_file is None:
-            yield "token auth needs a token (VAULT_TOKEN) or a token file (ABADA_VAULT_TOKEN_FILE)"
-        if self.auth_method == "kubernetes" and not self.kubernetes_role:
-            yield "kubernetes auth needs a role (ABADA_VAULT_K8S_ROLE)"
-        if self.renew_before_seconds <= 0:
-            yield "renew_before_seconds must be positive"
-        for name in ("cache_seconds", "version_check_seconds"):
-            seconds = getattr(self, name)
-            if not 0 <= seconds <= self.max_cache_seconds:
-                yield f"{name} must be between 0 and max_cache_seconds ({self.max_cache_seconds:g}), got {seconds:g}"
-        if self.request_timeout_seconds <= 0:
-            yield "request_timeout_seconds must be positive"
-        if self.client_key is not None and self.client_cert is None:
-            yield "client_key needs client_cert"
+    max_cache_seconds: float = _seconds(
+        "ABADA_SECRET_MAX_CACHE_SECONDS", 30.0, "the longest either caching window may be"
+    )
+    request_timeout_seconds: float = _seconds(
+        "ABADA_VAULT_TIMEOUT_SECONDS", 5.0, "how long one request to Vault may take", positive=True
+    )
+    ca_cert: Path | None = variable("VAULT_CACERT", None, "the CA that signed Vault's certificate")
+    client_cert: Path | None = variable("VAULT_CLIENT_CERT", None, "a client certificate for Vault (mTLS)")
+    client_key: Path | None = variable("VAULT_CLIENT_KEY", None, "its private key")
+    skip_verify: bool = variable("VAULT_SKIP_VERIFY", False, "1 does not check Vault's certificate")
+    namespace: str | None = variable("VAULT_NAMESPACE", None, "the Vault Enterprise namespace")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> VaultSettings:
-        """Settings from the environment (``os.environ`` unless given). Unset variables keep the defaults.
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
+        try:
+            return super().from_env(environ, **overrides)
+        except SettingsError as error:
+            raise SecretStoreConfigError(f"invalid Vault settings: {error}") from None
 
-        VAULT_ADDR, VAULT_TOKEN, VAULT_CACERT, VAULT_CLIENT_CERT, VAULT_CLIENT_KEY, VAULT_SKIP_VERIFY,
-        VAULT_NAMESPACE, ABADA_VAULT_AUTH (token|kubernetes), ABADA_VAULT_TOKEN_FILE, ABADA_VAULT_K8S_ROLE,
-        ABADA_VAULT_K8S_JWT_FILE, ABADA_VAULT_K8S_MOUNT, ABADA_VAULT_KV_MOUNT, ABADA_VAULT_PATH_TEMPLATE,
-        ABADA_VAULT_VALUE_FIELD, ABADA_VAULT_RENEW_BEFORE_SECONDS, ABADA_VAULT_TIMEOUT_SECONDS,
-        ABADA_SECRET_CACHE_SECONDS, ABADA_SECRET_VERSION_CHECK_SECONDS, ABADA_SECRET_MAX_CACHE_SECONDS.
-        """
-        env = os.environ if environ is None else environ
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if not self.address.startswith(("http://", "https://")):
+            raise ValueError(f"VAULT_ADDR must start with http:// or https:// (got {self.address!r})")
+        if not self.kv_mount.strip("/"):
+            raise ValueError("ABADA_VAULT_KV_MOUNT must not be empty")
+        if self.path_template.count(CREDENTIAL_PLACEHOLDER) != 1:
+            raise ValueError(
+                f"ABADA_VAULT_PATH_TEMPLATE must contain {CREDENTIAL_PLACEHOLDER} exactly once "
+                f"(got {self.path_template!r})"
+            )
+        if self.path_template.startswith("/"):
+            raise ValueError(
+                "ABADA_VAULT_PATH_TEMPLATE is relative to the KV mount and must not start with '/'"
+            )
+        if self.auth_method == "token" and not self.token and self.token_file is None:
+            raise ValueError(
+                "token auth needs a token (VAULT_TOKEN) or a token file (ABADA_VAULT_TOKEN_FILE)"
+            )
+        if self.auth_method == "kubernetes" and not self.kubernetes_role:
+            raise ValueError("kubernetes auth needs a role (ABADA_VAULT_K8S_ROLE)")
+        for name, seconds in (
+            ("ABADA_SECRET_CACHE_SECONDS", self.cache_seconds),
+            ("ABADA_SECRET_VERSION_CHECK_SECONDS", self.version_check_seconds),
+        ):
+            if seconds > self.max_cache_seconds:
+                raise ValueError(
+                    f"{name} must be between 0 and ABADA_SECRET_MAX_CACHE_SECONDS "
+                    f"({self.max_cache_seconds:g}), got {seconds:g}"
+                )
+        if self.client_key is not None and self.client_cert is None:
+            raise ValueError("VAULT_CLIENT_KEY needs VAULT_CLIENT_CERT")
+        return self
 
-        def text(name: str) -> str | None:
-            value = env.get(name, "").strip()
-            return value or None
-
-        def path(name: str) -> Path | None:
-            value = text(name)
-            return None if value is None else Path(value)
-
-        def seconds(name: str) -> float | None:
-            value = text(name)
-            if value is None:
-                return None
-            try:
-                return float(value)
-            except ValueError:
-                raise SecretStoreConfigError(f"{name} must be a number of seconds, got {value!r}") from None
-
-        auth = (text("ABADA_VAULT_AUTH") or "token").lower()
-        if auth not in ("token", "kubernetes"):
-            raise SecretStoreConfigError(f"ABADA_VAULT_AUTH must be 'token' or 'kubernetes', got {auth!r}")
-        skip_verify = (text("VAULT_SKIP_VERIFY") or "").lower() in ("1", "true", "yes")
-        given: dict[str, Any] = {
-            "address": text("VAULT_ADDR"),
-            "token": text("VAULT_TOKEN"),
-            "token_file": path("ABADA_VAULT_TOKEN_FILE"),
-            "auth_method": auth,
-            "kubernetes_role": text("ABADA_VAULT_K8S_ROLE"),
-            "kubernetes_jwt_file": path("ABADA_VAULT_K8S_JWT_FILE"),
-            "kubernetes_mount": text("ABADA_VAULT_K8S_MOUNT"),
-            "kv_mount": text("ABADA_VAULT_KV_MOUNT"),
-            "path_template": text("ABADA_VAULT_PATH_TEMPLATE"),
-            "value_field": text("ABADA_VAULT_VALUE_FIELD"),
-            "renew_before_seconds": seconds("ABADA_VAULT_RENEW_BEFORE_SECONDS"),
-            "request_timeout_seconds": seconds("ABADA_VAULT_TIMEOUT_SECONDS"),
-            "cache_seconds": seconds("ABADA_SECRET_CACHE_SECONDS"),
-            "version_check_seconds": seconds("ABADA_SECRET_VERSION_CHECK_SECONDS"),
-            "max_cache_seconds": seconds("ABADA_SECRET_MAX_CACHE_SECONDS"),
-            "ca_cert": path("VAULT_CACERT"),
-            "client_cert": path("VAULT_CLIENT_CERT"),
-            "client_key": path("VAULT_CLIENT_KEY"),
-            "tls_verify": not skip_verify,
-            "namespace": text("VAULT_NAMESPACE"),
-        }
-        return cls(**{name: value for name, value in given.items() if value is not None})
+    @property
+    def tls_verify(self) -> bool:
+        return not self.skip_verify
 
     def auth(self) -> AuthMethod:
         if self.auth_method == "kubernetes":
-            assert self.kubernetes_role is not None  # checked in __post_init__
+            assert self.kubernetes_role is not None  # checked by _consistent
             return KubernetesAuth(
                 role=self.kubernetes_role,
                 jwt_file=self.kubernetes_jwt_file,
@@ -564,142 +478,3 @@ class VaultSecretStore:
     def _ensure_token_blocking(self) -> None:
         with self._translated_errors(None, "renewing the broker's Vault token"):
             self._keeper.ensure_token()
-
-
-# ---- the offline file ------------------------------------------------------------------------------
-
-
-class FileSecretStore:
-    """Secrets from a YAML (or JSON) file: ``name: value`` or ``name: {value: ..., version: N}``.
-
-    The file is read on every ``read``, so rewriting it rotates a secret at once; write it atomically
-    (write a temporary file, then rename) so a reader never sees half a file. A plain value gets
-    version 1, and the next version each time its value changes while the store runs.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._path = Path(path)
-        self._lock = threading.Lock()
-        self._fingerprint: bytes | None = None
-        self._secrets: dict[str, Secret] = {}
-
-    @property
-    def path(self) -> Path:
-        return self._path
-
-    def __repr__(self) -> str:
-        return f"FileSecretStore({str(self._path)!r})"
-
-    async def read(self, credential: str) -> Secret:
-        secrets_by_name = await asyncio.to_thread(self._load)
-        secret = secrets_by_name.get(credential)
-        if secret is None:
-            raise SecretNotFound(
-                f"credential {credential!r} is not in the secrets file {str(self._path)!r}",
-                credential=credential,
-            )
-        return secret
-
-    async def check(self) -> None:
-        await asyncio.to_thread(self._load)
-
-    async def close(self) -> None:
-        return None
-
-    def _load(self) -> dict[str, Secret]:
-        try:
-            raw = self._path.read_bytes()
-        except OSError as error:
-            raise SecretStoreUnavailable(
-                f"cannot read the secrets file {str(self._path)!r}: {error.strerror or type(error).__name__}"
-            ) from None
-        fingerprint = hashlib.sha256(raw).digest()
-        with self._lock:
-            if fingerprint != self._fingerprint:
-                self._secrets = self._parse(raw, previous=self._secrets)
-                self._fingerprint = fingerprint
-            return self._secrets
-
-    def _parse(self, raw: bytes, *, previous: Mapping[str, Secret]) -> dict[str, Secret]:
-        where = repr(str(self._path))
-        try:
-            document = yaml.safe_load(raw)
-        except yaml.YAMLError as error:
-            # PyYAML's own message quotes the offending line, which may hold a secret: give the position only.
-            mark = getattr(error, "problem_mark", None)
-            position = "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
-            raise SecretStoreConfigError(
-                f"the secrets file {where} is not valid YAML or JSON{position}"
-            ) from None
-        if document is None:
-            return {}
-        if not isinstance(document, dict):
-            raise SecretStoreConfigError(f"the secrets file {where} must map credential names to values")
-        loaded: dict[str, Secret] = {}
-        for name, entry in document.items():
-            if not isinstance(name, str):
-                raise SecretStoreConfigError(f"the secrets file {where} has a non-text credential name")
-            value, version = self._entry(name, entry, where)
-            if version is None:
-                before = previous.get(name)
-                if before is None:
-                    version = 1
-                elif before.value == value:
-                    version = before.version
-                else:
-                    version = before.version + 1
-            loaded[name] = Secret(name=name, version=version, value=value)
-        return loaded
-
-    @staticmethod
-    def _entry(name: str, entry: object, where: str) -> tuple[str, int | None]:
-        shape = "a non-empty string or {value: <string>, version: <positive integer>}"
-        if isinstance(entry, str) and entry:
-            return entry, None
-        if isinstance(entry, dict):
-            value, version = entry.get("value"), entry.get("version")
-            extra = set(entry) - {"value", "version"}
-            version_ok = version is None or (
-                isinstance(version, int) and not isinstance(version, bool) and version > 0
-            )
-            if isinstance(value, str) and value and version_ok and not extra:
-                return value, version
-        raise SecretStoreConfigError(
-            f"credential {name!r} in the secrets file {where} must be {shape}", credential=name
-        )
-
-
-# ---- choosing one ----------------------------------------------------------------------------------
-
-
-def secret_store_from_env(environ: Mapping[str, str] | None = None) -> SecretStore:
-    """``ABADA_SECRET_BACKEND=vault`` (default; see :meth:`VaultSettings.from_env`) or ``file`` with
-    ``ABADA_SECRETS_FILE``."""
-    env = os.environ if environ is None else environ
-    backend = (env.get("ABADA_SECRET_BACKEND") or "vault").strip().lower()
-    if backend == "vault":
-        return VaultSecretStore(VaultSettings.from_env(env))
-    if backend == "file":
-        path = (env.get("ABADA_SECRETS_FILE") or "").strip()
-        if not path:
-            raise SecretStoreConfigError("ABADA_SECRET_BACKEND=file needs ABADA_SECRETS_FILE")
-        return FileSecretStore(path)
-    raise SecretStoreConfigError(f"ABADA_SECRET_BACKEND must be 'vault' or 'file', got {backend!r}")
-
-
-__all__ = [
-    "DEFAULT_KUBERNETES_JWT_FILE",
-    "DEFAULT_PATH_TEMPLATE",
-    "FileSecretStore",
-    "Secret",
-    "SecretNotFound",
-    "SecretStore",
-    "SecretStoreAuthError",
-    "SecretStoreConfigError",
-    "SecretStoreError",
-    "SecretStoreUnavailable",
-    "VaultSecretStore",
-    "VaultSettings",
-    "secret_path",
-    "secret_store_from_env",
-]
