@@ -50,8 +50,8 @@ from abada.engine.v1 import (
     process_pb2_grpc,
 )
 from abada_common.struct_codec import from_struct, to_struct
+from abada_sdk.connection import BearerToken
 from abada_worker.broker_client import Secret
-from abada_worker.caller_token import CallerToken
 from abada_worker.conversation import FunctionCall, ModelReply
 from abada_worker.engine_client import EngineClient, LeaseRef
 from abada_worker.journal import Journal
@@ -612,7 +612,7 @@ async def journal_probe(
     timings = JournalTimings()
     # The worker's own client stack: a plain channel, the bearer token as call metadata, its retries.
     async with grpc.aio.insecure_channel(stack.engine.address) as plain:
-        client = EngineClient(plain, f"{POOL}/journal-probe", CallerToken(stack.engine.token))
+        client = EngineClient(plain, f"{POOL}/journal-probe", BearerToken(stack.engine.token))
         locked = await lock_probe_tasks(client, tasks)
 
         async def replay(task: external_task_pb2.ExternalTask) -> None:

@@ -25,7 +25,7 @@ from abada.engine.v1 import (
     process_pb2,
     process_pb2_grpc,
 )
-from abada_worker.caller_token import CallerToken
+from abada_sdk.connection import BearerToken
 from abada_worker.engine_client import EngineClient
 from common import (
     EngineProcess,
@@ -82,7 +82,7 @@ async def run(engine: EngineProcess, tasks: int, pairs: int, batched: bool = Fal
         ).tasks
         latencies: list[float] = []
         send = (
-            EngineClient(plain, "bench", CallerToken(engine.token)).append_step
+            EngineClient(plain, "bench", BearerToken(engine.token)).append_step
             if batched
             else stub.AppendStep
         )

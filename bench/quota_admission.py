@@ -44,7 +44,7 @@ from abada.engine.v1 import (
     process_pb2_grpc,
 )
 from abada_engine.store import model_quotas
-from abada_worker.caller_token import CallerToken
+from abada_sdk.connection import BearerToken
 from abada_worker.engine_client import EngineClient
 from common import EngineProcess, bare_grpc_rate, engine_process, percentile, scratch_database
 from google.protobuf import struct_pb2
@@ -91,7 +91,7 @@ async def run(
     channels = [replica.channel() for replica in replicas]
     plain = [grpc.aio.insecure_channel(replica.address) for replica in replicas]
     workers = [
-        EngineClient(channel, "bench", CallerToken(replica.token))
+        EngineClient(channel, "bench", BearerToken(replica.token))
         for channel, replica in zip(plain, replicas, strict=True)
     ]
     try:

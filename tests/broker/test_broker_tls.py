@@ -19,8 +19,8 @@ import yaml
 from abada.broker.v1 import credential_pb2, credential_pb2_grpc
 from abada_engine.definitions.tool_contracts import BrokerCredentials, credentials_from_env
 from abada_engine.errors import Category, EngineError
+from abada_sdk.connection import BearerToken
 from abada_worker.broker_client import BrokerClient, broker_channel_for
-from abada_worker.caller_token import CallerToken
 from abada_worker.dependencies import BROKER, DependencyDown
 from abada_worker.engine_client import LeaseRef
 from abada_worker.settings import WorkerSettings
@@ -121,7 +121,7 @@ def _worker_settings(address: str, **tls: Path) -> WorkerSettings:
 async def _worker_credential(settings: WorkerSettings, token: str, task) -> str:
     channel = broker_channel_for(settings)
     try:
-        client = BrokerClient(channel, settings.worker_id, CallerToken(token), timeout_seconds=5)
+        client = BrokerClient(channel, settings.worker_id, BearerToken(token), timeout_seconds=5)
         secret = await client.tool_credential(LeaseRef(task.id, task.lease_token, task.attempt), "crm")
         BrokerClient.forget(secret)
         return secret.reveal()

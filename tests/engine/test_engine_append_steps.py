@@ -8,7 +8,7 @@ import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
 from abada_common.rpc_status import refused_item_status
-from abada_worker.caller_token import CallerToken
+from abada_sdk.connection import BearerToken
 from abada_worker.engine_client import EngineClient, EngineRefused
 from abada_worker.errors import LeaseLost
 from engine_helpers import ONE_AGENT_TASK, append, error_info, journal, leased, step_request
@@ -109,7 +109,7 @@ async def test_the_agent_workers_steps_that_arrive_together_go_in_one_call(engin
     tasks = await agents(engine, 12)
     counting = Counting()
     async with grpc.aio.insecure_channel(engine.address, interceptors=[counting]) as channel:
-        client = EngineClient(channel, "w", CallerToken(engine_tokens.suite))
+        client = EngineClient(channel, "w", BearerToken(engine_tokens.suite))
 
         outcomes = await asyncio.gather(
             *(client.append_step(step_request(task, 1, "MODEL_CALL", "STARTED")) for task in tasks[:10]),
@@ -136,7 +136,7 @@ async def test_steps_of_one_task_that_meet_are_not_batched_together(engine, engi
         await append(engine, task, 1, "MODEL_CALL", "STARTED")
     counting = Counting()
     async with grpc.aio.insecure_channel(engine.address, interceptors=[counting]) as channel:
-        client = EngineClient(channel, "w", CallerToken(engine_tokens.suite))
+        client = EngineClient(channel, "w", BearerToken(engine_tokens.suite))
         finish = [step_request(t, 1, "MODEL_CALL", "COMPLETED", response={"text": "ok"}) for t in tasks]
         # The first task's finish twice, as a worker re-sending it would: the same answer both times.
         answers = await asyncio.gather(*(client.append_step(step) for step in [finish[0], *finish]))
@@ -167,7 +167,7 @@ async def test_against_an_engine_without_append_steps_the_worker_sends_one_step_
     counting = Counting()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", interceptors=[counting]) as channel:
-            client = EngineClient(channel, "w", CallerToken("token"))
+            client = EngineClient(channel, "w", BearerToken("token"))
 
             async def steps(sequence: int) -> list[int]:
                 answers = await asyncio.gather(

@@ -1,4 +1,5 @@
-"""Polling, executing and routing against the real engine: concurrency, lease renewal, drain, backoff."""
+"""The agent worker's runs on the SDK's worker parts, against the real engine: concurrency, lease
+renewal, drain, backoff."""
 
 from __future__ import annotations
 
@@ -14,15 +15,14 @@ from abada.engine.v1 import external_task_pb2, process_pb2
 from abada_engine.api.guard import Guard
 from abada_engine.api.server import ServerTls, start_grpc_server
 from abada_engine.auth import CallerRegistry
-from abada_worker.caller_token import CallerToken
+from abada_sdk.connection import BearerToken
+from abada_sdk.worker import Backoff, Executor, Poller
 from abada_worker.engine_client import EagerDispatch, EngineClient, LeaseRef
 from abada_worker.errors import AttemptFailed
 from abada_worker.interruption import TaskInterruption
-from abada_worker.job_executor import JobExecutor
-from abada_worker.job_poller import Backoff, JobPoller
 from abada_worker.main import engine_channel_for
 from abada_worker.settings import load_settings
-from abada_worker.task_router import TaskRouter
+from abada_worker.task_runs import AgentRuns, TaskHandler
 from certificates import make_pki
 from worker_support import deploy_bundle, history_of, instance_of, start_instance
 
@@ -42,8 +42,25 @@ async def client(engine, engine_tokens) -> AsyncIterator[EngineClient]:  # type:
     async with grpc.aio.insecure_channel(engine.address) as channel:
         # The suite's token may serve any topic under any worker id.
         yield EngineClient(
-            channel, "executor-test-worker", CallerToken(engine_tokens.suite), retry_seconds=2.0
+            channel, "executor-test-worker", BearerToken(engine_tokens.suite), retry_seconds=2.0
         )
+
+
+def executor_for(client: EngineClient, job: TaskHandler, *, lease_ms: int, concurrency: int) -> Executor:
+    """The agent worker's executor (main.py): the SDK's slots, the agent's runs."""
+    runs = AgentRuns(client, {TOPIC: job}, lease_ms=lease_ms)
+    return Executor(runs.start, runs.release, concurrency=concurrency)
+
+
+def poller_for(
+    client: EngineClient, executor: Executor, *, lease_ms: int, wait_ms: int, backoff: Backoff | None = None
+) -> Poller:
+    return Poller(
+        lambda max_tasks: client.fetch_and_lock(TOPIC, lease_ms, max_tasks, wait_ms),
+        executor,
+        wait_ms=wait_ms,
+        backoff=backoff,
+    )
 
 
 async def finish(client: EngineClient, task: external_task_pb2.ExternalTask, **variables: object) -> None:
@@ -85,14 +102,10 @@ async def test_tasks_run_side_by_side_up_to_the_concurrency_and_leases_outlive_t
             running -= 1
         await finish(client, task, done=True)
 
-    router = TaskRouter()
-    router.add(TOPIC, slow_job)
     # 2 s, not 1 s: a loaded CI machine can stall the loop long enough to miss a 330 ms renewal.
-    executor = JobExecutor(client, router, lease_ms=2_000, concurrency=3)
+    executor = executor_for(client, slow_job, lease_ms=2_000, concurrency=3)
     stopping = asyncio.Event()
-    poller = asyncio.create_task(
-        JobPoller(client, executor, topic=TOPIC, lease_ms=2_000, wait_ms=200).run(stopping)
-    )
+    poller = asyncio.create_task(poller_for(client, executor, lease_ms=2_000, wait_ms=200).run(stopping))
     try:
         await wait_until(lambda: all_completed(engine, instance_ids), timeout=15)
     finally:
@@ -123,9 +136,7 @@ async def test_with_eager_dispatch_each_complete_brings_the_next_task_into_the_f
         finally:
             running -= 1
 
-    router = TaskRouter()
-    router.add(TOPIC, job)
-    executor = JobExecutor(client, router, lease_ms=10_000, concurrency=1)
+    executor = executor_for(client, job, lease_ms=10_000, concurrency=1)
     handed_over: list[str] = []
 
     def hand_over(task: external_task_pb2.ExternalTask) -> None:
@@ -134,9 +145,7 @@ async def test_with_eager_dispatch_each_complete_brings_the_next_task_into_the_f
 
     client.eager = EagerDispatch(TOPIC, 10_000, hand_over)
     stopping = asyncio.Event()
-    poller = asyncio.create_task(
-        JobPoller(client, executor, topic=TOPIC, lease_ms=10_000, wait_ms=200).run(stopping)
-    )
+    poller = asyncio.create_task(poller_for(client, executor, lease_ms=10_000, wait_ms=200).run(stopping))
     try:
         await wait_until(lambda: all_completed(engine, instance_ids), timeout=15)
     finally:
@@ -156,9 +165,7 @@ async def test_a_failure_is_reported_and_an_unknown_topic_is_refused(engine, cli
     async def broken_job(task: external_task_pb2.ExternalTask, interruption: TaskInterruption) -> None:
         raise AttemptFailed("CRM_DOWN", "the CRM is down", no_retry=True)
 
-    router = TaskRouter()
-    router.add(TOPIC, broken_job)
-    executor = JobExecutor(client, router, lease_ms=5_000, concurrency=1)
+    executor = executor_for(client, broken_job, lease_ms=5_000, concurrency=1)
     (task,) = await client.fetch_and_lock(TOPIC, 5_000, 1, 0)
     executor.submit(task)
     await executor.drain(time.monotonic() + 5)
@@ -190,9 +197,7 @@ async def test_at_the_drain_deadline_a_side_effect_finishes_and_anything_else_is
             cut_off.append(task.id)
             raise
 
-    router = TaskRouter()
-    router.add(TOPIC, job)
-    executor = JobExecutor(client, router, lease_ms=5_000, concurrency=2)
+    executor = executor_for(client, job, lease_ms=5_000, concurrency=2)
     for task in await client.fetch_and_lock(TOPIC, 5_000, 2, 0):
         executor.submit(task)
     await asyncio.sleep(0.1)
@@ -218,9 +223,7 @@ async def test_at_the_drain_deadline_a_task_that_journaled_nothing_is_handed_bac
     async def job(task: external_task_pb2.ExternalTask, interruption: TaskInterruption) -> None:
         await asyncio.sleep(30)  # e.g. still waiting for a tool server: no step journaled yet
 
-    router = TaskRouter()
-    router.add(TOPIC, job)
-    executor = JobExecutor(client, router, lease_ms=60_000, concurrency=1)
+    executor = executor_for(client, job, lease_ms=60_000, concurrency=1)
     [task] = await client.fetch_and_lock(TOPIC, 60_000, 1, 0)
     executor.submit(task)
     await executor.drain(time.monotonic() + 0.1)
@@ -235,14 +238,12 @@ async def test_at_the_drain_deadline_a_task_that_journaled_nothing_is_handed_bac
 
 async def test_a_poll_answered_after_the_stop_hands_its_tasks_back(engine, client) -> None:
     await deploy_bundle(engine, BUNDLE)
-    router = TaskRouter()
     ran: list[str] = []
 
     async def job(task: external_task_pb2.ExternalTask, interruption: TaskInterruption) -> None:
         ran.append(task.id)
 
-    router.add(TOPIC, job)
-    executor = JobExecutor(client, router, lease_ms=60_000, concurrency=2)
+    executor = executor_for(client, job, lease_ms=60_000, concurrency=2)
     polled = asyncio.Event()
     fetch_and_lock = client.fetch_and_lock
 
@@ -251,7 +252,7 @@ async def test_a_poll_answered_after_the_stop_hands_its_tasks_back(engine, clien
         return await fetch_and_lock(*args, **kwargs)
 
     client.fetch_and_lock = observed_fetch  # type: ignore[method-assign]
-    poller = JobPoller(client, executor, topic=TOPIC, lease_ms=60_000, wait_ms=3_000)
+    poller = poller_for(client, executor, lease_ms=60_000, wait_ms=3_000)
     stopping = asyncio.Event()
     polling = asyncio.create_task(poller.run(stopping))
     await asyncio.wait_for(polled.wait(), timeout=5)  # a long poll is on its way
@@ -281,7 +282,7 @@ async def test_an_unreachable_engine_is_polled_with_backoff_and_work_resumes_whe
     attempts: list[float] = []
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        client = EngineClient(channel, "backoff-worker", CallerToken(engine_tokens.suite), retry_seconds=1.0)
+        client = EngineClient(channel, "backoff-worker", BearerToken(engine_tokens.suite), retry_seconds=1.0)
         original = client.fetch_and_lock
 
         async def counted(*args: object) -> list[external_task_pb2.ExternalTask]:
@@ -293,14 +294,12 @@ async def test_an_unreachable_engine_is_polled_with_backoff_and_work_resumes_whe
         async def job(task: external_task_pb2.ExternalTask, interruption: TaskInterruption) -> None:
             await finish(client, task, resumed=True)
 
-        router = TaskRouter()
-        router.add(TOPIC, job)
-        executor = JobExecutor(client, router, lease_ms=5_000, concurrency=1)
+        executor = executor_for(client, job, lease_ms=5_000, concurrency=1)
         stopping = asyncio.Event()
         poller = asyncio.create_task(
-            JobPoller(
-                client, executor, topic=TOPIC, lease_ms=5_000, wait_ms=200, backoff=Backoff(0.05, 0.4)
-            ).run(stopping)
+            poller_for(client, executor, lease_ms=5_000, wait_ms=200, backoff=Backoff(0.05, 0.4)).run(
+                stopping
+            )
         )
 
         # Polled, not a fixed wait: a loaded machine makes fewer tries in a given time, never more.
@@ -354,7 +353,7 @@ async def test_the_worker_reaches_a_tls_engine_with_its_client_certificate(
     )
     channel = engine_channel_for(settings)
     try:
-        tasks = await EngineClient(channel, "tls-worker", CallerToken(None)).fetch_and_lock(
+        tasks = await EngineClient(channel, "tls-worker", BearerToken(None)).fetch_and_lock(
             TOPIC, 5_000, 1, 0
         )
     finally:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from abada_common.logs import JsonFormatter
+from abada_sdk.connection import BearerToken
 from abada_worker.broker_client import Secret
-from abada_worker.caller_token import CallerToken
 from abada_worker.logs import SERVICE, SecretRedactor
 from abada_worker.settings import load_settings
 
@@ -51,14 +51,14 @@ def test_the_token_file_is_read_again_when_it_changes_and_kept_while_it_is_brief
 ) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("first\n")
-    token = CallerToken(token_file=token_file)
+    token = BearerToken(token_file=token_file)
     assert token.metadata() == (("authorization", "Bearer first"),)
 
     token_file.write_text("second-token\n")
     assert token.current() == "second-token"
     token_file.unlink()
     assert token.current() == "second-token"
-    assert CallerToken().metadata() == ()
+    assert BearerToken().metadata() == ()
 
 
 def test_a_held_secret_is_scrubbed_from_every_log_line_until_it_is_released() -> None:

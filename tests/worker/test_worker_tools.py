@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+from abada_sdk.connection import BearerToken
 from abada_worker.broker_client import BrokerClient, Secret
-from abada_worker.caller_token import CallerToken
 from abada_worker.dependencies import DependencyDown, tool_server
 from abada_worker.engine_client import LeaseRef
 from abada_worker.tool_session import ToolServer, ToolServerRefused, description_sha256, schema_sha256
@@ -47,7 +47,7 @@ async def broker(crm: RunningCrmServer) -> AsyncIterator[Broker]:
         running_broker({"crm": crm.token}) as (fake, address),
         grpc.aio.insecure_channel(address) as channel,
     ):
-        yield Broker(BrokerClient(channel, "worker-1", CallerToken("worker-1-token")), fake)
+        yield Broker(BrokerClient(channel, "worker-1", BearerToken("worker-1-token")), fake)
 
 
 async def observed_hashes(crm: RunningCrmServer) -> dict[str, str]:

@@ -86,7 +86,13 @@ class AsyncEngineClient:
         timeout: float = 30.0,
     ) -> None:
         self.connection = Connection.resolve(
-            address, token=token, token_file=token_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+            address,
+            token=token,
+            token_file=token_file,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            timeout=timeout,
         )
         self.timeout = timeout
         self._channel: grpc.aio.Channel | None = None

@@ -10,8 +10,8 @@ import logging
 
 import grpc
 from abada.broker.v1 import credential_pb2, credential_pb2_grpc
+from abada_sdk.connection import BearerToken, ClientTls, Connection
 
-from .caller_token import CallerToken
 from .dependencies import BROKER, SECRET_STORE, DependencyDown
 from .engine_client import LeaseRef
 from .errors import AttemptFailed, LeaseLost
@@ -43,18 +43,10 @@ class Secret:
 
 
 def broker_channel_for(settings: WorkerSettings) -> grpc.aio.Channel:
-    """The channel to the broker: TLS when ``broker_tls_ca_file`` is set (mTLS with a client certificate),
-    else plaintext. Secrets travel on it, so never fall back to plaintext when TLS was asked for."""
-    if settings.broker_tls_ca_file is None:
-        return grpc.aio.insecure_channel(settings.broker_address)
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=settings.broker_tls_ca_file.read_bytes(),
-        private_key=settings.broker_tls_key_file.read_bytes() if settings.broker_tls_key_file else None,
-        certificate_chain=settings.broker_tls_cert_file.read_bytes()
-        if settings.broker_tls_cert_file
-        else None,
-    )
-    return grpc.aio.secure_channel(settings.broker_address, credentials)
+    """The channel to the broker: TLS when a CA or a client certificate is set (mTLS with the
+    certificate), else plaintext."""
+    tls = ClientTls(settings.broker_tls_ca_file, settings.broker_tls_cert_file, settings.broker_tls_key_file)
+    return Connection(settings.broker_address, tls=tls).open_aio_channel()
 
 
 class BrokerClient:
@@ -62,7 +54,7 @@ class BrokerClient:
         self,
         channel: grpc.aio.Channel,
         worker_id: str,
-        caller_token: CallerToken,
+        caller_token: BearerToken,
         timeout_seconds: float = 10.0,
     ) -> None:
         self._stub = credential_pb2_grpc.CredentialServiceStub(channel)

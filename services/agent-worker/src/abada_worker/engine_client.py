@@ -24,8 +24,8 @@ import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
 from abada_common.group_commit import GroupCommit
 from abada_common.struct_codec import to_struct
+from abada_sdk.connection import BearerToken
 
-from .caller_token import CallerToken
 from .dependencies import Dependency, DependencyDown, Verdict
 from .errors import AttemptFailed, EngineUnavailable, LeaseLost, LimitExceeded, QuotaWait
 from .logs import redactor
@@ -82,7 +82,7 @@ class EngineClient:
         self,
         channel: grpc.aio.Channel,
         worker_id: str,
-        caller_token: CallerToken,
+        caller_token: BearerToken,
         *,
         retry_seconds: float = 10.0,
         call_timeout_seconds: float = 10.0,

@@ -12,31 +12,21 @@ from collections.abc import Sequence
 import grpc
 from abada.engine.v1 import external_task_pb2
 from abada_common.telemetry import configure_tracing
+from abada_sdk.connection import BearerToken, ClientTls, Connection
+from abada_sdk.worker import Backoff, Executor, Poller
 
 from .agent_task import AgentServices, AgentTask
 from .broker_client import BrokerClient, broker_channel_for
-from .caller_token import CallerToken
 from .engine_client import EagerDispatch, EngineClient
 from .health import HealthServer
 from .interruption import TaskInterruption
-from .job_executor import JobExecutor
-from .job_poller import Backoff, JobPoller
 from .logs import configure_logging, redactor
 from .providers.base import ModelProvider
 from .providers.registry import ProviderSet
 from .settings import WorkerSettings, load_settings
-from .task_router import TaskHandler, TaskRouter
+from .task_runs import AgentRuns, TaskHandler
 
 log = logging.getLogger("abada_worker")
-
-# gRPC waits up to two minutes between reconnects by default; a lease lasts seconds. An engine back
-# from a restart must be found again well within one lease, or the journal and the lease renewals
-# waiting on it lose their point.
-ENGINE_CHANNEL_OPTIONS = (
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-)
 
 
 def agent_handler(services: AgentServices) -> TaskHandler:
@@ -91,18 +81,15 @@ def providers_for(settings: WorkerSettings) -> ProviderSet:
 
 def engine_channel_for(settings: WorkerSettings) -> grpc.aio.Channel:
     """Plaintext unless a CA or a client certificate is configured; then TLS (mTLS with a certificate)."""
-    if settings.tls_ca_file is None and settings.tls_cert_file is None:
-        return grpc.aio.insecure_channel(settings.engine_address, options=ENGINE_CHANNEL_OPTIONS)
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=settings.tls_ca_file.read_bytes() if settings.tls_ca_file else None,
-        private_key=settings.tls_key_file.read_bytes() if settings.tls_key_file else None,
-        certificate_chain=settings.tls_cert_file.read_bytes() if settings.tls_cert_file else None,
-    )
-    return grpc.aio.secure_channel(settings.engine_address, credentials, options=ENGINE_CHANNEL_OPTIONS)
+    tls = ClientTls(settings.tls_ca_file, settings.tls_cert_file, settings.tls_key_file)
+    return Connection(settings.engine_address, tls=tls).open_aio_channel()
 
 
 async def serve(settings: WorkerSettings) -> None:
-    token = CallerToken(settings.token, settings.token_file)
+    # A token file, when set, wins over a token in the environment.
+    token = BearerToken(
+        None if settings.token_file else settings.token, settings.token_file, what="the worker token"
+    )
     engine_channel = engine_channel_for(settings)
     broker_channel = broker_channel_for(settings)
     providers = providers_for(settings)
@@ -119,17 +106,16 @@ async def serve(settings: WorkerSettings) -> None:
         lease_ms=settings.lease_ms,
         fault=settings.fault,
     )
-    router = TaskRouter()
-    router.add(settings.topic, agent_handler(services))
-    executor = JobExecutor(engine, router, lease_ms=settings.lease_ms, concurrency=settings.concurrency)
+    runs = AgentRuns(engine, {settings.topic: agent_handler(services)}, lease_ms=settings.lease_ms)
+    executor = Executor(runs.start, runs.release, concurrency=settings.concurrency)
     engine.eager = EagerDispatch(settings.topic, settings.lease_ms, executor.hand_over)
-    poller = JobPoller(
-        engine,
+    poller = Poller(
+        lambda max_tasks: engine.fetch_and_lock(
+            settings.topic, settings.lease_ms, max_tasks, settings.poll_wait_ms
+        ),
         executor,
-        topic=settings.topic,
-        lease_ms=settings.lease_ms,
         wait_ms=settings.poll_wait_ms,
-        backoff=Backoff(max_seconds=settings.max_backoff_seconds),
+        backoff=Backoff(most=settings.max_backoff_seconds),
     )
     stopping = asyncio.Event()
     stop_requested_at: list[float] = []

@@ -11,14 +11,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import os
-import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 from abada.engine.v1 import lease_pb2, lease_pb2_grpc
 from abada_common.rpc_status import read_status
+from abada_sdk.connection import Connection, ConnectionConfigError
 
 from .errors import (
     ENGINE_REFUSED_BROKER,
@@ -43,10 +41,6 @@ _REFUSAL_MESSAGES = {
 _OLD_CHANNEL_GRACE_SECONDS = 30.0
 
 
-class EngineCredentialsError(Exception):
-    """The broker's own engine credentials are configured wrongly or cannot be read."""
-
-
 @dataclass(frozen=True)
 class VerifiedLease:
     expires_at: dt.datetime
@@ -57,113 +51,14 @@ class VerifiedLease:
     url: str = ""
 
 
-class ServiceToken:
-    """The broker's token towards the engine: given directly, or read from a file whenever it changes."""
-
-    def __init__(self, token: str | None = None, token_file: Path | None = None) -> None:
-        if token and token_file is not None:
-            raise EngineCredentialsError("set ABADA_ENGINE_TOKEN or ABADA_ENGINE_TOKEN_FILE, not both")
-        self._static = token.strip() if token else None
-        self._file = token_file
-        self._lock = threading.Lock()
-        self._seen: tuple[int, int, int, int] | None = None
-        self._from_file: str | None = None
-        if token_file is not None and self._read_file(strict=True) is None:
-            raise EngineCredentialsError(f"the engine token file {str(token_file)!r} is empty")
-
-    @property
-    def configured(self) -> bool:
-        return self._static is not None or self._file is not None
-
-    def current(self) -> str | None:
-        if self._file is None:
-            return self._static
-        return self._read_file(strict=False)
-
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        token = self.current()
-        return (("authorization", f"Bearer {token}"),) if token else ()
-
-    def _read_file(self, *, strict: bool) -> str | None:
-        assert self._file is not None
-        with self._lock:
-            try:
-                stat = os.stat(self._file)
-                fingerprint = (stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size)
-                if fingerprint != self._seen:
-                    self._from_file = self._file.read_text(encoding="utf-8").strip() or None
-                    self._seen = fingerprint
-            except OSError as error:
-                if strict:
-                    raise EngineCredentialsError(
-                        f"cannot read the engine token file {str(self._file)!r}: {error.strerror}"
-                    ) from None
-                # A mounted Secret is briefly absent while it is swapped: keep the token read before.
-                log.warning(
-                    "cannot read the engine token file; using the token read before",
-                    extra={"path": str(self._file), "error": error.strerror},
-                )
-            return self._from_file
-
-
-@dataclass(frozen=True)
-class ClientTls:
-    ca_file: Path | None
-    cert_file: Path | None
-    key_file: Path | None
-
-    def __post_init__(self) -> None:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise EngineCredentialsError(
-                "ABADA_ENGINE_TLS_CERT_FILE and ABADA_ENGINE_TLS_KEY_FILE go together: set both or neither"
-            )
-
-    @property
-    def enabled(self) -> bool:
-        return self.ca_file is not None or self.cert_file is not None
-
-    def files(self) -> tuple[Path, ...]:
-        return tuple(path for path in (self.ca_file, self.cert_file, self.key_file) if path is not None)
-
-    def fingerprint(self) -> tuple[tuple[int, int, int], ...]:
-        prints = []
-        for path in self.files():
-            try:
-                stat = os.stat(path)
-            except OSError:
-                prints.append((0, 0, 0))
-            else:
-                prints.append((stat.st_ino, stat.st_mtime_ns, stat.st_size))
-        return tuple(prints)
-
-    def channel_credentials(self) -> grpc.ChannelCredentials:
-        def read(path: Path | None) -> bytes | None:
-            if path is None:
-                return None
-            try:
-                return path.read_bytes()
-            except OSError as error:
-                raise EngineCredentialsError(f"cannot read {str(path)!r}: {error.strerror}") from None
-
-        return grpc.ssl_channel_credentials(
-            root_certificates=read(self.ca_file),
-            private_key=read(self.key_file),
-            certificate_chain=read(self.cert_file),
-        )
-
-
 class EngineLeaseClient:
     """``VerifyLease`` on the engine, with the broker's own identity."""
 
-    def __init__(
-        self, address: str, token: ServiceToken, tls: ClientTls, *, timeout_seconds: float = 5.0
-    ) -> None:
-        self._address = address
-        self._token = token
-        self._tls = tls
-        self._timeout = timeout_seconds
-        self._tls_seen = tls.fingerprint()
-        self._channel = self._open_channel()
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._address = connection.address
+        self._tls_seen = connection.tls.fingerprint()
+        self._channel = connection.open_aio_channel()
         self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
         self._retiring: set[asyncio.Task[None]] = set()
 
@@ -178,7 +73,9 @@ class EngineLeaseClient:
             task_id=task_id, worker_id=worker_id, lease_token=lease_token, server=server
         )
         try:
-            reply = await stub.VerifyLease(request, timeout=self._timeout, metadata=self._token.metadata())
+            reply = await stub.VerifyLease(
+                request, timeout=self._connection.timeout, metadata=self._connection.metadata
+            )
         except grpc.aio.AioRpcError as error:
             raise self._translate(error) from None
         return VerifiedLease(
@@ -194,18 +91,14 @@ class EngineLeaseClient:
             task.cancel()
         await self._channel.close()
 
-    def _open_channel(self) -> grpc.aio.Channel:
-        if self._tls.enabled:
-            return grpc.aio.secure_channel(self._address, self._tls.channel_credentials())
-        return grpc.aio.insecure_channel(self._address)
-
     def _current_stub(self) -> lease_pb2_grpc.LeaseServiceAsyncStub:
-        if self._tls.enabled:
-            seen = self._tls.fingerprint()
+        tls = self._connection.tls
+        if tls.enabled:
+            seen = tls.fingerprint()
             if seen != self._tls_seen:
                 try:
-                    replacement = self._open_channel()
-                except EngineCredentialsError as error:
+                    replacement = self._connection.open_aio_channel()
+                except ConnectionConfigError as error:
                     log.error("cannot reload the engine TLS files; keeping the current channel: %s", error)
                 else:
                     log.info("the engine TLS files changed; using a new channel")

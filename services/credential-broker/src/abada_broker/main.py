@@ -20,11 +20,11 @@ from importlib import metadata
 from pathlib import Path
 
 from abada_common.telemetry import configure_tracing
+from abada_sdk.connection import ConnectionConfigError
 
 from .auth import CallersFileError, hash_token
 from .config import BrokerSettings, ConfigError
 from .dev_tokens import DEFAULT_ENGINE_IDENTITY, DEFAULT_WORKER_IDENTITY, DevTokensExist, write_dev_tokens
-from .engine_client import EngineCredentialsError
 from .logs import configure_logging
 from .origins import OriginsFileError
 from .secret_store import SecretBackendSettings, SecretStoreConfigError, VaultSettings
@@ -207,7 +207,7 @@ def _serve_command(arguments: argparse.Namespace) -> int:
     except (
         ConfigError,
         CallersFileError,
-        EngineCredentialsError,
+        ConnectionConfigError,
         OriginsFileError,
         SecretStoreConfigError,
         OSError,

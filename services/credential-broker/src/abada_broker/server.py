@@ -23,13 +23,14 @@ from pathlib import Path
 
 import grpc
 from abada.broker.v1 import credential_pb2_grpc
+from abada_sdk.connection import BearerToken, ClientTls, Connection
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from .audit import AuditLog
 from .auth import Callers, InsecureDevCallers, TokenFileCallers
 from .config import BrokerSettings, ConfigError
-from .engine_client import ClientTls, EngineLeaseClient, ServiceToken
+from .engine_client import EngineLeaseClient
 from .issuer import CredentialIssuer
 from .metrics import serve_metrics
 from .origins import CredentialOrigins
@@ -60,7 +61,7 @@ def _callers(settings: BrokerSettings) -> Callers:
 
 
 def _engine_client(settings: BrokerSettings) -> EngineLeaseClient:
-    token = ServiceToken(settings.engine_token, settings.engine_token_file)
+    token = BearerToken(settings.engine_token, settings.engine_token_file, what="the broker's engine token")
     tls = ClientTls(settings.engine_tls_ca_file, settings.engine_tls_cert_file, settings.engine_tls_key_file)
     if not token.configured and tls.cert_file is None:
         log.warning(
@@ -69,7 +70,7 @@ def _engine_client(settings: BrokerSettings) -> EngineLeaseClient:
             extra={"engine": settings.engine_address},
         )
     return EngineLeaseClient(
-        settings.engine_address, token, tls, timeout_seconds=settings.engine_timeout_seconds
+        Connection(settings.engine_address, token=token, tls=tls, timeout=settings.engine_timeout_seconds)
     )
 
 

@@ -12,7 +12,6 @@ import asyncio
 import logging
 import pathlib
 from collections.abc import Generator
-from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
@@ -20,6 +19,7 @@ import httpx2
 import yaml
 from abada.broker.v1 import credential_pb2, credential_pb2_grpc
 from abada_common.tool_schemas import description_sha256, schema_sha256
+from abada_sdk.connection import BearerToken, ClientTls, Connection, ConnectionConfigError
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import PaginatedRequestParams, Tool
@@ -201,47 +201,27 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:300]
 
 
-@dataclass(frozen=True)
-class BrokerTls:
-    """TLS to the broker: the CA its certificate chains to, and optionally a client certificate (mTLS)."""
-
-    ca_file: pathlib.Path
-    cert_file: pathlib.Path | None = None
-    key_file: pathlib.Path | None = None
-
-    def channel_credentials(self) -> grpc.ChannelCredentials:
-        # Read on every use: a rotated certificate (a re-mounted Secret) is picked up without a restart.
-        return grpc.ssl_channel_credentials(
-            root_certificates=self.ca_file.read_bytes(),
-            private_key=self.key_file.read_bytes() if self.key_file else None,
-            certificate_chain=self.cert_file.read_bytes() if self.cert_file else None,
-        )
-
-
 class BrokerCredentials:
     """Credentials through the credential broker (purpose: deploy), so only the broker touches Vault."""
 
-    def __init__(self, address: str, token_file: pathlib.Path | None, tls: BrokerTls | None = None) -> None:
+    def __init__(self, address: str, token_file: pathlib.Path | None, tls: ClientTls) -> None:
         self._address = address
         self._token_file = token_file
         self._tls = tls
 
-    def _channel(self) -> grpc.aio.Channel:
-        if self._tls is None:
-            return grpc.aio.insecure_channel(self._address)
-        return grpc.aio.secure_channel(self._address, self._tls.channel_credentials())
-
     async def secret(self, credential: str, server: str, url: str, deployed_by: str) -> str:
-        metadata = []
-        if self._token_file is not None:
-            metadata.append(("authorization", f"Bearer {self._token_file.read_text().strip()}"))
         try:
-            channel = self._channel()
-        except OSError as error:
+            # Built for each deployment: the token file and the TLS files are read now, so a rotated
+            # one is used at once.
+            connection = Connection(
+                self._address, token=BearerToken(token_file=self._token_file), tls=self._tls
+            )
+            channel = connection.open_aio_channel()
+        except ConnectionConfigError as error:
             raise EngineError(
                 Category.UNAVAILABLE,
                 "CREDENTIAL_UNAVAILABLE",
-                f"cannot read the TLS files for the broker: {error.strerror}: {error.filename}",
+                f"cannot reach the broker: {error}",
                 field=f"tool_servers.{server}.credential",
             ) from None
         async with channel:
@@ -251,7 +231,7 @@ class BrokerCredentials:
                     credential_pb2.GetDeployCredentialRequest(
                         credential=credential, server=server, url=url, on_behalf_of=deployed_by
                     ),
-                    metadata=metadata,
+                    metadata=connection.metadata,
                     timeout=10,
                 )
             except grpc.aio.AioRpcError as error:
@@ -270,18 +250,14 @@ class BrokerCredentials:
         return answer.secret
 
 
-def _broker_tls_from_env(env: dict[str, str]) -> BrokerTls | None:
+def _broker_tls_from_env(env: dict[str, str]) -> ClientTls:
     ca, cert, key = (env.get(f"ABADA_BROKER_TLS_{name}_FILE") for name in ("CA", "CERT", "KEY"))
     if bool(cert) != bool(key):
         raise ValueError("ABADA_BROKER_TLS_CERT_FILE and ABADA_BROKER_TLS_KEY_FILE go together")
-    if not ca:
-        if cert:
-            # Without the CA the broker would be dialed in plaintext and the certificate never shown.
-            raise ValueError("ABADA_BROKER_TLS_CERT_FILE needs ABADA_BROKER_TLS_CA_FILE")
-        return None
-    return BrokerTls(
-        pathlib.Path(ca), pathlib.Path(cert) if cert else None, pathlib.Path(key) if key else None
-    )
+    if not ca and cert:
+        # Without the CA the broker would be dialed in plaintext and the certificate never shown.
+        raise ValueError("ABADA_BROKER_TLS_CERT_FILE needs ABADA_BROKER_TLS_CA_FILE")
+    return ClientTls(*(pathlib.Path(path) if path else None for path in (ca, cert, key)))
 
 
 def credentials_from_env(env: dict[str, str]) -> CredentialSource | None:
