@@ -1,7 +1,7 @@
-"""Refusals written and read by the one shared module, over a real gRPC socket.
+"""Refusals written by abada_common.rpc_status and read by abada_sdk.status, over a real gRPC socket.
 
-Every reader in the services (engine CLI, agent worker, credential broker) goes through
-`abada_common.rpc_status.read_status`, so a malformed `grpc-status-details-bin` never hides the
+Every reader (the SDK, the engine CLI, the agent worker, the credential broker) goes through
+`abada_sdk.status.read_status`, so a malformed `grpc-status-details-bin` never hides the
 status itself: garbage bytes, a detail that is not what it says, or no details at all.
 """
 
@@ -15,14 +15,9 @@ import grpc
 import pytest
 from abada_broker.engine_client import _error_info as broker_error_info
 from abada_common.errors import Category
-from abada_common.rpc_status import (
-    DETAILS_KEY,
-    Violation,
-    read_status,
-    status_from_trailers,
-    status_message,
-)
+from abada_common.rpc_status import DETAILS_KEY, Violation, status_message
 from abada_engine.cli.errors import from_rpc_error
+from abada_sdk.status import read_status, status_from_trailers
 from abada_worker.rpc_errors import failure_of
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2

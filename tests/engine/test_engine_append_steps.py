@@ -7,8 +7,8 @@ import asyncio
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
-from abada_common.rpc_status import refused_item_status
 from abada_sdk.connection import BearerToken
+from abada_sdk.status import refused_item_status
 from abada_worker.engine_client import EngineClient, EngineRefused
 from abada_worker.errors import LeaseLost
 from engine_helpers import ONE_AGENT_TASK, append, error_info, journal, leased, step_request

@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
 
-_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+from .status import RpcStatus, read_status, refused_item_status
+
 # The engine refuses a call under a lease that is no longer the caller's with one of these reasons.
 LEASE_LOST_REASONS = frozenset({"NOT_LEASE_HOLDER", "LEASE_EXPIRED", "TASK_NOT_LEASED", "ATTEMPT_MISMATCH"})
 
@@ -140,42 +140,21 @@ _KINDS: dict[grpc.StatusCode, type[AbadaError]] = {
 
 def error_from_rpc(error: grpc.RpcError) -> AbadaError:
     """The SDK exception for a failed call, with the engine's ErrorInfo and BadRequest details read out."""
-    code = error.code()
-    message = error.details() or code.name
-    reason, metadata, violations = _rich_details(error.trailing_metadata() or ())
-    kind = LeaseLost if reason in LEASE_LOST_REASONS else _KINDS.get(code, AbadaError)
-    return kind(message, code=code, reason=reason, metadata=metadata, violations=violations)
+    return _error_of(read_status(error))
 
 
 def error_from_status(status_bytes: bytes, code: int, message: str) -> AbadaError:
     """The SDK exception for one refused item of a batch call (a serialized google.rpc.Status, as a
     failed call carries it in its trailers), read as `error_from_rpc` reads a failed call."""
-    status_code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
-    reason, metadata, violations = _rich_details(((_STATUS_DETAILS_KEY, status_bytes),))
-    kind = LeaseLost if reason in LEASE_LOST_REASONS else _KINDS.get(status_code, AbadaError)
+    return _error_of(refused_item_status(code, message, status_bytes))
+
+
+def _error_of(status: RpcStatus) -> AbadaError:
+    kind = LeaseLost if status.reason in LEASE_LOST_REASONS else _KINDS.get(status.code, AbadaError)
     return kind(
-        message or status_code.name, code=status_code, reason=reason, metadata=metadata, violations=violations
+        status.message,
+        code=status.code,
+        reason=status.reason,
+        metadata=status.metadata,
+        violations=status.violations,
     )
-
-
-def _rich_details(trailers: Any) -> tuple[str, dict[str, str], list[str]]:
-    reason = ""
-    metadata: dict[str, str] = {}
-    violations: list[str] = []
-    for key, value in trailers:
-        if key != _STATUS_DETAILS_KEY or not isinstance(value, bytes):
-            continue
-        try:
-            status = status_pb2.Status.FromString(value)
-            for detail in status.details:
-                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                    info = error_details_pb2.ErrorInfo()
-                    detail.Unpack(info)
-                    reason, metadata = info.reason, dict(info.metadata)
-                elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                    bad_request = error_details_pb2.BadRequest()
-                    detail.Unpack(bad_request)
-                    violations.extend(v.description or v.field for v in bad_request.field_violations)
-        except Exception:  # a malformed detail must not hide the status itself
-            continue
-    return reason, metadata, violations

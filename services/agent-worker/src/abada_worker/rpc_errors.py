@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 
 import grpc
 from abada.engine.v1 import external_task_pb2
-from abada_common.rpc_status import RpcStatus, read_status, refused_item_status
+from abada_sdk.errors import LEASE_LOST_REASONS
+from abada_sdk.status import RpcStatus, read_status, refused_item_status
 
 TRANSIENT_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 )
-LEASE_LOST_REASONS = frozenset({"NOT_LEASE_HOLDER", "LEASE_EXPIRED", "TASK_NOT_LEASED", "ATTEMPT_MISMATCH"})
 LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
 MODEL_QUOTA_EXHAUSTED = "MODEL_QUOTA_EXHAUSTED"
 # The engine refused a call to a dependency that is down (the task is parked instead).
@@ -19,13 +19,8 @@ DEPENDENCY_UNAVAILABLE = "DEPENDENCY_UNAVAILABLE"
 
 
 @dataclass(frozen=True)
-class RpcFailure:
-    code: grpc.StatusCode
-    message: str
-    reason: str = ""
-    metadata: dict[str, str] = field(default_factory=dict)
-    # google.rpc.RetryInfo: when the engine says asking again makes sense.
-    retry_after_seconds: float | None = None
+class RpcFailure(RpcStatus):
+    """A refused call as the worker decides on it: give up the lease, or wait and send it again."""
 
     @property
     def transient(self) -> bool:
@@ -48,4 +43,4 @@ def failure_of_refusal(refusal: external_task_pb2.Refusal) -> RpcFailure:
 
 
 def _failure(status: RpcStatus) -> RpcFailure:
-    return RpcFailure(status.code, status.message, status.reason, status.metadata, status.retry_after_seconds)
+    return RpcFailure(**{part.name: getattr(status, part.name) for part in fields(status)})

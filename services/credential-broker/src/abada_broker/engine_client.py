@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import grpc
 from abada.engine.v1 import lease_pb2, lease_pb2_grpc
-from abada_common.rpc_status import read_status
 from abada_sdk.connection import Connection, ConnectionConfigError
+from abada_sdk.status import read_status
 
 from .errors import (
     ENGINE_REFUSED_BROKER,

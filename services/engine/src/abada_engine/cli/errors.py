@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import grpc
-from abada_common.rpc_status import read_status
+from abada_sdk.status import read_status
 
 INVALID_INPUT = 2
 FAILURE = 1
