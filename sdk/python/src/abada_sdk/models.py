@@ -20,7 +20,8 @@ def to_struct(values: dict[str, Any] | None) -> struct_pb2.Struct:
 
 def from_struct(message: struct_pb2.Struct) -> dict[str, Any]:
     """A Struct as JSON values; whole numbers come back as ints (Struct carries every number as a double)."""
-    return _whole_numbers(json_format.MessageToDict(message))
+    values: dict[str, Any] = _whole_numbers(json_format.MessageToDict(message))
+    return values
 
 
 def _whole_numbers(value: Any) -> Any:

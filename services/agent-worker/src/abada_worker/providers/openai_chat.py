@@ -144,8 +144,9 @@ def _assistant_message(turn: ModelTurn) -> dict[str, Any]:
 
 
 def _arguments_text(args: dict[str, Any]) -> str:
-    if set(args) == {INVALID_ARGUMENTS_KEY} and isinstance(args[INVALID_ARGUMENTS_KEY], str):
-        return args[INVALID_ARGUMENTS_KEY]  # what the model wrote, shown back unchanged
+    written = args.get(INVALID_ARGUMENTS_KEY)
+    if set(args) == {INVALID_ARGUMENTS_KEY} and isinstance(written, str):
+        return written  # what the model wrote, shown back unchanged
     return json.dumps(args, ensure_ascii=False, separators=(",", ":"))
 
 
