@@ -204,10 +204,10 @@ def _describe(error: BaseException) -> str:
 class BrokerCredentials:
     """Credentials through the credential broker (purpose: deploy), so only the broker touches Vault."""
 
-    def __init__(self, address: str, token_file: pathlib.Path | None, tls: ClientTls) -> None:
+    def __init__(self, address: str, token_file: pathlib.Path | None, tls: ClientTls | None = None) -> None:
         self._address = address
         self._token_file = token_file
-        self._tls = tls
+        self._tls = tls or ClientTls()
 
     async def secret(self, credential: str, server: str, url: str, deployed_by: str) -> str:
         try:
