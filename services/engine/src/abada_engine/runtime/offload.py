@@ -19,8 +19,9 @@ while the loop is busy, up to a GIL switch interval (5 ms) of waiting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
@@ -36,8 +37,31 @@ MAX_WAITING = 64
 # under a million keyword evaluations), small beside a gRPC deadline.
 WORK_STEPS = 5_000_000
 WORK_SECONDS = 2.0
+# How often work on the executor gives the event loop the GIL (a few hundred microseconds of work).
+YIELD_EVERY_STEPS = 64
 # The inline attempt: a few milliseconds of work at most.
 INLINE_SECONDS = 0.005
+
+# Converting, checking and storing a large value (hundreds of KB) is tens of milliseconds of work on
+# the event loop besides the check itself: at most this many large values are worked on at once, the
+# others wait their turn without spending anything, so the loop stays free for everyone else.
+LARGE_VALUE_BYTES = 32_768
+LARGE_VALUES_AT_ONCE = 2
+_large_values: asyncio.Semaphore | None = None
+
+
+@contextlib.asynccontextmanager
+async def large_value_turn(size_bytes: int) -> AsyncIterator[None]:
+    """Wait for a turn when a caller's value is large (`LARGE_VALUE_BYTES`), then hold it."""
+    global _large_values
+    if size_bytes < LARGE_VALUE_BYTES:
+        yield
+        return
+    if _large_values is None:
+        _large_values = asyncio.Semaphore(LARGE_VALUES_AT_ONCE)
+    async with _large_values:
+        yield
+
 
 _executor = ThreadPoolExecutor(max_workers=CPU_WORKERS, thread_name_prefix="abada-cpu-work")
 _admitted = 0
@@ -82,7 +106,7 @@ async def _run_in_executor(work: Callable[[], R]) -> R:
             f"{MAX_WAITING} costly checks are already running or waiting on this engine; try again",
             retry_after_seconds=1.0,
         )
-    budget = WorkBudget(WORK_STEPS, WORK_SECONDS)
+    budget = WorkBudget(WORK_STEPS, WORK_SECONDS, yield_every=YIELD_EVERY_STEPS)
 
     def run() -> R:
         budget.restart()  # the time budget counts from when a thread takes the work
@@ -101,4 +125,4 @@ async def _run_in_executor(work: Callable[[], R]) -> R:
         _admitted -= 1
 
 
-__all__ = ["WorkBudgetSpent", "run_cpu_check", "run_cpu_work"]
+__all__ = ["WorkBudgetSpent", "large_value_turn", "run_cpu_check", "run_cpu_work"]
