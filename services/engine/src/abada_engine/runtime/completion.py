@@ -31,6 +31,7 @@ from abada_engine.store.states import TaskState
 from .contract import Verdict, check_written_variables, judge, judging_can_take_long
 from .dependencies import dependency_key, next_probe_delay, outage_budget_ms, raise_unavailable
 from .handed_out import HandedOut, LeaseHeld
+from .incident_types import FAILED_TASK, reserved_for_the_engine
 from .leases import hash_token, hold_lease
 from .navigator import Advance, HistoryEntry, IncidentToRaise, advance, evaluates_conditions, leave_node
 from .offload import run_cpu_check, run_cpu_work
@@ -281,6 +282,12 @@ class Completions:
             )
         if retry_after_ms < 0:
             raise invalid("INVALID_ARGUMENT", "retry_after_ms", "cannot be negative")
+        if reserved_for_the_engine(error_code):
+            raise invalid(
+                "INVALID_ARGUMENT",
+                "error_code",
+                f"{error_code!r} is an incident type only the engine raises; name the failure otherwise",
+            )
         async with self._engine.begin() as conn:
             held = await hold_lease(conn, task_id, worker_id, lease_token)
             definition = await self._catalog.get(held.definition_id)
@@ -302,7 +309,7 @@ class Completions:
                 await write_history(conn, records)
                 return FailResult(True, retry_at, None)
             await task_store.hold_as_incident(conn, task_id, last_error=error)
-            incident_type = error_code if no_retry and error_code else "FAILED_TASK"
+            incident_type = error_code if no_retry and error_code else FAILED_TASK
             message = error_message or "the task failed"
             if not no_retry:
                 message = f"no retries left: {message}"
