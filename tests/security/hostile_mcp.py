@@ -9,7 +9,7 @@ way the review's server did, by `mode`:
 - `huge_call`: a `tools/call` answer of `huge_bytes`, streamed without a length;
 - anything else: a well-behaved server with one tool, `lookup`.
 
-It counts what it did (`pages`, `sent_bytes`), so a test can tell when its client stopped listening.
+It counts what it did (`pages`, `calls`, `sent_bytes`), so a test can tell when its client stopped listening.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class HostileServer:
     huge_bytes: int = 50 * 1024 * 1024
     url: str = ""
     pages: int = 0
+    calls: int = 0
     sent_bytes: int = 0
     stopped_listening: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -78,6 +79,7 @@ class HostileServer:
             else:
                 result = {"tools": [TOOL]}
         elif method == "tools/call":
+            self.calls += 1
             if self.mode == "huge_call":
                 await self._huge(writer, message["id"])
                 return
