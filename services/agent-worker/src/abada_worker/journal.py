@@ -1,8 +1,8 @@
 """Writing the step journal of one attempt through AppendStep, one sequence after another.
 
-Model calls and writes are journaled STARTED before they happen (the engine checks the limits
-there) and moved to COMPLETED or FAILED at the same sequence after; a read is journaled once,
-finished, unless it runs beside other calls of its turn (`tool_batch`): then it is STARTED first too.
+Every model call and tool call, a read too, is journaled STARTED before it happens (the engine
+checks the limits there, so nothing past them is ever sent) and moved to COMPLETED or FAILED at the
+same sequence after.
 The payload shapes are in `step_payloads`. Every append outlasts an engine outage (`outage`): a
 step that was paid for is journaled before anything new begins.
 """
@@ -73,20 +73,9 @@ class Journal:
             sequence, StepKind.MODEL_CALL, StepState.FAILED, _MODEL_REF, response={"error": message}
         )
 
-    async def record_read(self, call: FunctionCall, tool_ref: str, result: dict[str, Any]) -> int:
-        sequence = self._next
-        await self._append(
-            sequence,
-            StepKind.TOOL_CALL,
-            _finished_state(result),
-            tool_ref,
-            request=step_payloads.tool_request(call),
-            response=result,
-        )
-        return self._taken(sequence)
-
     async def start_read(self, call: FunctionCall, tool_ref: str) -> int:
-        """Takes a read's sequence before it runs, so parallel calls keep their call order in the journal."""
+        """Takes a read's sequence before it runs: the engine counts it against the node's limits first,
+        and parallel calls keep their call order in the journal."""
         sequence = self._next
         await self._append(
             sequence,

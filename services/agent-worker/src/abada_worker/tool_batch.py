@@ -8,8 +8,8 @@ call, applied to each call of the turn:
   STARTED in call order (a write with its idempotency key, a read as a placeholder); then they run
   together, at most `concurrency` at a time, and each is journaled COMPLETED or FAILED at its own
   sequence as soon as it finishes;
-- a turn with a single call due journals as before: a read once, finished; a write STARTED, sent,
-  finished;
+- a turn with a single call due journals it STARTED, runs it, and finishes it: every call, a read
+  too, is counted against the node's limits by the engine before it runs;
 - the results go back to the model in call order, whatever order the calls finished in.
 
 After a crash in the middle of a batch, replay decides per call exactly as for one call: a finished
@@ -136,16 +136,13 @@ class ToolBatch:
     async def _run_alone(self, planned: PlannedCall, binding: ToolBinding) -> FunctionResult:
         """One call: a read journaled once finished (or at its own sequence if an earlier attempt
         started it); a write journaled STARTED, sent and finished as one side effect."""
-        call = planned.call
         if not binding.is_write:
             self._interruption.checkpoint()
-            result = await self._toolbox.call(binding, call.args, None)
-            if planned.resend is not None:
-                sequence = planned.resend.sequence
-                await self._journal.finish_read(sequence, binding.ref, result)
-            else:
-                sequence = await self._journal.record_read(call, binding.ref, result)
-            self._fault.boundary("read-returned")
+            # Journaled STARTED before it runs: the engine counts it against max_tool_calls first, so
+            # a read past the limit never reaches the server.
+            reserved = await self._reserve(0, planned, binding)
+            result = await self._send(reserved)
+            sequence = reserved.sequence
         else:
             with self._interruption.side_effect():
                 reserved = await self._reserve(0, planned, binding)

@@ -23,6 +23,7 @@ from functools import cache
 from typing import Any, cast
 
 import httpx2
+from abada_common.tool_limits import MAX_RESPONSE_BYTES, MAX_TOOL_LIST_PAGES, MAX_TOOLS, TooMuchFromServer
 from abada_common.tool_schemas import description_sha256, schema_sha256
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -40,6 +41,7 @@ from mcp_types import (
 )
 
 from .broker_client import Secret
+from .capped_http import CappedTransport, ResponseTooLarge
 from .dependencies import DependencyDown, tool_server
 from .errors import AttemptEnded, AttemptFailed
 from .fault import FaultPlan
@@ -74,8 +76,14 @@ class _LastStatus:
     """The HTTP status of the server's last answer that was not a success: the MCP client turns a
     failed POST into a JSON-RPC error without it, and it tells an outage from a refusal."""
 
-    def __init__(self) -> None:
+    def __init__(self, transport: CappedTransport | None = None) -> None:
         self.status: int | None = None
+        self._transport = transport
+
+    @property
+    def over_limit(self) -> bool:
+        """Whether an answer went past the response size limit (`capped_http`)."""
+        return self._transport is not None and self._transport.over_limit
 
     async def record(self, response: httpx2.Response) -> None:
         if response.status_code >= 400:
@@ -86,6 +94,14 @@ def _failure(name: str, url: str, error: BaseException, last: _LastStatus, *, op
     """What a failed exchange with a tool server means: `DependencyDown` when it passes with time
     (connection refused or reset, a timeout, a lost session, 5xx, 429), `ToolServerRefused` otherwise."""
     where = f"tool server {name!r} at {url}"
+    if last.over_limit or isinstance(error, ResponseTooLarge | TooMuchFromServer):
+        # Asking again gets the same answer: a refusal, never an outage to wait out.
+        why = (
+            str(error)
+            if isinstance(error, TooMuchFromServer)
+            else f"answered more than {MAX_RESPONSE_BYTES} bytes"
+        )
+        return ToolServerRefused(name, f"{where} {why}; it was not listened to further")
     if isinstance(error, MCPError):
         status = last.status
         if error.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
@@ -201,7 +217,8 @@ class ToolServer:
         timeout_seconds: float,
         fault: FaultPlan | None = None,
     ) -> AsyncIterator[ToolServer]:
-        last = _LastStatus()
+        transport = CappedTransport(verify=_shared_tls_context())
+        last = _LastStatus(transport)
         hooks: dict[str, list[Any]] = {"request": [_add_idempotency_header], "response": [last.record]}
         fault_hook = fault.response_hook(name) if fault is not None else None
         if fault_hook is not None:
@@ -213,7 +230,7 @@ class ToolServer:
                     auth=BearerAuth(credential) if credential is not None else None,
                     event_hooks=hooks,
                     timeout=httpx2.Timeout(timeout_seconds),
-                    verify=_shared_tls_context(),
+                    transport=transport,
                     trust_env=False,
                 ) as http,
                 streamable_http_client(url, http_client=http) as (read_stream, write_stream),
@@ -234,7 +251,7 @@ class ToolServer:
     async def list_tools(self) -> dict[str, Tool]:
         listed: dict[str, Tool] = {}
         cursor: str | None = None
-        while True:
+        for _ in range(MAX_TOOL_LIST_PAGES):
             try:
                 page = await self._session.list_tools(
                     params=PaginatedRequestParams(cursor=cursor) if cursor is not None else None
@@ -242,9 +259,24 @@ class ToolServer:
             except (MCPError, httpx2.HTTPError, OSError) as error:
                 raise _failure(self.name, self._url, error, self._last, opening=True) from error
             listed.update((tool.name, tool) for tool in page.tools)
+            if len(listed) > MAX_TOOLS:
+                raise _failure(
+                    self.name,
+                    self._url,
+                    TooMuchFromServer(f"lists more than {MAX_TOOLS} tools"),
+                    self._last,
+                    opening=True,
+                )
             cursor = page.next_cursor
             if not cursor:
                 return listed
+        raise _failure(
+            self.name,
+            self._url,
+            TooMuchFromServer(f"has a tool list that goes on past {MAX_TOOL_LIST_PAGES} pages"),
+            self._last,
+            opening=True,
+        )
 
     async def call(
         self, tool: str, arguments: dict[str, Any], idempotency_key: str | None, timeout_seconds: float

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -14,6 +15,7 @@ from opentelemetry.trace import SpanKind
 
 from .broker_client import BrokerClient, Secret
 from .conversation import FunctionSpec
+from .dependencies import DependencyDown, tool_server
 from .engine_client import LeaseRef
 from .errors import AttemptFailed
 from .fault import FaultPlan
@@ -128,13 +130,27 @@ class Toolbox:
                 if bindings[0].credential:
                     credential = await broker.tool_credential(lease, server)
                     secrets.append(credential)
-                session = await stack.enter_async_context(
-                    ToolServer.connect(
-                        server, bindings[0].url, credential, timeout_seconds=timeout_seconds, fault=fault
-                    )
-                )
+                # One deadline for the whole opening (connect, initialize, every page of the tool
+                # list): a server that answers a byte at a time never trips a read timeout.
+                try:
+                    async with asyncio.timeout(timeout_seconds):
+                        session = await stack.enter_async_context(
+                            ToolServer.connect(
+                                server,
+                                bindings[0].url,
+                                credential,
+                                timeout_seconds=timeout_seconds,
+                                fault=fault,
+                            )
+                        )
+                        listed = await session.list_tools()
+                except TimeoutError:
+                    raise DependencyDown(
+                        tool_server(server),
+                        f"tool server {server!r} at {bindings[0].url} did not open a session and list its "
+                        f"tools within {timeout_seconds:g} s",
+                    ) from None
                 servers[server] = session
-                listed = await session.list_tools()
                 mismatches += check_contract(bindings, listed)
                 for binding in bindings:
                     tool = listed.get(binding.tool)

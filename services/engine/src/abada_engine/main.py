@@ -174,7 +174,7 @@ async def migrate_only(settings: EngineSettings) -> None:
     log.info("migrations applied")
 
 
-async def reseal(settings: EngineSettings, dry_run: bool, batch_size: int) -> None:
+async def reseal(settings: EngineSettings, dry_run: bool, batch_size: int, force: bool = False) -> None:
     """Seal every journal value at rest again under the primary key; print what was found and done."""
     keys = _existing_journal_keys(settings)
     url, _embedded = _database_url(settings)
@@ -182,11 +182,13 @@ async def reseal(settings: EngineSettings, dry_run: bool, batch_size: int) -> No
     try:
         # Only journal keys are used: the idempotency secret derives nothing here.
         sealer = StepSealer(keys, IdempotencyKeys(b"unused"))
-        report = await Resealer(db, sealer, batch_size).run(dry_run=dry_run)
+        report = await Resealer(db, sealer, batch_size).run(dry_run=dry_run, force=force)
     finally:
         await db.dispose()
     for line in report.lines(keys):
         print(line)
+    if report.refused:
+        raise SystemExit(2)
     if not dry_run and not report.done:
         raise SystemExit(1)
 
@@ -229,6 +231,11 @@ def main() -> None:
         "--dry-run", action="store_true", help="count what would be re-sealed, change nothing"
     )
     resealing.add_argument(
+        "--force",
+        action="store_true",
+        help="re-seal even though the newest journal step is not sealed under the first key of the ring",
+    )
+    resealing.add_argument(
         "--batch-size", type=_batch_size, default=200, help="rows per transaction (1-10000)"
     )
     args = parser.parse_args()
@@ -239,7 +246,7 @@ def main() -> None:
     configure_logging(JsonFormatter("engine"), settings.log_level)
     configure_tracing("abada-engine")
     if args.command == "reseal":
-        run(reseal(settings, args.dry_run, args.batch_size), settings.event_loop)
+        run(reseal(settings, args.dry_run, args.batch_size, args.force), settings.event_loop)
         return
     with contextlib.suppress(KeyboardInterrupt):
         run(migrate_only(settings) if args.command == "migrate" else serve(settings), settings.event_loop)

@@ -22,6 +22,7 @@ from abada_engine.runtime.dependencies import Dependencies, Report
 from abada_engine.runtime.instances import MAX_VARIABLES_BYTES
 from abada_engine.runtime.journal import Journal, StepRequest
 from abada_engine.runtime.leases import Leases, Subscription, check_fetch
+from abada_engine.runtime.offload import large_value_turn
 from abada_engine.store.states import WORKER_STEP_STATES
 
 from . import messages
@@ -319,16 +320,20 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
     async def _complete(
         self, request: external_task_pb2.CompleteRequest
     ) -> external_task_pb2.CompleteResponse:
-        # Worker (and so model) data that conditions and the output schema will read: bounded like Start's.
-        variables = storable(from_struct(request.variables, "variables"), "variables", MAX_VARIABLES_BYTES)
-        result = await self._completions.complete(
-            parse_uuid(request.task_id, "task_id"),
-            request.worker_id,
-            request.lease_token,
-            variables,
-            _metadata(request.metadata),
-            request.invalid_output_reason,
-        )
+        # Worker (and so model) data that conditions and the output schema will read: bounded like Start's,
+        # and a large one worked on only in its turn (`large_value_turn`).
+        async with large_value_turn(request.variables.ByteSize()):
+            variables = storable(
+                from_struct(request.variables, "variables"), "variables", MAX_VARIABLES_BYTES
+            )
+            result = await self._completions.complete(
+                parse_uuid(request.task_id, "task_id"),
+                request.worker_id,
+                request.lease_token,
+                variables,
+                _metadata(request.metadata),
+                request.invalid_output_reason,
+            )
         return external_task_pb2.CompleteResponse(
             outcome=_OUTCOMES.get(
                 (result.verdict, result.routed), external_task_pb2.COMPLETE_OUTCOME_INCIDENT_RAISED

@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from abada_engine.db.database import plain_url
 from abada_engine.db.watch import DatabaseWatch
 from abada_engine.definitions.catalog import ContractCheck, DefinitionCatalog
+from abada_engine.runtime import incident_types
 from abada_engine.runtime.approvals import APPROVAL_TIMEOUT, Approvals
 from abada_engine.runtime.completion import Completions
 from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
@@ -125,8 +126,8 @@ class EngineCore:
         takeover = Takeover(db, catalog, journal.sealer, handed_out, unkeyed_write_grace_seconds)
         resolutions = JournalResolutions(journal.sealer)
         incidents = Incidents(db, catalog)
-        incidents.register("TOOL_OUTCOME_UNKNOWN", "HAPPENED", resolutions.happened)
-        incidents.register("TOOL_OUTCOME_UNKNOWN", "DID_NOT_HAPPEN", resolutions.did_not_happen)
+        incidents.register(incident_types.TOOL_OUTCOME_UNKNOWN, "HAPPENED", resolutions.happened)
+        incidents.register(incident_types.TOOL_OUTCOME_UNKNOWN, "DID_NOT_HAPPEN", resolutions.did_not_happen)
 
         async def unknown_write_request(incident: IncidentView) -> dict[str, Any]:
             # Sealed at rest in the journal; opened only for the operator who reads the incident.
@@ -136,8 +137,8 @@ class EngineCore:
                 "request": await journal.opened_request(incident.task_id, int(incident.details["sequence"]))
             }
 
-        incidents.register_details("TOOL_OUTCOME_UNKNOWN", unknown_write_request)
-        for rejected in ("INVALID_OUTPUT", "LOW_CONFIDENCE"):
+        incidents.register_details(incident_types.TOOL_OUTCOME_UNKNOWN, unknown_write_request)
+        for rejected in (incident_types.INVALID_OUTPUT, incident_types.LOW_CONFIDENCE):
             incidents.register(rejected, "RETRY", resolutions.retry_the_answer)
         incidents.register(DEPENDENCY_UNAVAILABLE, "RETRY", dependencies.retry_after_outage)
         wakeups = TaskWakeups(plain_url(database_url))

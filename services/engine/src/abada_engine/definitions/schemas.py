@@ -9,6 +9,10 @@ model. Two things would let either of them hurt the engine, so neither is possib
 - patterns: Python's `re` backtracks, so `^([a-z]+ ?)+$` against a few dozen characters takes
   seconds. `pattern`, `patternProperties` and the `additionalProperties` that depend on them run on
   RE2 (linear time) instead; deploy refuses a pattern RE2 cannot compile.
+- cost: jsonschema checks `uniqueItems` by comparing every pair (4,000 objects took 17 s), and a
+  schema can multiply work (`anyOf` over references that branch again). Uniqueness here is one pass
+  over the items' canonical JSON, and every keyword evaluated is charged to the `WorkBudget` in force
+  (`work_budget`): a check that would run past its budget stops and fails closed.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import re2
 from jsonschema.exceptions import ValidationError
 from referencing import Registry
 from referencing.exceptions import Unresolvable
+
+from .work_budget import WorkBudgetSpent, charge
 
 # A schema is configuration, not data: this is far more than any real one needs.
 MAX_SCHEMA_BYTES = 65_536
@@ -78,13 +84,55 @@ def _additional_properties(
         yield ValidationError(f"Additional properties are not allowed ({listed} {were} unexpected)")
 
 
+def _unique_items(
+    validator: Any, unique: bool, instance: Any, schema: dict[str, Any]
+) -> Iterator[ValidationError]:
+    """Uniqueness in one pass: equal items (JSON Schema's equality) have the same canonical JSON."""
+    if not unique or not validator.is_type(instance, "array"):
+        return
+    seen: set[str] = set()
+    for item in instance:
+        charge()
+        canonical = json.dumps(_canonical(item), sort_keys=True, separators=(",", ":"))
+        if canonical in seen:
+            yield ValidationError(f"{instance!r:.200} has non-unique elements")
+            return
+        seen.add(canonical)
+
+
+def _canonical(value: Any) -> Any:
+    """The value with JSON Schema's equality made textual: 1 and 1.0 are one number, true is not 1."""
+    if isinstance(value, bool) or value is None or isinstance(value, str | int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {str(key): _canonical(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(item) for item in value]
+    return value
+
+
+def _charged(keyword: Any) -> Any:
+    """The keyword's check, charged one step of the budget in force each time it is evaluated."""
+
+    def charged(validator: Any, value: Any, instance: Any, schema: dict[str, Any]) -> Any:
+        charge()
+        return keyword(validator, value, instance, schema)
+
+    return charged
+
+
+_KEYWORDS: dict[str, Any] = {
+    **jsonschema.Draft202012Validator.VALIDATORS,
+    "pattern": _pattern,
+    "patternProperties": _pattern_properties,
+    "additionalProperties": _additional_properties,
+    "uniqueItems": _unique_items,
+}
 _OutputValidator = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
-    {
-        "pattern": _pattern,
-        "patternProperties": _pattern_properties,
-        "additionalProperties": _additional_properties,
-    },
+    {name: _charged(keyword) for name, keyword in _KEYWORDS.items()},
 )
 
 
@@ -155,10 +203,13 @@ def _validator(schema_json: str) -> Any:
 
 
 def output_errors(schema: dict[str, Any], value: Any) -> list[ValidationError]:
-    """The ways `value` breaks `schema`, first by path; a reference nothing resolves is one of them."""
+    """The ways `value` breaks `schema`, first by path; a reference nothing resolves is one of them,
+    and so is a check that ran out of its budget (`work_budget`): both fail closed."""
     validator = _validator(json.dumps(schema, sort_keys=True))
     try:
         return sorted(validator.iter_errors(value), key=lambda e: [str(p) for p in e.path])
     except Unresolvable as error:
         # A definition deployed before references were refused can still name one; it fails closed.
         return [ValidationError(f"the output_schema has a reference that is not resolved: {error}")]
+    except WorkBudgetSpent as spent:
+        return [ValidationError(f"checking the output against output_schema was stopped: {spent.why}")]

@@ -18,6 +18,7 @@ import grpc
 import httpx2
 import yaml
 from abada.broker.v1 import credential_pb2, credential_pb2_grpc
+from abada_common.tool_limits import MAX_TOOL_LIST_PAGES, MAX_TOOLS, TooMuchFromServer
 from abada_common.tool_schemas import description_sha256, schema_sha256
 from abada_sdk.connection import BearerToken, ClientTls, Connection, ConnectionConfigError
 from mcp.client.session import ClientSession
@@ -104,6 +105,15 @@ class McpContractCheck:
         except EngineError:
             raise
         except (TimeoutError, Exception) as error:  # any transport failure means the same to the deployer
+            over = _innermost(error)
+            if isinstance(over, TooMuchFromServer):
+                raise EngineError(
+                    Category.FAILED_PRECONDITION,
+                    "TOOL_SERVER_OVER_LIMIT",
+                    f"tool server {server.name!r} at {server.url} was not listened to further: {over}",
+                    field=f"tool_servers.{server.name}.url",
+                    metadata={"server": server.name},
+                ) from None
             if refusals:
                 raise _refused(server, refusals[0], secret is not None) from None
             cause = (
@@ -147,20 +157,26 @@ class McpContractCheck:
                 refusals.append(response.status_code)
 
         hooks = {"response": [note_refusal]}
-        async with httpx2.AsyncClient(auth=auth, timeout=self._timeout, event_hooks=hooks) as http:
+        # trust_env off: a proxy set in the engine's environment must never carry deploy credentials.
+        async with httpx2.AsyncClient(
+            auth=auth, timeout=self._timeout, event_hooks=hooks, trust_env=False
+        ) as http:
             async with streamable_http_client(url, http_client=http) as (read_stream, write_stream):
                 async with ClientSession(read_stream, write_stream) as session:
                     await session.initialize()
                     tools: dict[str, Tool] = {}
                     cursor = None
-                    while True:
+                    for _ in range(MAX_TOOL_LIST_PAGES):
                         params = PaginatedRequestParams(cursor=cursor) if cursor else None
                         page = await session.list_tools(params=params)
                         for tool in page.tools:
                             tools[tool.name] = tool
+                        if len(tools) > MAX_TOOLS:
+                            raise TooMuchFromServer(f"it lists more than {MAX_TOOLS} tools")
                         cursor = page.next_cursor
                         if not cursor:
                             return tools
+                    raise TooMuchFromServer(f"its tool list goes on past {MAX_TOOL_LIST_PAGES} pages")
 
 
 def _refused(server: ToolServerSpec, status: int, sent_credential: bool) -> EngineError:
@@ -194,10 +210,15 @@ def _mismatch(server: ToolServerSpec, tool: str, message: str) -> EngineError:
     )
 
 
-def _describe(error: BaseException) -> str:
+def _innermost(error: BaseException) -> BaseException:
     # Task groups wrap the real cause; the innermost one says what happened.
     while isinstance(error, BaseExceptionGroup) and error.exceptions:
         error = error.exceptions[0]
+    return error
+
+
+def _describe(error: BaseException) -> str:
+    error = _innermost(error)
     return f"{type(error).__name__}: {error}"[:300]
 
 

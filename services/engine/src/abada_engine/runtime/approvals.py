@@ -33,12 +33,12 @@ from abada_engine.store.approvals import ApprovalRow, ListedApproval
 from abada_engine.store.incidents import IncidentRow
 from abada_engine.store.states import ApprovalState, InstanceState, StepState, TaskState
 
+from .incident_types import APPROVAL_TIMEOUT
 from .leases import hold_lease
 from .navigator import HistoryEntry, advance
 from .sealing import Place, StepSealer
 from .tokens import advance_move, apply_move, history_record, write_history
 
-APPROVAL_TIMEOUT = "APPROVAL_TIMEOUT"
 MAX_COMMENT_CHARS = 4_000
 DECISIONS = ("APPROVE", "REJECT")
 
@@ -364,7 +364,18 @@ class Approvals:
                 f"task {incident.task_id} is no longer held by this incident",
                 field="incident_id",
             )
-        await approval_store.reopen_expired_of_task(conn, incident.task_id, node.approval_timeout_seconds)
+        reopened = await approval_store.reopen_expired_of_task(
+            conn, incident.task_id, node.approval_timeout_seconds
+        )
+        if not reopened:
+            # Parked with nothing to wait for, the task would never be offered again (the transaction
+            # rolls the parking back).
+            raise EngineError(
+                Category.FAILED_PRECONDITION,
+                "RESOLUTION_NOT_APPLICABLE",
+                f"task {incident.task_id} has no expired approval to ask again",
+                field="incident_id",
+            )
 
     def _request_of(self, row: ListedApproval) -> dict[str, Any]:
         return self._sealer.open_sealed(_step_place(row), "request", row.request_ciphertext) or {}

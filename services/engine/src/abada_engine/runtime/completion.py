@@ -31,12 +31,15 @@ from abada_engine.store.states import TaskState
 from .contract import Verdict, check_written_variables, judge, judging_can_take_long
 from .dependencies import dependency_key, next_probe_delay, outage_budget_ms, raise_unavailable
 from .handed_out import HandedOut, LeaseHeld
+from .incident_types import FAILED_TASK, reserved_for_the_engine
 from .leases import hash_token, hold_lease
 from .navigator import Advance, HistoryEntry, IncidentToRaise, advance, evaluates_conditions, leave_node
-from .offload import run_cpu_work
+from .offload import run_cpu_check, run_cpu_work
 from .tokens import LeaseGuard, advance_move, applied_advance, history_record, write_history
 
 MAX_BACKOFF_MS = 600_000
+# Keyword evaluations an output check may take on the event loop before it moves to the executor.
+JUDGED_INLINE_STEPS = 2_000
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,9 @@ class Completions:
         no read is needed; the write is guarded by the instance row's version, and anything that
         changed it (or a Complete on another replica's lease) takes the careful path: read, then write.
         """
-        snapshot = self._handed_out.take_lease(task_id)
+        # Remembered only for the worker that holds this very token: nobody else's Complete gets as
+        # far as validating its output (a cost) on memory, nor takes the holder's fast path away.
+        snapshot = self._handed_out.take_lease(task_id, worker_id, hash_token(lease_token))
         if snapshot is not None:
             try:
                 done = await self._judge_and_move(
@@ -171,9 +176,16 @@ class Completions:
         if profile is not None:
             cost = profile.price.cost_usd(metadata.input_tokens, metadata.output_tokens)
             metadata = dataclasses.replace(metadata, cost_usd=round(cost, 9))
-        # Schema validation and conditions are CPU work on worker data: off the event loop.
-        decision = await run_cpu_work(
-            judging_can_take_long(node), judge, node, variables, metadata.confidence, invalid_output_reason
+        # Schema validation is CPU work on worker data, under a budget: a small check inline, a large
+        # one in the bounded executor (`offload`).
+        decision = await run_cpu_check(
+            judging_can_take_long(node),
+            JUDGED_INLINE_STEPS,
+            judge,
+            node,
+            variables,
+            metadata.confidence,
+            invalid_output_reason,
         )
         completed = HistoryEntry(
             "TASK_COMPLETED",
@@ -270,6 +282,12 @@ class Completions:
             )
         if retry_after_ms < 0:
             raise invalid("INVALID_ARGUMENT", "retry_after_ms", "cannot be negative")
+        if reserved_for_the_engine(error_code):
+            raise invalid(
+                "INVALID_ARGUMENT",
+                "error_code",
+                f"{error_code!r} is an incident type only the engine raises; name the failure otherwise",
+            )
         async with self._engine.begin() as conn:
             held = await hold_lease(conn, task_id, worker_id, lease_token)
             definition = await self._catalog.get(held.definition_id)
@@ -291,7 +309,7 @@ class Completions:
                 await write_history(conn, records)
                 return FailResult(True, retry_at, None)
             await task_store.hold_as_incident(conn, task_id, last_error=error)
-            incident_type = error_code if no_retry and error_code else "FAILED_TASK"
+            incident_type = error_code if no_retry and error_code else FAILED_TASK
             message = error_message or "the task failed"
             if not no_retry:
                 message = f"no retries left: {message}"

@@ -43,6 +43,7 @@ from abada_engine.store.incidents import IncidentRow
 from abada_engine.store.states import DependencyState, TaskState
 from abada_engine.store.tasks import LockedRow
 
+from .incident_types import DEPENDENCY_UNAVAILABLE
 from .leases import hold_lease
 from .navigator import HistoryEntry
 from .tokens import history_record, write_history
@@ -50,7 +51,6 @@ from .views import HeldBack
 
 log = logging.getLogger(__name__)
 
-DEPENDENCY_UNAVAILABLE = "DEPENDENCY_UNAVAILABLE"
 KINDS = ("model", "tool_server", "broker", "secret_store")
 # The broker and its secret store are one each per deployment: their circuits have these names.
 BROKER = "broker"

@@ -8,10 +8,11 @@ remembers nothing (another replica handed the task out, or it restarted) is mere
 
 from __future__ import annotations
 
+import hmac
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 LEASES_KEPT = 50_000
@@ -33,6 +34,9 @@ class LeaseHeld:
     instance_state: str
     # The instance row's version (PostgreSQL xmin): a write guarded by it fails if anything changed it.
     instance_xmin: str | None = None
+    # Whom the lease was granted to, when this replica granted it: a remembered lease serves only them.
+    lease_owner: str = ""
+    lease_token_hash: bytes = b""
 
 
 class HandedOut:
@@ -54,9 +58,21 @@ class HandedOut:
         if len(self._leases) > self._leases_kept:
             self._leases.popitem(last=False)
 
-    def take_lease(self, task_id: uuid.UUID) -> LeaseHeld | None:
-        """The lease as granted, forgotten at once: a task is completed at most once per grant."""
-        return self._leases.pop(task_id, None)
+    def take_lease(self, task_id: uuid.UUID, worker_id: str, token_hash: bytes) -> LeaseHeld | None:
+        """The lease as granted to `worker_id` with this token and not yet expired, forgotten at once (a
+        task is completed at most once per grant); None for anyone else, whose call leaves it in place."""
+        held = self._leases.get(task_id)
+        if held is None:
+            return None
+        if not (
+            held.lease_owner == worker_id
+            and held.lease_token_hash
+            and hmac.compare_digest(held.lease_token_hash, token_hash)
+            and held.lease_expires_at > datetime.now(UTC)
+        ):
+            return None
+        del self._leases[task_id]
+        return held
 
     def place(self, task_id: uuid.UUID, definition_id: uuid.UUID, node_id: str) -> None:
         self._placements[task_id] = (definition_id, node_id)

@@ -213,6 +213,8 @@ class Leases:
                     row.instance_variables,
                     InstanceState.ACTIVE,
                     row.instance_xmin,
+                    lease_owner=worker_id,
+                    lease_token_hash=hash_token(tokens[row.n - 1]),
                 )
             )
         if self._after_lock is None:

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 # What a call is taken to cost before it happens when the worker sent no estimate of its size.
 DEFAULT_ESTIMATED_TOKENS = 1_000
+# The most a STARTED's estimate counts for: more than any model's context window.
+MAX_ESTIMATED_TOKENS = 2_000_000
 QUOTA_EXHAUSTED = "MODEL_QUOTA_EXHAUSTED"
 
 
@@ -67,8 +69,10 @@ class ModelQuotas:
 
     async def admit(
         self, profile: ModelProfile, task_id: uuid.UUID, sequence: int, attempt: int, estimated_tokens: int
-    ) -> None:
-        """Admits the model call or raises MODEL_QUOTA_EXHAUSTED with the time to wait."""
+    ) -> bool:
+        """Admits the model call or raises MODEL_QUOTA_EXHAUSTED with the time to wait. True when this
+        call was admitted now, False when it had been admitted already (a re-sent STARTED): only the
+        former may be given back (`release`)."""
         quota = quota_store.Quota(
             model=profile.name,
             requests_per_minute=profile.requests_per_minute,
@@ -80,10 +84,14 @@ class ModelQuotas:
         if line is None:
             line = self._admissions[quota] = GroupCommit(functools.partial(self._admit_batch, quota))
         tokens = estimated_tokens if estimated_tokens > 0 else DEFAULT_ESTIMATED_TOKENS
+        # The estimate is the worker's word: it may hold back a window, never fill it for ever.
+        tokens = min(tokens, MAX_ESTIMATED_TOKENS)
         admission = await line.submit(quota_store.ModelCall(task_id, sequence, attempt, tokens))
         if admission.admitted:
+            if admission.reason == quota_store.ALREADY_ADMITTED:
+                return False
             metrics.MODEL_CALLS_ADMITTED.labels(profile.name).inc()
-            return
+            return True
         metrics.MODEL_CALLS_REFUSED.labels(profile.name, admission.reason).inc()
         wait = admission.retry_after_ms / 1000
         ahead = f", {admission.waiting_ahead} call(s) waiting before it" if admission.waiting_ahead else ""
@@ -102,11 +110,12 @@ class ModelQuotas:
         async with self._db.connect() as conn:
             return await quota_store.admit(conn, quota, calls)
 
-    async def release(self, profile: ModelProfile, task_id: uuid.UUID, sequence: int) -> None:
-        """Gives back the place of a call admitted but then refused by the journal: it never ran."""
+    async def release(self, profile: ModelProfile, task_id: uuid.UUID, sequence: int, attempt: int) -> None:
+        """Gives back the place of a call this very request admitted but the journal then refused: it
+        never ran. (A call admitted earlier is never given back by a later request's refusal.)"""
         try:
             async with self._db.connect() as conn:
-                await quota_store.release(conn, task_id, sequence)
+                await quota_store.release(conn, task_id, sequence, attempt)
         except Exception:
             log.exception("could not release model call %s/%s of %s", task_id, sequence, profile.name)
 

@@ -16,6 +16,8 @@ from abada_engine.definitions.expressions import ExpressionError, evaluate_condi
 from abada_engine.definitions.model import Node, Process
 from abada_engine.store.states import TaskKind
 
+from .incident_types import CONDITION_FAILED, INPUT_MISSING, NO_BRANCH_MATCHED, TOO_MANY_HOPS
+
 # A cycle of gateways that never waits would spin forever; no real process takes this many hops.
 MAX_HOPS = 1000
 
@@ -75,11 +77,11 @@ def advance(
             try:
                 chosen = _choose_branch(node, variables)
             except ExpressionError as error:
-                result.incident = IncidentToRaise(node_id, "CONDITION_FAILED", str(error))
+                result.incident = IncidentToRaise(node_id, CONDITION_FAILED, str(error))
                 return result
             if chosen is None:
                 result.incident = IncidentToRaise(
-                    node_id, "NO_BRANCH_MATCHED", f"no branch of {node_id!r} matched and it has no default"
+                    node_id, NO_BRANCH_MATCHED, f"no branch of {node_id!r} matched and it has no default"
                 )
                 return result
             condition, target = chosen
@@ -89,14 +91,14 @@ def advance(
         try:
             payload = task_payload(node, variables)
         except ExpressionError as error:
-            result.incident = IncidentToRaise(node_id, "INPUT_MISSING", str(error))
+            result.incident = IncidentToRaise(node_id, INPUT_MISSING, str(error))
             return result
         if context:
             payload["context"] = context
         kind = TaskKind.USER if node.type == "user_task" else TaskKind.EXTERNAL
         result.task = TaskToCreate(node, kind, node.topic, payload, node.retries)
         return result
-    result.incident = IncidentToRaise(node_id, "TOO_MANY_HOPS", f"more than {MAX_HOPS} hops without waiting")
+    result.incident = IncidentToRaise(node_id, TOO_MANY_HOPS, f"more than {MAX_HOPS} hops without waiting")
     return result
 
 

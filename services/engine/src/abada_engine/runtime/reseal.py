@@ -46,6 +46,14 @@ class ResealReport:
     changed_meanwhile: int = 0
     unreadable: list[str] = field(default_factory=list)
     newest_step_key: str | None = None
+    # Nothing was done: the ring looks misordered and the run was not forced.
+    refused: bool = False
+
+    @property
+    def misordered(self) -> bool:
+        """The engines seal under another key than this ring's primary: a replica still runs the old
+        ring, or this ring is not theirs. Re-sealing now would seal under a key some engine lacks."""
+        return self.newest_step_key is not None and self.newest_step_key != self.primary
 
     @property
     def done(self) -> bool:
@@ -68,11 +76,18 @@ class ResealReport:
             f"({_by_key(self.steps_resealed)}), {sum(self.approvals_rekeyed.values())} approved-call digests "
             f"({_by_key(self.approvals_rekeyed)})",
         ]
-        if self.newest_step_key is not None and self.newest_step_key != self.primary:
+        if self.misordered:
+            what = "refused" if self.refused else "warning"
             out.append(
-                f"warning: the newest journal step is sealed under {self.newest_step_key}, not {self.primary}: "
+                f"{what}: the newest journal step is sealed under {self.newest_step_key}, not {self.primary}: "
                 f"every engine replica must have {self.primary} first in ABADA_JOURNAL_KEYS before re-sealing"
             )
+            if self.refused:
+                out.append(
+                    "nothing was re-sealed. If every replica has the new ring and none has journaled a step "
+                    "since, run again with --force"
+                )
+                return out
         if self.changed_meanwhile:
             out.append(
                 f"changed by a running engine while read, left as they are: {self.changed_meanwhile} (run again)"
@@ -112,13 +127,18 @@ class Resealer:
         self._sealer = sealer
         self._batch = batch_size
 
-    async def run(self, dry_run: bool = False) -> ResealReport:
+    async def run(self, dry_run: bool = False, force: bool = False) -> ResealReport:
+        """Re-seal (or count, with `dry_run`); a ring that looks misordered is refused unless `force`."""
         primary = self._sealer.primary_key_id
         report = ResealReport(primary, dry_run)
         async with self._reads.connect() as conn:
             report.steps_before = await store.steps_by_key(conn)
             report.approvals_before = await store.approvals_by_key(conn)
             report.newest_step_key = await store.newest_step_key(conn)
+        if report.misordered and not dry_run and not force:
+            report.refused = True
+            report.steps_after, report.approvals_after = report.steps_before, report.approvals_before
+            return report
         for _ in range(MAX_PASSES):
             # Each pass counts afresh what it left: rows changed meanwhile are tried again.
             report.changed_meanwhile = 0

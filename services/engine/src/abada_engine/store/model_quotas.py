@@ -43,6 +43,7 @@ _RELEASE = HandWritten(
     f"""
     WITH {_ASYNC_COMMIT}, done AS (
         DELETE FROM model_quota_calls WHERE task_id = CAST(:task_id AS uuid) AND sequence = CAST(:sequence AS integer)
+            AND attempt = CAST(:attempt AS integer)
         RETURNING model, second, estimated_tokens
     )
     INSERT INTO model_quota_usage AS u (model, second, slot, requests, tokens)
@@ -52,6 +53,10 @@ _RELEASE = HandWritten(
         tokens = u.tokens + EXCLUDED.tokens
     """
 )
+
+
+# The reason of an admission that found the call admitted already (a re-sent STARTED; migration 0007).
+ALREADY_ADMITTED = "already_admitted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +116,8 @@ async def admit(conn: Executor, quota: Quota, calls: Sequence[ModelCall]) -> lis
     return answers  # type: ignore[return-value]
 
 
-async def release(conn: Executor, task_id: uuid.UUID, sequence: int) -> None:
-    await _RELEASE.fetch(conn, {"task_id": task_id, "sequence": sequence})
+async def release(conn: Executor, task_id: uuid.UUID, sequence: int, attempt: int) -> None:
+    await _RELEASE.fetch(conn, {"task_id": task_id, "sequence": sequence, "attempt": attempt})
 
 
 @dataclass(frozen=True, slots=True)

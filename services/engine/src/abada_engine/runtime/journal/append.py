@@ -73,32 +73,73 @@ class Journal:
         Anything else (a re-send, a conflict, a refusal to explain) takes the careful path.
         """
         check_shape(step)
-        if (
+        starts_model_call = step.kind == StepKind.MODEL_CALL and step.state == StepState.STARTED
+        gated = (
             step.state == StepState.STARTED
             and self.dependencies is not None
             and self.dependencies.board.anything_down
-        ):
+        )
+        # Who may spend a budget, a quota or a dependency's probe is settled first: the lease holder,
+        # its attempt, at the task's next free sequence. Nothing a stranger sends reaches them.
+        resent = await self._prove_claim(step) if starts_model_call or gated else False
+        if gated:
             await self._hold_for_dependency(step)
-        if step.kind != StepKind.MODEL_CALL or step.state != StepState.STARTED:
+        if not starts_model_call:
             # A model call's finished step settles its quota in the same transaction (the database's
             # trigger: see `model_quota`), so it is journaled like any other step.
             return await self._append(step)
-        profile, budgeted = await self._model_call_rules(step.task_id)
-        if budgeted is not None:
-            await self._budgets.check(*budgeted, step.task_id)
         # At STARTED the worker sends the request's estimated size as its input tokens: the quota
         # counts it until COMPLETED brings the real figures; the journal keeps only what was spent.
         estimated = step.input_tokens + step.output_tokens
         step = dataclasses.replace(step, input_tokens=0, output_tokens=0)
+        if resent:
+            return await self._append(step)  # admitted and budgeted when it was first sent
+        profile, budgeted = await self._model_call_rules(step.task_id)
+        if budgeted is not None:
+            await self._budgets.check(*budgeted, step.task_id)
         if not has_quota(profile):
             return await self._append(step)
         assert profile is not None
-        await self._quotas.admit(profile, step.task_id, step.sequence, step.attempt, estimated)
+        admitted_now = await self._quotas.admit(profile, step.task_id, step.sequence, step.attempt, estimated)
         try:
             return await self._append(step)
         except BaseException:
-            await self._quotas.release(profile, step.task_id, step.sequence)
+            if admitted_now:
+                await self._quotas.release(profile, step.task_id, step.sequence, step.attempt)
             raise
+
+    async def _prove_claim(self, step: StepRequest) -> bool:
+        """Refuse a STARTED step unless its sender holds the live lease, for this attempt, at the next
+        free sequence; True when the sequence already holds this STARTED (a re-send)."""
+        async with self._hot.connect() as conn:
+            context = await step_store.append_context(conn, step.task_id, step.sequence)
+        held = held_from_row(context, step.task_id, step.worker_id, step.lease_token)
+        assert context is not None  # held_from_row refused a missing task
+        if step.attempt != held.attempt:
+            raise EngineError(
+                Category.FAILED_PRECONDITION,
+                "ATTEMPT_MISMATCH",
+                f"the lease is for attempt {held.attempt}, not {step.attempt}",
+                field="attempt",
+            )
+        if context.taken_sequence is not None:
+            if (context.kind, context.step_state) == (step.kind, StepState.STARTED):
+                return True  # the same STARTED again, or a different one `_append` refuses
+            raise EngineError(
+                Category.ABORTED,
+                "SEQUENCE_CONFLICT",
+                f"sequence {step.sequence} of task {step.task_id} already holds a different step "
+                f"({context.kind} {context.step_state})",
+                field="sequence",
+            )
+        if step.sequence != context.steps + 1:
+            raise EngineError(
+                Category.FAILED_PRECONDITION,
+                "SEQUENCE_GAP",
+                f"the next sequence of task {step.task_id} is {context.steps + 1}, not {step.sequence}",
+                field="sequence",
+            )
+        return False
 
     async def _append(self, step: StepRequest) -> AppendResult:
         placed = self.handed_out.placement(step.task_id)

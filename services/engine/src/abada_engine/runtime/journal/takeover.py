@@ -17,14 +17,14 @@ from abada_engine.store import tasks as task_store
 from abada_engine.store.states import TaskState
 
 from ..handed_out import HandedOut
+from ..incident_types import JOURNAL_INTEGRITY, TOOL_OUTCOME_UNKNOWN
 from ..navigator import HistoryEntry
 from ..sealing import StepSealer
 from ..tokens import history_record, write_history
 from ..views import LockedTask, StepView
 from .rules import unkeyed_writes_in_flight
 
-OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
-JOURNAL_INTEGRITY = "JOURNAL_INTEGRITY"
+OUTCOME_UNKNOWN = TOOL_OUTCOME_UNKNOWN
 # How long past its lease's expiry the reaper leaves an unkeyed write to its holder (see
 # `hold_expired_unkeyed_writes`): far longer than a worker's pause between two tries at the engine
 # (at most 1 s) and the reaper's own period, short beside the time a person takes to look.
