@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.ids import new_id
 from abada_engine.store import approvals as approval_store
 from abada_engine.store import history as history_store
 from abada_engine.store import incidents as incident_store
@@ -61,7 +62,7 @@ class Instances:
         # statement per start instead of a read and a write; on a miss, read it and write again.
         definition = await self._catalog.find_remembered(process_id, version)
         for _ in range(_STARTS_BEFORE_GIVING_UP):
-            instance_id = uuid.uuid4()
+            instance_id = new_id()
             started = HistoryEntry(
                 "INSTANCE_STARTED",
                 None,

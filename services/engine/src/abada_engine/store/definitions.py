@@ -11,6 +11,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.db.schema import definitions
+from abada_engine.ids import new_id
 
 from .hand_written import typed
 
@@ -59,7 +60,7 @@ async def insert_version(
         await conn.execute(
             insert(definitions)
             .values(
-                id=uuid.uuid4(),
+                id=new_id(),
                 process_id=process_id,
                 version=version,
                 content_sha256=content_sha256,

@@ -11,6 +11,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.db.schema import incidents, instances
+from abada_engine.ids import new_id
 
 from .hand_written import typed
 from .states import IncidentState, is_
@@ -48,7 +49,7 @@ async def raise_incident(
     details: dict[str, Any] | None = None,
     task_id: uuid.UUID | None = None,
 ) -> uuid.UUID:
-    incident_id = uuid.uuid4()
+    incident_id = new_id()
     await conn.execute(
         insert(incidents).values(
             id=incident_id,
