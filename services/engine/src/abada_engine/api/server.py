@@ -56,6 +56,7 @@ from .external_task_handler import ExternalTaskHandler
 from .guard import Guard
 from .incident_handler import IncidentHandler
 from .lease_handler import LeaseHandler
+from .paging import PageTokens
 from .process_handler import ProcessHandler
 from .queue_handler import QueueHandler
 
@@ -99,6 +100,8 @@ class EngineCore:
     dependencies: Dependencies
     probe_rounds: Periodic
     outage_budget_rounds: Periodic
+    # Signs the lists' page tokens (a key derived from the idempotency secret every replica shares).
+    page_tokens: PageTokens
 
     @staticmethod
     async def open(
@@ -189,6 +192,7 @@ class EngineCore:
             dependencies=dependencies,
             probe_rounds=probe_rounds,
             outage_budget_rounds=outage_budget_rounds,
+            page_tokens=PageTokens.derived_from(idempotency.secret),
         )
 
     async def close(self) -> None:
@@ -235,8 +239,14 @@ async def start_grpc_server(
     server = grpc.aio.server(options=options)
     # Each servicer with its registration function; the pairs differ in type, so they are Any here.
     handlers: tuple[tuple[Callable[[Any, grpc.aio.Server], None], Any], ...] = (
-        (definition_pb2_grpc.add_DefinitionServiceServicer_to_server, DefinitionHandler(core.catalog)),
-        (process_pb2_grpc.add_ProcessServiceServicer_to_server, ProcessHandler(core.instances)),
+        (
+            definition_pb2_grpc.add_DefinitionServiceServicer_to_server,
+            DefinitionHandler(core.catalog, core.page_tokens),
+        ),
+        (
+            process_pb2_grpc.add_ProcessServiceServicer_to_server,
+            ProcessHandler(core.instances, core.page_tokens),
+        ),
         (
             external_task_pb2_grpc.add_ExternalTaskServiceServicer_to_server,
             ExternalTaskHandler(
@@ -244,10 +254,19 @@ async def start_grpc_server(
             ),
         ),
         (dependency_pb2_grpc.add_DependencyServiceServicer_to_server, DependencyHandler(core.dependencies)),
-        (approval_pb2_grpc.add_ApprovalServiceServicer_to_server, ApprovalHandler(core.approvals)),
-        (incident_pb2_grpc.add_IncidentServiceServicer_to_server, IncidentHandler(core.incidents)),
+        (
+            approval_pb2_grpc.add_ApprovalServiceServicer_to_server,
+            ApprovalHandler(core.approvals, core.page_tokens),
+        ),
+        (
+            incident_pb2_grpc.add_IncidentServiceServicer_to_server,
+            IncidentHandler(core.incidents, core.page_tokens),
+        ),
         (lease_pb2_grpc.add_LeaseServiceServicer_to_server, LeaseHandler(core.leases)),
-        (queue_pb2_grpc.add_QueueServiceServicer_to_server, QueueHandler(QueueStats(core.db))),
+        (
+            queue_pb2_grpc.add_QueueServiceServicer_to_server,
+            QueueHandler(QueueStats(core.db), core.page_tokens),
+        ),
     )
     for add, handler in handlers:
         # Health and reflection stay open: probes carry no credentials.

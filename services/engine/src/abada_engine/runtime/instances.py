@@ -121,11 +121,21 @@ class Instances:
         return _view(rows[0])
 
     async def list(
-        self, process_id: str = "", state: str = "", limit: int = 100, offset: int = 0
+        self,
+        process_id: str = "",
+        state: str = "",
+        business_key: str = "",
+        limit: int = 100,
+        after_key: tuple[datetime, uuid.UUID] | None = None,
     ) -> list[InstanceView]:
         async with self._reads.connect() as conn:
             rows = await instance_store.listed(
-                conn, process_id=process_id, state=state, limit=limit, offset=offset
+                conn,
+                process_id=process_id,
+                state=state,
+                business_key=business_key,
+                limit=limit,
+                after_key=after_key,
             )
         return [_view(r) for r in rows]
 
@@ -142,9 +152,14 @@ class Instances:
             await cancel_instance(conn, instance_id, reason)
         return await self.get(instance_id)
 
-    async def user_tasks(self, instance_id: uuid.UUID | None) -> builtins.list[UserTaskView]:
+    async def user_tasks(
+        self,
+        instance_id: uuid.UUID | None,
+        limit: int = 1000,
+        after_key: tuple[datetime, uuid.UUID] | None = None,
+    ) -> builtins.list[UserTaskView]:
         async with self._reads.connect() as conn:
-            rows = await task_store.waiting_user_tasks(conn, instance_id)
+            rows = await task_store.waiting_user_tasks(conn, instance_id, limit, after_key)
         return [
             UserTaskView(r.id, r.instance_id, r.node_id, r.process_id, r.payload, r.created_at) for r in rows
         ]

@@ -92,10 +92,18 @@ async def by_version(conn: AsyncConnection, process_id: str, version: int) -> De
 
 
 async def listed(
-    conn: AsyncConnection, process_id: str = "", limit: int = 100, offset: int = 0
+    conn: AsyncConnection, process_id: str = "", limit: int = 100, after_key: tuple[str, int] | None = None
 ) -> list[DefinitionRow]:
+    """Definitions by process id, newest version first, after `after_key` (process_id, version): the
+    unique index on (process_id, version) yields them in this order."""
     query = select(definitions).order_by(definitions.c.process_id, definitions.c.version.desc())
     if process_id:
         query = query.where(definitions.c.process_id == process_id)
-    rows = (await conn.execute(query.limit(limit).offset(offset))).all()
+    if after_key is not None:
+        after_process, after_version = after_key
+        query = query.where(
+            (definitions.c.process_id > after_process)
+            | ((definitions.c.process_id == after_process) & (definitions.c.version < after_version))
+        )
+    rows = (await conn.execute(query.limit(limit))).all()
     return [typed(DefinitionRow, row._mapping) for row in rows]
