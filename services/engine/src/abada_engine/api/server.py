@@ -43,6 +43,7 @@ from abada_engine.runtime.instances import Instances
 from abada_engine.runtime.journal import UNKEYED_WRITE_GRACE_SECONDS, Journal, JournalResolutions, Takeover
 from abada_engine.runtime.leases import TAKEOVER_GRACE_SECONDS, Leases
 from abada_engine.runtime.queue_stats import QueueStats
+from abada_engine.runtime.queue_upkeep import QueueUpkeep
 from abada_engine.runtime.reaper import Periodic
 from abada_engine.runtime.views import IncidentView
 from abada_engine.runtime.wakeups import TaskWakeups
@@ -100,6 +101,8 @@ class EngineCore:
     dependencies: Dependencies
     probe_rounds: Periodic
     outage_budget_rounds: Periodic
+    # Vacuums the queue's hot tables past a fixed number of dead rows (runtime/queue_upkeep.py).
+    queue_upkeep: Periodic
     # Signs the lists' page tokens (a key derived from the idempotency secret every replica shares).
     page_tokens: PageTokens
 
@@ -116,6 +119,7 @@ class EngineCore:
         unkeyed_write_grace_seconds: float = UNKEYED_WRITE_GRACE_SECONDS,
         takeover_grace_seconds: float = TAKEOVER_GRACE_SECONDS,
         probe_round_seconds: float = 0.5,
+        queue_upkeep_seconds: float = 10.0,
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
         handed_out = HandedOut()
@@ -170,6 +174,8 @@ class EngineCore:
         probe_rounds.start()
         outage_budget_rounds = Periodic("outage budgets", dependencies.budget_round, reaper_interval_seconds)
         outage_budget_rounds.start()
+        queue_upkeep = Periodic("queue upkeep", QueueUpkeep(db).round, queue_upkeep_seconds)
+        queue_upkeep.start()
         database = DatabaseWatch(db, interval_seconds=database_check_seconds)
         database.subscribe(leases.database_changed)
         database.start()
@@ -192,10 +198,12 @@ class EngineCore:
             dependencies=dependencies,
             probe_rounds=probe_rounds,
             outage_budget_rounds=outage_budget_rounds,
+            queue_upkeep=queue_upkeep,
             page_tokens=PageTokens.derived_from(idempotency.secret),
         )
 
     async def close(self) -> None:
+        await self.queue_upkeep.stop()
         await self.outage_budget_rounds.stop()
         await self.probe_rounds.stop()
         await self.approval_reaper.stop()
