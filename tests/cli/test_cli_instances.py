@@ -186,3 +186,16 @@ async def test_show_of_a_malformed_id_is_invalid_input(engine):
     assert ran.exit_code == 2
     assert ran.stderr.startswith("error: ")
     assert "instance_id" in ran.stderr
+
+
+async def test_instances_all_ignores_the_limit_and_business_key_filters(engine):
+    await deploy(engine, NOTIFY)
+    for n in range(3):
+        await engine.processes.StartInstance(
+            process_pb2.StartInstanceRequest(process_id="instant", business_key=f"order-{n}")
+        )
+    everything = await abada(engine.address, "instances", "--all", "--limit", "1", "--json")
+    assert everything.exit_code == 0, everything.stderr
+    assert len(everything.json()["instances"]) == 3
+    keyed = await abada(engine.address, "instances", "--business-key", "order-1", "--json")
+    assert [i["businessKey"] for i in keyed.json()["instances"]] == ["order-1"]

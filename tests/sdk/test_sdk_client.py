@@ -165,3 +165,14 @@ async def test_the_sync_client_from_plain_code(engine, engine_tokens):
     # The test engine serves on this loop, so the blocking client runs in a thread, as user code would.
     instance_id, state, reason = await asyncio.to_thread(script)
     assert instance_id and state is InstanceState.CANCELED and reason == "NOT_FOUND"
+
+
+async def test_iterating_instances_follows_the_page_tokens(sdk_client):
+    await sdk_client.deploy(BUNDLE, source_name="review.yaml")
+    started = [(await sdk_client.start("review", {}, business_key=f"K-{n % 2}")).id for n in range(7)]
+
+    walked = [i.id async for i in sdk_client.iter_instances("review", page_size=2)]
+    assert walked == started[::-1], "every instance once, newest first, across four pages"
+    keyed = [i.id async for i in sdk_client.iter_instances(business_key="K-1", page_size=2)]
+    assert keyed == started[1::2][::-1]
+    assert [i.id for i in await sdk_client.list_instances("review", limit=3)] == started[::-1][:3]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
@@ -43,6 +43,8 @@ from .models import (
 Reply = TypeVar("Reply")
 # The engine caps a page at 500; full pages keep long listings to a few round trips.
 _PAGE_SIZE = 500
+# The largest page of the lists that returned everything before they paged (incidents, approvals, ...).
+_LONG_PAGE_SIZE = 1000
 _FIRST_POLL_SECONDS = 0.1
 _MAX_POLL_SECONDS = 1.0
 
@@ -149,20 +151,32 @@ class AsyncEngineClient:
             [Definition.from_proto(d) for d in reply.definitions], list(reply.created_process_ids)
         )
 
-    async def definitions(self, process_id: str = "") -> list[Definition]:
-        found: list[Definition] = []
-        page_token = ""
+    async def pages(
+        self,
+        method: Callable[[], grpc.aio.UnaryUnaryMultiCallable[Any, Any]],
+        request: Any,
+        field: str,
+        page_size: int = _PAGE_SIZE,
+    ) -> AsyncIterator[Any]:
+        """Every row of a list, page after page: `request` (a List...Request) is sent again with each
+        next_page_token until the engine says there is no more. The engine pages by each row's sort key,
+        so rows that arrive while this walks are never yielded twice."""
+        request.page_size = page_size
+        request.page_token = ""
         while True:
-            reply = await self.call(
-                lambda: self._definitions.ListDefinitions,
-                definition_pb2.ListDefinitionsRequest(
-                    process_id=process_id, page_size=_PAGE_SIZE, page_token=page_token
-                ),
-            )
-            found += [Definition.from_proto(d) for d in reply.definitions]
-            page_token = reply.next_page_token
-            if not page_token:
-                return found
+            reply = await self.call(method, request)
+            for row in getattr(reply, field):
+                yield row
+            if not reply.next_page_token:
+                return
+            request.page_token = reply.next_page_token
+
+    async def definitions(self, process_id: str = "") -> list[Definition]:
+        request = definition_pb2.ListDefinitionsRequest(process_id=process_id)
+        return [
+            Definition.from_proto(d)
+            async for d in self.pages(lambda: self._definitions.ListDefinitions, request, "definitions")
+        ]
 
     # Instances
 
@@ -226,25 +240,41 @@ class AsyncEngineClient:
         return [HistoryEvent.from_proto(e) for e in reply.events]
 
     async def list_instances(
-        self, process_id: str = "", state: InstanceState | None = None, limit: int = 100
+        self,
+        process_id: str = "",
+        state: InstanceState | None = None,
+        limit: int = 100,
+        *,
+        business_key: str = "",
     ) -> list[Instance]:
+        """The newest `limit` instances that match; `iter_instances` walks them all."""
         found: list[Instance] = []
-        page_token = ""
-        while len(found) < limit:
-            reply = await self.call(
-                lambda: self._processes.ListInstances,
-                process_pb2.ListInstancesRequest(
-                    process_id=process_id,
-                    state=state.to_proto() if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
-                    page_size=min(limit - len(found), _PAGE_SIZE),
-                    page_token=page_token,
-                ),
-            )
-            found += [Instance.from_proto(i) for i in reply.instances]
-            page_token = reply.next_page_token
-            if not page_token:
+        async for instance in self.iter_instances(
+            process_id, state, business_key=business_key, page_size=min(limit, _PAGE_SIZE)
+        ):
+            found.append(instance)
+            if len(found) == limit:
                 break
-        return found[:limit]
+        return found
+
+    async def iter_instances(
+        self,
+        process_id: str = "",
+        state: InstanceState | None = None,
+        *,
+        business_key: str = "",
+        page_size: int = _PAGE_SIZE,
+    ) -> AsyncIterator[Instance]:
+        """Every instance that matches, newest first, read page by page as the caller goes."""
+        request = process_pb2.ListInstancesRequest(
+            process_id=process_id,
+            state=state.to_proto() if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
+            business_key=business_key,
+        )
+        async for instance in self.pages(
+            lambda: self._processes.ListInstances, request, "instances", page_size
+        ):
+            yield Instance.from_proto(instance)
 
     async def cancel(self, instance_id: str, reason: str = "") -> Instance:
         reply = await self.call(
@@ -291,11 +321,13 @@ class AsyncEngineClient:
             states.append(incident_pb2.INCIDENT_STATE_RESOLVED)
         found: list[Incident] = []
         for state in states:
-            reply = await self.call(
-                lambda: self._incidents.ListIncidents,
-                incident_pb2.ListIncidentsRequest(instance_id=instance_id, state=state, type=type),
-            )
-            found += [Incident.from_proto(i) for i in reply.incidents]
+            request = incident_pb2.ListIncidentsRequest(instance_id=instance_id, state=state, type=type)
+            found += [
+                Incident.from_proto(i)
+                async for i in self.pages(
+                    lambda: self._incidents.ListIncidents, request, "incidents", _LONG_PAGE_SIZE
+                )
+            ]
         return sorted(found, key=lambda i: (i.created_at is None, i.created_at))
 
     async def resolve_incident(
@@ -315,10 +347,13 @@ class AsyncEngineClient:
         return Incident.from_proto(reply.incident)
 
     async def user_tasks(self, instance_id: str = "") -> list[UserTask]:
-        reply = await self.call(
-            lambda: self._processes.ListUserTasks, process_pb2.ListUserTasksRequest(instance_id=instance_id)
-        )
-        return [UserTask.from_proto(t) for t in reply.user_tasks]
+        request = process_pb2.ListUserTasksRequest(instance_id=instance_id)
+        return [
+            UserTask.from_proto(t)
+            async for t in self.pages(
+                lambda: self._processes.ListUserTasks, request, "user_tasks", _LONG_PAGE_SIZE
+            )
+        ]
 
     async def complete_user_task(
         self, user_task_id: str, variables: dict[str, Any] | None = None
@@ -340,13 +375,15 @@ class AsyncEngineClient:
         state: ApprovalState = ApprovalState.PENDING,
     ) -> list[Approval]:
         """Tool calls waiting for a decision (or, with `state`, decided ones), oldest first."""
-        reply = await self.call(
-            lambda: self._approvals.ListApprovals,
-            approval_pb2.ListApprovalsRequest(
-                process_id=process_id, business_key=business_key, tool_ref=tool_ref, state=state.to_proto()
-            ),
+        request = approval_pb2.ListApprovalsRequest(
+            process_id=process_id, business_key=business_key, tool_ref=tool_ref, state=state.to_proto()
         )
-        return [Approval.from_proto(a) for a in reply.approvals]
+        return [
+            Approval.from_proto(a)
+            async for a in self.pages(
+                lambda: self._approvals.ListApprovals, request, "approvals", _LONG_PAGE_SIZE
+            )
+        ]
 
     async def get_approval(self, approval_id: str) -> Approval:
         reply = await self.call(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime
+
 import grpc
 from abada.engine.v1 import approval_pb2, approval_pb2_grpc
 
@@ -12,6 +15,7 @@ from abada_engine.store.states import ApprovalState
 from .convert import from_struct, parse_uuid, timestamp, to_struct
 from .errors import translates_errors
 from .guard import Guard, current_caller
+from .paging import MAX_LISTED, PageTokens, listing
 
 _STATES = {
     ApprovalState.PENDING: approval_pb2.APPROVAL_STATE_PENDING,
@@ -56,15 +60,46 @@ class ApprovalHandler(approval_pb2_grpc.ApprovalServiceServicer):
     SERVICE = "abada.engine.v1.ApprovalService"
     guard: Guard | None = None
 
-    def __init__(self, approvals: Approvals) -> None:
+    def __init__(self, approvals: Approvals, page_tokens: PageTokens) -> None:
         self._approvals = approvals
+        self._pages = page_tokens
 
     async def ListApprovals(
         self, request: approval_pb2.ListApprovalsRequest, context: grpc.aio.ServicerContext
     ) -> approval_pb2.ListApprovalsResponse:
         state = _STATE_NAMES.get(request.state, ApprovalState.PENDING)
-        found = await self._approvals.list(request.process_id, request.business_key, request.tool_ref, state)
-        return approval_pb2.ListApprovalsResponse(approvals=[approval_message(a) for a in found])
+        page = self._pages.page(
+            request.page_size,
+            request.page_token,
+            listing(
+                "approvals",
+                process_id=request.process_id,
+                business_key=request.business_key,
+                tool_ref=request.tool_ref,
+                state=state,
+            ),
+            (datetime, uuid.UUID, int),
+            default_size=MAX_LISTED,
+            max_size=MAX_LISTED,
+        )
+        found = await self._approvals.list(
+            request.process_id,
+            request.business_key,
+            request.tool_ref,
+            state,
+            limit=page.size + 1,
+            after_key=page.after,
+        )
+        shown = found[: page.size]
+        last = (
+            (shown[-1].created_at, shown[-1].task_id, shown[-1].sequence)
+            if shown
+            else (datetime.min, uuid.UUID(int=0), 0)
+        )
+        return approval_pb2.ListApprovalsResponse(
+            approvals=[approval_message(a) for a in shown],
+            next_page_token=self._pages.next_token(page, len(found), last),
+        )
 
     async def GetApproval(
         self, request: approval_pb2.GetApprovalRequest, context: grpc.aio.ServicerContext

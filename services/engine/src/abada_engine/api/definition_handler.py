@@ -12,7 +12,7 @@ from . import messages
 from .convert import parse_uuid
 from .errors import translates_errors
 from .guard import Guard, current_caller
-from .paging import page
+from .paging import PageTokens, listing
 
 MAX_BUNDLE_BYTES = 4 * 1024 * 1024
 
@@ -22,8 +22,9 @@ class DefinitionHandler(definition_pb2_grpc.DefinitionServiceServicer):
     SERVICE = "abada.engine.v1.DefinitionService"
     guard: Guard | None = None
 
-    def __init__(self, catalog: DefinitionCatalog) -> None:
+    def __init__(self, catalog: DefinitionCatalog, page_tokens: PageTokens) -> None:
         self._catalog = catalog
+        self._pages = page_tokens
 
     async def Deploy(
         self, request: definition_pb2.DeployRequest, context: grpc.aio.ServicerContext
@@ -57,9 +58,16 @@ class DefinitionHandler(definition_pb2_grpc.DefinitionServiceServicer):
     async def ListDefinitions(
         self, request: definition_pb2.ListDefinitionsRequest, context: grpc.aio.ServicerContext
     ) -> definition_pb2.ListDefinitionsResponse:
-        window = page(request.page_size, request.page_token)
-        found = await self._catalog.list(request.process_id, limit=window.limit + 1, offset=window.offset)
+        page = self._pages.page(
+            request.page_size,
+            request.page_token,
+            listing("definitions", process_id=request.process_id),
+            (str, int),
+        )
+        found = await self._catalog.list(request.process_id, limit=page.size + 1, after_key=page.after)
+        shown = found[: page.size]
+        last = (shown[-1].process_id, shown[-1].version) if shown else ("", 0)
         return definition_pb2.ListDefinitionsResponse(
-            definitions=[messages.definition(d) for d in found[: window.limit]],
-            next_page_token=window.next_token(len(found)),
+            definitions=[messages.definition(d) for d in shown],
+            next_page_token=self._pages.next_token(page, len(found), last),
         )

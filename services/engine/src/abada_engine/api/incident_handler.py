@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime
+
 import grpc
 from abada.engine.v1 import incident_pb2, incident_pb2_grpc
 
@@ -13,6 +16,7 @@ from . import messages
 from .convert import from_struct, optional_uuid, parse_uuid
 from .errors import translates_errors
 from .guard import Guard
+from .paging import MAX_LISTED, PageTokens, listing
 
 _RESOLUTIONS = {
     incident_pb2.RESOLUTION_RETRY: "RETRY",
@@ -27,20 +31,43 @@ class IncidentHandler(incident_pb2_grpc.IncidentServiceServicer):
     SERVICE = "abada.engine.v1.IncidentService"
     guard: Guard | None = None
 
-    def __init__(self, incidents: Incidents) -> None:
+    def __init__(self, incidents: Incidents, page_tokens: PageTokens) -> None:
         self._incidents = incidents
+        self._pages = page_tokens
 
     async def ListIncidents(
         self, request: incident_pb2.ListIncidentsRequest, context: grpc.aio.ServicerContext
     ) -> incident_pb2.ListIncidentsResponse:
         state = messages.INCIDENT_STATE_NAMES.get(request.state, IncidentState.OPEN)
+        dependency = _dependency_filter(request)
+        page = self._pages.page(
+            request.page_size,
+            request.page_token,
+            listing(
+                "incidents",
+                instance_id=request.instance_id,
+                state=state,
+                type=request.type,
+                dependency=dependency,
+            ),
+            (datetime, uuid.UUID),
+            default_size=MAX_LISTED,
+            max_size=MAX_LISTED,
+        )
         found = await self._incidents.list(
             optional_uuid(request.instance_id, "instance_id"),
             state,
             request.type,
-            dependency=_dependency_filter(request),
+            dependency=dependency,
+            limit=page.size + 1,
+            after_key=page.after,
         )
-        return incident_pb2.ListIncidentsResponse(incidents=[messages.incident(i) for i in found])
+        shown = found[: page.size]
+        last = (shown[-1].created_at, shown[-1].id) if shown else (datetime.min, uuid.UUID(int=0))
+        return incident_pb2.ListIncidentsResponse(
+            incidents=[messages.incident(i) for i in shown],
+            next_page_token=self._pages.next_token(page, len(found), last),
+        )
 
     async def ResolveIncidents(
         self, request: incident_pb2.ResolveIncidentsRequest, context: grpc.aio.ServicerContext

@@ -1,38 +1,142 @@
-"""Page tokens: opaque to callers, an offset inside."""
+"""Page tokens: opaque to callers, the last row's sort key inside, signed by the engine.
+
+Every list pages by keyset: a token holds the sort key of the last row a page showed, and the next
+page starts after it. A page so costs the same at any depth, and rows that arrive while a caller
+walks the list never make it see a row twice. A token is bound to the listing and filters it was
+issued for, and signed with a key every replica derives from the shared idempotency secret, so a
+token that was altered, forged, or sent with other filters is refused with `PAGE_TOKEN_INVALID`.
+"""
 
 from __future__ import annotations
 
 import base64
+import binascii
+import hashlib
+import hmac
+import json
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from abada_engine.errors import invalid
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
+# Lists that returned everything before they paged keep that default, up to this many.
+MAX_LISTED = 1000
+
+# The ErrorInfo reason of a refused token (declared on the page_token fields in the protos).
+PAGE_TOKEN_INVALID = "PAGE_TOKEN_INVALID"
+
+# The types a sort key is made of, and how each travels in a token.
+KeyPart = datetime | uuid.UUID | str | int
+_DIGEST_BYTES = 16
 
 
 @dataclass(frozen=True)
-class Window:
-    limit: int
-    offset: int
+class Page:
+    """One page to read: its size, and the sort key of the row it starts after (None: the first)."""
 
-    def next_token(self, fetched: int) -> str:
-        """`fetched` counts rows read with limit + 1; one more than a page means there is a next one."""
-        if fetched <= self.limit:
-            return ""
-        return base64.urlsafe_b64encode(f"o:{self.offset + self.limit}".encode()).decode()
+    size: int
+    after: tuple[Any, ...] | None
+    listing: str
 
 
-def page(page_size: int, page_token: str) -> Window:
-    if page_size < 0 or page_size > MAX_PAGE_SIZE:
-        raise invalid("INVALID_ARGUMENT", "page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
-    offset = 0
-    if page_token:
+def _encode(part: KeyPart) -> str | int:
+    if isinstance(part, datetime):
+        return part.isoformat()
+    if isinstance(part, uuid.UUID):
+        return str(part)
+    return part
+
+
+def _decode(value: object, kind: type) -> KeyPart:
+    if kind is datetime and isinstance(value, str):
+        parsed = datetime.fromisoformat(value)
+        if parsed.tzinfo is None:
+            raise ValueError("a sort key's time carries its zone")
+        return parsed
+    if kind is uuid.UUID and isinstance(value, str):
+        return uuid.UUID(value)
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind is str and isinstance(value, str):
+        return value
+    raise ValueError(f"expected a {kind.__name__}")
+
+
+def listing(name: str, **filters: object) -> str:
+    """What a token is bound to: the list and every filter it was asked with."""
+    return json.dumps([name, sorted((k, str(v)) for k, v in filters.items())], separators=(",", ":"))
+
+
+class PageTokens:
+    """Issues and checks page tokens under one key."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    @classmethod
+    def derived_from(cls, secret: bytes) -> PageTokens:
+        """The page-token key, derived from a secret every replica shares (a token from one replica
+        is good on the others) and used for nothing else."""
+        return cls(hmac.new(secret, b"abada page tokens v1", hashlib.sha256).digest())
+
+    def _mac(self, listing_name: str, body: bytes) -> bytes:
+        return hmac.new(self._key, listing_name.encode() + b"\n" + body, hashlib.sha256).digest()[
+            :_DIGEST_BYTES
+        ]
+
+    def page(
+        self,
+        page_size: int,
+        page_token: str,
+        listing_name: str,
+        key_types: Sequence[type],
+        default_size: int = DEFAULT_PAGE_SIZE,
+        max_size: int = MAX_PAGE_SIZE,
+    ) -> Page:
+        """The page a request asks for; refuses a size out of range or a token this engine did not issue
+        for this listing with these filters."""
+        if page_size < 0 or page_size > max_size:
+            raise invalid("INVALID_ARGUMENT", "page_size", f"must be between 0 and {max_size}")
+        size = page_size or default_size
+        if not page_token:
+            return Page(size, None, listing_name)
         try:
-            kind, value = base64.urlsafe_b64decode(page_token.encode()).decode().split(":", 1)
-            offset = int(value)
-            if kind != "o" or offset < 0:
-                raise ValueError
-        except ValueError:
-            raise invalid("INVALID_ARGUMENT", "page_token", "is not a token this engine issued") from None
-    return Window(page_size or DEFAULT_PAGE_SIZE, offset)
+            encoded_body, encoded_mac = page_token.split(".", 1)
+            body = base64.urlsafe_b64decode(_padded(encoded_body))
+            mac = base64.urlsafe_b64decode(_padded(encoded_mac))
+            if not hmac.compare_digest(mac, self._mac(listing_name, body)):
+                raise ValueError("signature")
+            values = json.loads(body)
+            if not isinstance(values, list) or len(values) != len(key_types):
+                raise ValueError("shape")
+            after = tuple(_decode(value, kind) for value, kind in zip(values, key_types, strict=True))
+        except (ValueError, binascii.Error, UnicodeDecodeError):
+            raise invalid(
+                PAGE_TOKEN_INVALID,
+                "page_token",
+                "is not a token this engine issued for this list with these filters; "
+                "start again without a page_token",
+            ) from None
+        return Page(size, after, listing_name)
+
+    def next_token(self, page: Page, fetched: int, last_key: Sequence[KeyPart]) -> str:
+        """`fetched` counts rows read with a limit of size + 1: one more than a page means another page
+        follows, which starts after `last_key`, the sort key of the page's last row."""
+        if fetched <= page.size:
+            return ""
+        body = json.dumps([_encode(part) for part in last_key], separators=(",", ":")).encode()
+        mac = self._mac(page.listing, body)
+        return _unpadded(body) + "." + _unpadded(mac)
+
+
+def _unpadded(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _padded(text: str) -> bytes:
+    return (text + "=" * (-len(text) % 4)).encode()

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
 import grpc
 from abada.engine.v1 import process_pb2, process_pb2_grpc
 
@@ -12,7 +17,12 @@ from . import messages
 from .convert import from_struct, optional_uuid, parse_uuid, storable, storable_text
 from .errors import translates_errors
 from .guard import Guard
-from .paging import page
+from .paging import MAX_LISTED, PageTokens, listing
+
+
+def _key(shown: Sequence[Any]) -> tuple[datetime, uuid.UUID]:
+    """The sort key of a page's last row, where the next page starts (unused for an empty page)."""
+    return (shown[-1].created_at, shown[-1].id) if shown else (datetime.min, uuid.UUID(int=0))
 
 
 def _variables(struct: object, field: str) -> dict:
@@ -24,8 +34,9 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
     SERVICE = "abada.engine.v1.ProcessService"
     guard: Guard | None = None
 
-    def __init__(self, instances: Instances) -> None:
+    def __init__(self, instances: Instances, page_tokens: PageTokens) -> None:
         self._instances = instances
+        self._pages = page_tokens
 
     async def StartInstance(
         self, request: process_pb2.StartInstanceRequest, context: grpc.aio.ServicerContext
@@ -49,14 +60,22 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
     async def ListInstances(
         self, request: process_pb2.ListInstancesRequest, context: grpc.aio.ServicerContext
     ) -> process_pb2.ListInstancesResponse:
-        window = page(request.page_size, request.page_token)
         state = messages.INSTANCE_STATE_NAMES.get(request.state, "")
-        found = await self._instances.list(
-            request.process_id, state, limit=window.limit + 1, offset=window.offset
+        page = self._pages.page(
+            request.page_size,
+            request.page_token,
+            listing(
+                "instances", process_id=request.process_id, state=state, business_key=request.business_key
+            ),
+            (datetime, uuid.UUID),
         )
+        found = await self._instances.list(
+            request.process_id, state, request.business_key, limit=page.size + 1, after_key=page.after
+        )
+        shown = found[: page.size]
         return process_pb2.ListInstancesResponse(
-            instances=[messages.instance(i) for i in found[: window.limit]],
-            next_page_token=window.next_token(len(found)),
+            instances=[messages.instance(i) for i in shown],
+            next_page_token=self._pages.next_token(page, len(found), _key(shown)),
         )
 
     async def GetHistory(
@@ -76,8 +95,22 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
     async def ListUserTasks(
         self, request: process_pb2.ListUserTasksRequest, context: grpc.aio.ServicerContext
     ) -> process_pb2.ListUserTasksResponse:
-        found = await self._instances.user_tasks(optional_uuid(request.instance_id, "instance_id"))
-        return process_pb2.ListUserTasksResponse(user_tasks=[messages.user_task(t) for t in found])
+        page = self._pages.page(
+            request.page_size,
+            request.page_token,
+            listing("user_tasks", instance_id=request.instance_id),
+            (datetime, uuid.UUID),
+            default_size=MAX_LISTED,
+            max_size=MAX_LISTED,
+        )
+        found = await self._instances.user_tasks(
+            optional_uuid(request.instance_id, "instance_id"), page.size + 1, page.after
+        )
+        shown = found[: page.size]
+        return process_pb2.ListUserTasksResponse(
+            user_tasks=[messages.user_task(t) for t in shown],
+            next_page_token=self._pages.next_token(page, len(found), _key(shown)),
+        )
 
     async def CompleteUserTask(
         self, request: process_pb2.CompleteUserTaskRequest, context: grpc.aio.ServicerContext

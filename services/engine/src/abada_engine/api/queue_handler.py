@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime
+
 import grpc
 from abada.engine.v1 import queue_pb2, queue_pb2_grpc
 
 from abada_engine import metrics
-from abada_engine.errors import invalid
 from abada_engine.runtime.queue_stats import MAX_LISTED_TASKS, QueuedTask, QueueStats
 
 from .convert import optional_uuid, timestamp
 from .errors import translates_errors
 from .guard import Guard
+from .paging import PageTokens, listing
 
 _DEFAULT_PAGE = 100
 
@@ -40,20 +43,32 @@ class QueueHandler(queue_pb2_grpc.QueueServiceServicer):
     SERVICE = "abada.engine.v1.QueueService"
     guard: Guard | None = None
 
-    def __init__(self, stats: QueueStats) -> None:
+    def __init__(self, stats: QueueStats, page_tokens: PageTokens) -> None:
         self._stats = stats
+        self._pages = page_tokens
 
     async def ListTasks(
         self, request: queue_pb2.ListTasksRequest, context: grpc.aio.ServicerContext
     ) -> queue_pb2.ListTasksResponse:
-        if not 0 <= request.page_size <= MAX_LISTED_TASKS:
-            raise invalid("INVALID_ARGUMENT", "page_size", f"must be between 0 and {MAX_LISTED_TASKS}")
+        page = self._pages.page(
+            request.page_size,
+            request.page_token,
+            listing("tasks", topic_name=request.topic_name, instance_id=request.instance_id),
+            (datetime, uuid.UUID),
+            default_size=_DEFAULT_PAGE,
+            max_size=MAX_LISTED_TASKS,
+        )
         found = await self._stats.open_tasks(
             request.topic_name or None,
             optional_uuid(request.instance_id, "instance_id"),
-            request.page_size or _DEFAULT_PAGE,
+            page.size + 1,
+            page.after,
         )
-        return queue_pb2.ListTasksResponse(tasks=[_queued(t) for t in found])
+        shown = found[: page.size]
+        last = (shown[-1].row.created_at, shown[-1].row.id) if shown else (datetime.min, uuid.UUID(int=0))
+        return queue_pb2.ListTasksResponse(
+            tasks=[_queued(t) for t in shown], next_page_token=self._pages.next_token(page, len(found), last)
+        )
 
     async def ListTopics(
         self, request: queue_pb2.ListTopicsRequest, context: grpc.aio.ServicerContext

@@ -44,6 +44,7 @@ from abada_engine.runtime.instances import Instances
 from abada_engine.runtime.journal import UNKEYED_WRITE_GRACE_SECONDS, Journal, JournalResolutions, Takeover
 from abada_engine.runtime.leases import TAKEOVER_GRACE_SECONDS, Leases
 from abada_engine.runtime.queue_stats import QueueStats
+from abada_engine.runtime.queue_upkeep import QueueUpkeep
 from abada_engine.runtime.reaper import Periodic
 from abada_engine.runtime.views import IncidentView
 from abada_engine.runtime.wakeups import TaskWakeups
@@ -57,6 +58,7 @@ from .external_task_handler import ExternalTaskHandler
 from .guard import Guard
 from .incident_handler import IncidentHandler
 from .lease_handler import LeaseHandler
+from .paging import PageTokens
 from .process_handler import ProcessHandler
 from .queue_handler import QueueHandler
 
@@ -100,6 +102,10 @@ class EngineCore:
     dependencies: Dependencies
     probe_rounds: Periodic
     outage_budget_rounds: Periodic
+    # Vacuums the queue's hot tables past a fixed number of dead rows (runtime/queue_upkeep.py).
+    queue_upkeep: Periodic
+    # Signs the lists' page tokens (a key derived from the idempotency secret every replica shares).
+    page_tokens: PageTokens
 
     @staticmethod
     async def open(
@@ -114,6 +120,7 @@ class EngineCore:
         unkeyed_write_grace_seconds: float = UNKEYED_WRITE_GRACE_SECONDS,
         takeover_grace_seconds: float = TAKEOVER_GRACE_SECONDS,
         probe_round_seconds: float = 0.5,
+        queue_upkeep_seconds: float = 10.0,
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
         handed_out = HandedOut()
@@ -168,6 +175,8 @@ class EngineCore:
         probe_rounds.start()
         outage_budget_rounds = Periodic("outage budgets", dependencies.budget_round, reaper_interval_seconds)
         outage_budget_rounds.start()
+        queue_upkeep = Periodic("queue upkeep", QueueUpkeep(db).round, queue_upkeep_seconds)
+        queue_upkeep.start()
         database = DatabaseWatch(db, interval_seconds=database_check_seconds)
         database.subscribe(leases.database_changed)
         database.start()
@@ -190,9 +199,12 @@ class EngineCore:
             dependencies=dependencies,
             probe_rounds=probe_rounds,
             outage_budget_rounds=outage_budget_rounds,
+            queue_upkeep=queue_upkeep,
+            page_tokens=PageTokens.derived_from(idempotency.secret),
         )
 
     async def close(self) -> None:
+        await self.queue_upkeep.stop()
         await self.outage_budget_rounds.stop()
         await self.probe_rounds.stop()
         await self.approval_reaper.stop()
@@ -236,8 +248,14 @@ async def start_grpc_server(
     server = grpc.aio.server(options=options)
     # Each servicer with its registration function; the pairs differ in type, so they are Any here.
     handlers: tuple[tuple[Callable[[Any, grpc.aio.Server], None], Any], ...] = (
-        (definition_pb2_grpc.add_DefinitionServiceServicer_to_server, DefinitionHandler(core.catalog)),
-        (process_pb2_grpc.add_ProcessServiceServicer_to_server, ProcessHandler(core.instances)),
+        (
+            definition_pb2_grpc.add_DefinitionServiceServicer_to_server,
+            DefinitionHandler(core.catalog, core.page_tokens),
+        ),
+        (
+            process_pb2_grpc.add_ProcessServiceServicer_to_server,
+            ProcessHandler(core.instances, core.page_tokens),
+        ),
         (
             external_task_pb2_grpc.add_ExternalTaskServiceServicer_to_server,
             ExternalTaskHandler(
@@ -245,10 +263,19 @@ async def start_grpc_server(
             ),
         ),
         (dependency_pb2_grpc.add_DependencyServiceServicer_to_server, DependencyHandler(core.dependencies)),
-        (approval_pb2_grpc.add_ApprovalServiceServicer_to_server, ApprovalHandler(core.approvals)),
-        (incident_pb2_grpc.add_IncidentServiceServicer_to_server, IncidentHandler(core.incidents)),
+        (
+            approval_pb2_grpc.add_ApprovalServiceServicer_to_server,
+            ApprovalHandler(core.approvals, core.page_tokens),
+        ),
+        (
+            incident_pb2_grpc.add_IncidentServiceServicer_to_server,
+            IncidentHandler(core.incidents, core.page_tokens),
+        ),
         (lease_pb2_grpc.add_LeaseServiceServicer_to_server, LeaseHandler(core.leases)),
-        (queue_pb2_grpc.add_QueueServiceServicer_to_server, QueueHandler(QueueStats(core.db))),
+        (
+            queue_pb2_grpc.add_QueueServiceServicer_to_server,
+            QueueHandler(QueueStats(core.db), core.page_tokens),
+        ),
     )
     for add, handler in handlers:
         # Health and reflection stay open: probes carry no credentials.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -36,10 +37,13 @@ from .errors import FAILURE, CliError, invalid_input
 from .global_options import hoist
 from .inputs import json_object, variables
 from .output import OutputFormat, data_of, emit
+from .paging import follow
 from .render import compact_json, message_dict
 
 # The engine caps a page at 500; asking for full pages keeps long listings to a few round trips.
 _MAX_PAGE_SIZE = 500
+# The largest page of the lists that returned everything before they paged (incidents, approvals, ...).
+_MAX_LISTED = 1000
 
 
 # How often `start --wait` and `show --follow` ask the engine again.
@@ -217,19 +221,14 @@ def definitions(
 ) -> None:
     """List definition versions, newest first."""
     client = _client(ctx)
-    found: list[definition_pb2.Definition] = []
-    page_token = ""
-    while True:
-        response = client.call(
+    found, _ = follow(
+        lambda size, token: client.call(
             client.definitions.ListDefinitions,
-            definition_pb2.ListDefinitionsRequest(
-                process_id=process or "", page_size=_MAX_PAGE_SIZE, page_token=page_token
-            ),
-        )
-        found.extend(response.definitions)
-        page_token = response.next_page_token
-        if not page_token:
-            break
+            definition_pb2.ListDefinitionsRequest(process_id=process or "", page_size=size, page_token=token),
+        ),
+        lambda response: response.definitions,
+        _MAX_PAGE_SIZE,
+    )
     listed = definition_pb2.ListDefinitionsResponse(definitions=found)
     _emit(ctx, listed, views.definitions_table(found) if found else "no definitions")
 
@@ -325,29 +324,30 @@ def instances(
     process: Annotated[str | None, typer.Option(help="Only instances of this process.")] = None,
     state: Annotated[InstanceStateChoice | None, typer.Option(help="Only instances in this state.")] = None,
     limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 100,
+    business_key: Annotated[str | None, typer.Option(help="Only instances with this business key.")] = None,
+    show_all: Annotated[bool, typer.Option("--all", help="Every instance, whatever --limit says.")] = False,
 ) -> None:
-    """List instances, following the engine's pages up to --limit."""
+    """List instances, newest first, following the engine's pages up to --limit (or --all)."""
     client = _client(ctx)
-    found: list[process_pb2.Instance] = []
-    page_token = ""
-    while len(found) < limit:
-        response = client.call(
+    found, page_token = follow(
+        lambda size, token: client.call(
             client.processes.ListInstances,
             process_pb2.ListInstancesRequest(
                 process_id=process or "",
                 state=_INSTANCE_STATES[state] if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
-                page_size=min(limit - len(found), _MAX_PAGE_SIZE),
-                page_token=page_token,
+                business_key=business_key or "",
+                page_size=size,
+                page_token=token,
             ),
-        )
-        found.extend(response.instances)
-        page_token = response.next_page_token
-        if not page_token:
-            break
-    listed = process_pb2.ListInstancesResponse(instances=found[:limit], next_page_token=page_token)
-    _emit(ctx, listed, views.instances_table(found[:limit]) if found else "no instances")
+        ),
+        lambda response: response.instances,
+        _MAX_PAGE_SIZE,
+        None if show_all else limit,
+    )
+    listed = process_pb2.ListInstancesResponse(instances=found, next_page_token=page_token)
+    _emit(ctx, listed, views.instances_table(found) if found else "no instances")
     if page_token and _for_people(ctx):
-        typer.echo(f"(showing the first {limit}; raise --limit to see more)", err=True)
+        typer.echo(f"(showing the first {limit}; raise --limit, or --all, to see more)", err=True)
 
 
 @app.command()
@@ -438,14 +438,23 @@ def incidents(
         else (incident_pb2.INCIDENT_STATE_OPEN,)
     )
     found: list[incident_pb2.Incident] = []
-    for state in states:
-        response = client.call(
+
+    def page_of(state: Any, size: int, token: str) -> Any:
+        return client.call(
             client.incidents.ListIncidents,
             incident_pb2.ListIncidentsRequest(
-                instance_id=instance or "", state=state, type=incident_type or "", dependency=held_by
+                instance_id=instance or "",
+                state=state,
+                type=incident_type or "",
+                dependency=held_by,
+                page_size=size,
+                page_token=token,
             ),
         )
-        found.extend(response.incidents)
+
+    for state in states:
+        shown, _ = follow(functools.partial(page_of, state), lambda response: response.incidents, _MAX_LISTED)
+        found += shown
     found.sort(key=lambda i: (i.create_time.seconds, i.create_time.nanos))
     listed = incident_pb2.ListIncidentsResponse(incidents=found)
     _emit(ctx, listed, views.incidents_table(found, with_state=show_all) if found else "no incidents")
@@ -604,9 +613,15 @@ def user_tasks(
 ) -> None:
     """List the user tasks waiting for a person."""
     client = _client(ctx)
-    response = client.call(
-        client.processes.ListUserTasks, process_pb2.ListUserTasksRequest(instance_id=instance or "")
+    found, _ = follow(
+        lambda size, token: client.call(
+            client.processes.ListUserTasks,
+            process_pb2.ListUserTasksRequest(instance_id=instance or "", page_size=size, page_token=token),
+        ),
+        lambda response: response.user_tasks,
+        _MAX_LISTED,
     )
+    response = process_pb2.ListUserTasksResponse(user_tasks=found)
     _emit(
         ctx,
         response,
@@ -648,14 +663,23 @@ def tasks(
     ctx: typer.Context,
     topic: Annotated[str | None, typer.Option(help="Only tasks of this topic.")] = None,
     instance: Annotated[str | None, typer.Option(help="Only tasks of this instance.")] = None,
-    limit: Annotated[int, typer.Option(min=1, max=1000, help="Show at most this many.")] = 100,
+    limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 100,
+    show_all: Annotated[bool, typer.Option("--all", help="Every open task, whatever --limit says.")] = False,
 ) -> None:
-    """List open external tasks: state, attempt, the worker holding it, age."""
+    """List open external tasks, oldest first: state, attempt, the worker holding it, age."""
     client = _client(ctx)
-    response = client.call(
-        client.queue.ListTasks,
-        queue_pb2.ListTasksRequest(topic_name=topic or "", instance_id=instance or "", page_size=limit),
+    found, page_token = follow(
+        lambda size, token: client.call(
+            client.queue.ListTasks,
+            queue_pb2.ListTasksRequest(
+                topic_name=topic or "", instance_id=instance or "", page_size=size, page_token=token
+            ),
+        ),
+        lambda response: response.tasks,
+        _MAX_LISTED,
+        None if show_all else limit,
     )
+    response = queue_pb2.ListTasksResponse(tasks=found, next_page_token=page_token)
     _emit(ctx, response, views.queued_tasks_table(response.tasks) if response.tasks else "no open tasks")
 
 
@@ -693,16 +717,22 @@ def approvals(
 ) -> None:
     """List tool calls waiting for a person's approval (or, with --state, decided ones)."""
     client = _client(ctx)
-    response = client.call(
-        client.approvals.ListApprovals,
-        approval_pb2.ListApprovalsRequest(
-            process_id=process or "",
-            business_key=business_key or "",
-            tool_ref=tool or "",
-            state=f"APPROVAL_STATE_{state.value.upper()}",
+    found, _ = follow(
+        lambda size, token: client.call(
+            client.approvals.ListApprovals,
+            approval_pb2.ListApprovalsRequest(
+                process_id=process or "",
+                business_key=business_key or "",
+                tool_ref=tool or "",
+                state=f"APPROVAL_STATE_{state.value.upper()}",
+                page_size=size,
+                page_token=token,
+            ),
         ),
+        lambda response: response.approvals,
+        _MAX_LISTED,
     )
-    found = list(response.approvals)
+    response = approval_pb2.ListApprovalsResponse(approvals=found)
     _emit(ctx, response, views.approvals_list(found) if found else f"no {state.value} approvals")
 
 

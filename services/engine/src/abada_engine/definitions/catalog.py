@@ -208,9 +208,11 @@ class DefinitionCatalog:
             self._by_version[(process_id, version)] = definition.id
         return definition
 
-    async def list(self, process_id: str = "", limit: int = 100, offset: int = 0) -> list[Definition]:
+    async def list(
+        self, process_id: str = "", limit: int = 100, after_key: tuple[str, int] | None = None
+    ) -> list[Definition]:
         async with self._reads.connect() as conn:
-            rows = await definition_store.listed(conn, process_id, limit, offset)
+            rows = await definition_store.listed(conn, process_id, limit, after_key)
         return [self._from_row(r) for r in rows]
 
     def _from_row(self, row: DefinitionRow) -> Definition:

@@ -146,10 +146,18 @@ class Approvals:
         business_key: str = "",
         tool_ref: str = "",
         state: str = ApprovalState.PENDING,
+        limit: int = 1000,
+        after_key: tuple[datetime, uuid.UUID, int] | None = None,
     ) -> list[ApprovalView]:
         async with self._reads.connect() as conn:
             rows = await approval_store.listed(
-                conn, process_id=process_id, business_key=business_key, tool_ref=tool_ref, state=state
+                conn,
+                process_id=process_id,
+                business_key=business_key,
+                tool_ref=tool_ref,
+                state=state,
+                limit=limit,
+                after_key=after_key,
             )
         return [self._view(r) for r in rows]
 

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -85,10 +86,18 @@ class Incidents:
         state: str = IncidentState.OPEN,
         incident_type: str = "",
         dependency: str = "",
+        limit: int = 1000,
+        after_key: tuple[datetime, uuid.UUID] | None = None,
     ) -> list[IncidentView]:
         async with self._reads.connect() as conn:
             rows = await incident_store.listed(
-                conn, instance_id=instance_id, state=state, incident_type=incident_type, dependency=dependency
+                conn,
+                instance_id=instance_id,
+                state=state,
+                incident_type=incident_type,
+                dependency=dependency,
+                limit=limit,
+                after_key=after_key,
             )
         return [await self._opened(_view(r)) for r in rows]
 

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.ids import new_id
 from abada_engine.store import approvals as approval_store
 from abada_engine.store import history as history_store
 from abada_engine.store import incidents as incident_store
@@ -61,7 +62,7 @@ class Instances:
         # statement per start instead of a read and a write; on a miss, read it and write again.
         definition = await self._catalog.find_remembered(process_id, version)
         for _ in range(_STARTS_BEFORE_GIVING_UP):
-            instance_id = uuid.uuid4()
+            instance_id = new_id()
             started = HistoryEntry(
                 "INSTANCE_STARTED",
                 None,
@@ -120,11 +121,21 @@ class Instances:
         return _view(rows[0])
 
     async def list(
-        self, process_id: str = "", state: str = "", limit: int = 100, offset: int = 0
+        self,
+        process_id: str = "",
+        state: str = "",
+        business_key: str = "",
+        limit: int = 100,
+        after_key: tuple[datetime, uuid.UUID] | None = None,
     ) -> list[InstanceView]:
         async with self._reads.connect() as conn:
             rows = await instance_store.listed(
-                conn, process_id=process_id, state=state, limit=limit, offset=offset
+                conn,
+                process_id=process_id,
+                state=state,
+                business_key=business_key,
+                limit=limit,
+                after_key=after_key,
             )
         return [_view(r) for r in rows]
 
@@ -141,9 +152,14 @@ class Instances:
             await cancel_instance(conn, instance_id, reason)
         return await self.get(instance_id)
 
-    async def user_tasks(self, instance_id: uuid.UUID | None) -> builtins.list[UserTaskView]:
+    async def user_tasks(
+        self,
+        instance_id: uuid.UUID | None,
+        limit: int = 1000,
+        after_key: tuple[datetime, uuid.UUID] | None = None,
+    ) -> builtins.list[UserTaskView]:
         async with self._reads.connect() as conn:
-            rows = await task_store.waiting_user_tasks(conn, instance_id)
+            rows = await task_store.waiting_user_tasks(conn, instance_id, limit, after_key)
         return [
             UserTaskView(r.id, r.instance_id, r.node_id, r.process_id, r.payload, r.created_at) for r in rows
         ]

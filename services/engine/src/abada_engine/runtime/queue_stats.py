@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -123,11 +124,15 @@ class QueueStats:
         ]
 
     async def open_tasks(
-        self, topic: str | None = None, instance_id: uuid.UUID | None = None, limit: int = 100
+        self,
+        topic: str | None = None,
+        instance_id: uuid.UUID | None = None,
+        limit: int = 100,
+        after_key: tuple[datetime, uuid.UUID] | None = None,
     ) -> list[QueuedTask]:
         async with self._reads.connect() as conn:
             rows = await task_store.open_external_tasks(
-                conn, topic, instance_id, min(limit, MAX_LISTED_TASKS)
+                conn, topic, instance_id, min(limit, MAX_LISTED_TASKS + 1), after_key
             )
         return [QueuedTask(row) for row in rows]
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from abada_engine.ids import new_id
 from abada_engine.store import history as history_store
 from abada_engine.store.hand_written import Executor
 from abada_engine.store.history import HistoryRecord
@@ -98,7 +99,7 @@ def _token_move(
     new_task = None
     if advance.task is not None:
         task = advance.task
-        new_task = NewTask(uuid.uuid4(), task.node.id, task.kind, task.topic, task.payload, task.retries)
+        new_task = NewTask(new_id(), task.node.id, task.kind, task.topic, task.payload, task.retries)
         created = "USER_TASK_CREATED" if task.kind is TaskKind.USER else "TASK_CREATED"
         records.append(
             history_record(
@@ -109,7 +110,7 @@ def _token_move(
     if advance.incident is not None:
         incident = advance.incident
         new_incident = NewIncident(
-            uuid.uuid4(),
+            new_id(),
             incident.node_id,
             incident.type,
             incident.message,

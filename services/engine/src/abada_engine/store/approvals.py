@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.db.schema import approvals, instances, journal_steps
 
+from . import keyset
 from .hand_written import Executor, HandWritten, typed
 from .states import ApprovalState, StepKind, StepState, is_
 
@@ -270,8 +271,14 @@ async def listed(
     tool_ref: str = "",
     state: str = "",
     limit: int = 1000,
+    after_key: tuple[datetime, uuid.UUID, int] | None = None,
 ) -> list[ListedApproval]:
-    query = _listed_query().order_by(approvals.c.created_at, approvals.c.sequence)
+    """Approvals, oldest first (a task's calls in their order), after `after_key`, the last row of the
+    page before: (created_at, task_id, sequence)."""
+    order = (approvals.c.created_at, approvals.c.task_id, approvals.c.sequence)
+    query = _listed_query().order_by(*order)
+    if after_key is not None:
+        query = query.where(keyset.after(order, after_key))
     if approval_id is not None:
         query = query.where(approvals.c.id == approval_id)
     if process_id:

@@ -11,6 +11,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.db.schema import definitions
+from abada_engine.ids import new_id
 
 from .hand_written import typed
 
@@ -59,7 +60,7 @@ async def insert_version(
         await conn.execute(
             insert(definitions)
             .values(
-                id=uuid.uuid4(),
+                id=new_id(),
                 process_id=process_id,
                 version=version,
                 content_sha256=content_sha256,
@@ -91,10 +92,18 @@ async def by_version(conn: AsyncConnection, process_id: str, version: int) -> De
 
 
 async def listed(
-    conn: AsyncConnection, process_id: str = "", limit: int = 100, offset: int = 0
+    conn: AsyncConnection, process_id: str = "", limit: int = 100, after_key: tuple[str, int] | None = None
 ) -> list[DefinitionRow]:
+    """Definitions by process id, newest version first, after `after_key` (process_id, version): the
+    unique index on (process_id, version) yields them in this order."""
     query = select(definitions).order_by(definitions.c.process_id, definitions.c.version.desc())
     if process_id:
         query = query.where(definitions.c.process_id == process_id)
-    rows = (await conn.execute(query.limit(limit).offset(offset))).all()
+    if after_key is not None:
+        after_process, after_version = after_key
+        query = query.where(
+            (definitions.c.process_id > after_process)
+            | ((definitions.c.process_id == after_process) & (definitions.c.version < after_version))
+        )
+    rows = (await conn.execute(query.limit(limit))).all()
     return [typed(DefinitionRow, row._mapping) for row in rows]

@@ -11,7 +11,9 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.db.schema import incidents, instances
+from abada_engine.ids import new_id
 
+from . import keyset
 from .hand_written import typed
 from .states import IncidentState, is_
 
@@ -48,7 +50,7 @@ async def raise_incident(
     details: dict[str, Any] | None = None,
     task_id: uuid.UUID | None = None,
 ) -> uuid.UUID:
-    incident_id = uuid.uuid4()
+    incident_id = new_id()
     await conn.execute(
         insert(incidents).values(
             id=incident_id,
@@ -96,12 +98,17 @@ async def listed(
     incident_type: str = "",
     dependency: str = "",
     limit: int = 1000,
+    after_key: tuple[datetime, uuid.UUID] | None = None,
 ) -> list[ListedIncident]:
+    """Incidents, oldest first (by `created_at`, then id), after `after_key`, the last row of the page before."""
+    order = (incidents.c.created_at, incidents.c.id)
     query = (
         select(incidents, instances.c.process_id)
         .join(instances, instances.c.id == incidents.c.instance_id)
-        .order_by(incidents.c.created_at)
+        .order_by(*order)
     )
+    if after_key is not None:
+        query = query.where(keyset.after(order, after_key))
     if incident_id is not None:
         query = query.where(incidents.c.id == incident_id)
     if instance_id is not None:

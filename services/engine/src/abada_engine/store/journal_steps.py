@@ -121,12 +121,20 @@ APPEND_CONTEXT = HandWritten(
 # nobody has taken the task over (a fetch changes owner, token and attempt). Finishing a step needs no
 # more: a result that came back while the engine was out of reach is kept (runtime/leases.py says why).
 # Beginning one (an insert of a STARTED step) needs the lease to be live as well.
+# The task row is read by its primary key alone: with `state = 'LEASED'` beside the id, the planner
+# would rather scan the queue's smaller partial index `tasks_fetchable` and filter on the id, a cost
+# that follows the queue's open and dead entries. Reading the row first (a materialized CTE is planned
+# on its own) keeps it one primary-key lookup.
 _HELD_LEASE = f"""
-    SELECT 1 FROM tasks WHERE id = CAST(:task_id AS uuid) AND state = '{TaskState.LEASED}'
-      AND lease_owner = CAST(:worker_id AS text) AND lease_token_hash = CAST(:token_hash AS bytea)
-      AND attempt = CAST(:attempt AS integer)
+    WITH t AS MATERIALIZED (
+        SELECT state, lease_owner, lease_token_hash, attempt, lease_expires_at
+        FROM tasks WHERE id = CAST(:task_id AS uuid)
+    )
+    SELECT 1 FROM t WHERE t.state = '{TaskState.LEASED}'
+      AND t.lease_owner = CAST(:worker_id AS text) AND t.lease_token_hash = CAST(:token_hash AS bytea)
+      AND t.attempt = CAST(:attempt AS integer)
 """
-_LIVE_LEASE = _HELD_LEASE + " AND lease_expires_at > now()"
+_LIVE_LEASE = _HELD_LEASE + " AND t.lease_expires_at > now()"
 
 
 def _insert_step_sql(gate: str) -> str:

@@ -29,6 +29,8 @@ class TaskState(StrEnum):
 
 # The queue: the states a fetcher can take a task from (the partial index `tasks_fetchable` covers them).
 FETCHABLE = (TaskState.READY, TaskState.LEASED)
+# What the queue's listing shows of external tasks: the partial indexes `tasks_open_external*` cover them.
+OPEN_EXTERNAL_STATES = (TaskState.READY, TaskState.LEASED, TaskState.INCIDENT, TaskState.PARKED)
 # A task in one of these still belongs to a live instance: cancelling the instance cancels it.
 OPEN_TASK_STATES = (
     TaskState.READY,

@@ -14,9 +14,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.db.schema import instances, journal_steps, tasks
 
+from . import keyset
 from .hand_written import Executor, HandWritten, typed
 from .states import (
     FETCHABLE,
+    OPEN_EXTERNAL_STATES,
     OPEN_TASK_STATES,
     DependencyState,
     StepKind,
@@ -557,7 +559,15 @@ async def mark_user_task_completed(conn: AsyncConnection, task_id: uuid.UUID) ->
     )
 
 
-async def waiting_user_tasks(conn: AsyncConnection, instance_id: uuid.UUID | None) -> list[Any]:
+async def waiting_user_tasks(
+    conn: AsyncConnection,
+    instance_id: uuid.UUID | None,
+    limit: int = 1000,
+    after_key: tuple[datetime, uuid.UUID] | None = None,
+) -> list[Any]:
+    """User tasks waiting for a person, oldest first, after `after_key` (the partial index
+    `tasks_waiting_user` yields them in this order)."""
+    order = (tasks.c.created_at, tasks.c.id)
     query = (
         select(
             tasks.c.id,
@@ -568,11 +578,14 @@ async def waiting_user_tasks(conn: AsyncConnection, instance_id: uuid.UUID | Non
             instances.c.process_id,
         )
         .join(instances, instances.c.id == tasks.c.instance_id)
-        .where(tasks.c.kind == TaskKind.USER, tasks.c.state == TaskState.WAITING)
-        .order_by(tasks.c.created_at)
+        .where(is_(tasks.c.kind, TaskKind.USER), is_(tasks.c.state, TaskState.WAITING))
+        .order_by(*order)
+        .limit(limit)
     )
     if instance_id is not None:
         query = query.where(tasks.c.instance_id == instance_id)
+    if after_key is not None:
+        query = query.where(keyset.after(order, after_key))
     return list((await conn.execute(query)).all())
 
 
@@ -698,9 +711,15 @@ class QueuedTaskRow:
 
 
 async def open_external_tasks(
-    conn: AsyncConnection, topic: str | None, instance_id: uuid.UUID | None, limit: int
+    conn: AsyncConnection,
+    topic: str | None,
+    instance_id: uuid.UUID | None,
+    limit: int,
+    after_key: tuple[datetime, uuid.UUID] | None = None,
 ) -> list[QueuedTaskRow]:
-    """External tasks still ready, leased, parked for a dependency or held by an incident, oldest first."""
+    """External tasks still ready, leased, parked for a dependency or held by an incident, oldest first,
+    after `after_key` (the partial indexes `tasks_open_external*` yield them in this order)."""
+    order = (tasks.c.created_at, tasks.c.id)
     query = (
         select(
             tasks.c.id,
@@ -720,12 +739,14 @@ async def open_external_tasks(
         )
         .join(instances, instances.c.id == tasks.c.instance_id)
         .where(
-            tasks.c.kind == TaskKind.EXTERNAL,
-            one_of(tasks.c.state, (TaskState.READY, TaskState.LEASED, TaskState.INCIDENT, TaskState.PARKED)),
+            is_(tasks.c.kind, TaskKind.EXTERNAL),
+            one_of(tasks.c.state, OPEN_EXTERNAL_STATES),
         )
-        .order_by(tasks.c.created_at, tasks.c.id)
+        .order_by(*order)
         .limit(limit)
     )
+    if after_key is not None:
+        query = query.where(keyset.after(order, after_key))
     if topic is not None:
         query = query.where(tasks.c.topic == topic)
     if instance_id is not None:

@@ -1,0 +1,53 @@
+"""Keeping the queue lean: the hot tables are vacuumed after a fixed number of dead rows.
+
+Every lease and completion leaves a dead row version in `tasks` and a dead entry in its partial
+index `tasks_fetchable`, which every FetchAndLock reads past until a vacuum removes it. PostgreSQL's
+autovacuum waits for a fifth of a table to be dead by default (200,000 rows at a million tasks);
+migration 0008 sets a fixed threshold per hot table, but autovacuum may be switched off or slow to
+come round on a busy server. This round checks the dead rows itself and vacuums a hot table once it
+passes its threshold, one replica at a time, so the queue stays as small as its open tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from abada_engine.db.database import autocommit
+from abada_engine.store import upkeep as upkeep_store
+
+log = logging.getLogger(__name__)
+
+# Dead row versions after which a hot table is vacuumed (the same thresholds as migration 0008 gives
+# autovacuum): a few seconds of a busy queue's traffic.
+HOT_TABLE_THRESHOLDS: dict[str, int] = {
+    "tasks": 2000,
+    "model_quota_usage": 1000,
+    "model_quota_calls": 1000,
+    "model_quota_waiters": 1000,
+}
+
+
+class QueueUpkeep:
+    def __init__(self, db: AsyncEngine, thresholds: dict[str, int] | None = None) -> None:
+        self._db = autocommit(db)
+        self._thresholds = thresholds or HOT_TABLE_THRESHOLDS
+
+    async def round(self) -> int:
+        """Vacuums each hot table past its threshold; returns how many it vacuumed (0 while another
+        replica holds the upkeep)."""
+        async with self._db.connect() as conn:
+            if not await upkeep_store.try_lock(conn):
+                return 0
+            try:
+                dead = await upkeep_store.dead_rows(conn, list(self._thresholds))
+                vacuumed = 0
+                for table, count in dead.items():
+                    if count >= self._thresholds[table]:
+                        await upkeep_store.vacuum(conn, table)
+                        log.debug("vacuumed %s (%d dead rows)", table, count)
+                        vacuumed += 1
+                return vacuumed
+            finally:
+                await upkeep_store.unlock(conn)

@@ -1,0 +1,16 @@
+"""Keyset pages: a page starts after the last row of the one before, found by an index, never skipped to."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, literal, tuple_
+
+
+def after(columns: Sequence[Any], key: Sequence[Any], descending: bool = False) -> ColumnElement[bool]:
+    """Rows past `key` in the order of `columns` (all ascending, or all descending): a row comparison,
+    which PostgreSQL answers as one range of an index on those columns."""
+    row = tuple_(*columns)
+    bound = tuple_(*(literal(value, column.type) for value, column in zip(key, columns, strict=True)))
+    return row < bound if descending else row > bound

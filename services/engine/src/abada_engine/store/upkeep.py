@@ -1,0 +1,36 @@
+"""The queue's upkeep: how many dead row versions the hot tables hold, and vacuuming them."""
+
+from __future__ import annotations
+
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.types import Text
+
+# One replica at a time vacuums (a session advisory lock; the number is this engine's own).
+_UPKEEP_LOCK = 0x61626164_0001
+
+
+async def dead_rows(conn: AsyncConnection, tables: list[str]) -> dict[str, int]:
+    """Dead row versions per table, as PostgreSQL's statistics last counted them."""
+    rows = await conn.execute(
+        text(
+            "SELECT relname, n_dead_tup FROM pg_stat_user_tables "
+            "WHERE schemaname = current_schema() AND relname = ANY(:tables)"
+        ).bindparams(bindparam("tables", tables, ARRAY(Text)))
+    )
+    return {row.relname: int(row.n_dead_tup) for row in rows}
+
+
+async def try_lock(conn: AsyncConnection) -> bool:
+    return bool((await conn.execute(text(f"SELECT pg_try_advisory_lock({_UPKEEP_LOCK})"))).scalar())
+
+
+async def unlock(conn: AsyncConnection) -> None:
+    await conn.execute(text(f"SELECT pg_advisory_unlock({_UPKEEP_LOCK})"))
+
+
+async def vacuum(conn: AsyncConnection, table: str) -> None:
+    """VACUUM (ANALYZE) one of the engine's own tables (a name from its own list, never a caller's);
+    `conn` must be in autocommit: VACUUM runs outside any transaction."""
+    await conn.execute(text(f'VACUUM (ANALYZE) "{table}"'))
