@@ -32,6 +32,7 @@ from .client import (
     LazyEngine,
     read_token_file,
 )
+from .dev import dev
 from .errors import FAILURE, CliError, invalid_input
 from .global_options import hoist
 from .inputs import json_object, variables
@@ -174,6 +175,9 @@ def connect(
     lazy = LazyEngine(ConnectionSettings(engine, timeout, chosen_token, tls_ca, tls_cert, tls_key))
     ctx.obj = CliState(lazy, OutputFormat.json if as_json else output)
     ctx.call_on_close(lazy.close)
+
+
+app.command("dev")(dev)
 
 
 def _state(ctx: typer.Context) -> CliState:
