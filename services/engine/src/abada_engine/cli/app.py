@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import itertools
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -34,7 +35,8 @@ from .client import (
 )
 from .dev import dev
 from .errors import FAILURE, CliError, invalid_input
-from .global_options import hoist
+from .global_options import HELP_OPTIONS, hoist
+from .help_text import COMMON_EXIT_CODES, epilog
 from .inputs import json_object, variables
 from .output import OutputFormat, data_of, emit
 from .render import compact_json, message_dict
@@ -47,11 +49,24 @@ _MAX_PAGE_SIZE = 500
 _POLL_SECONDS = 0.5
 
 
+_HELP_ONLY = "abada.help_only"
+
+
 class _ReportingGroup(TyperGroup):
     """Global options anywhere on the line; every CliError becomes `error: ...` on stderr, never a traceback."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        return super().parse_args(ctx, hoist(self, ctx, args))
+        hoisted = hoist(self, ctx, args)
+        # A command's --help needs no connection: `connect` then reads no token file.
+        before_end = itertools.takewhile(lambda arg: arg != "--", hoisted)
+        ctx.meta[_HELP_ONLY] = any(arg in HELP_OPTIONS for arg in before_end)
+        return super().parse_args(ctx, hoisted)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and not command.epilog:
+            command.epilog = epilog(cmd_name)
+        return command
 
     def invoke(self, ctx: Any) -> Any:
         try:
@@ -69,6 +84,8 @@ app = typer.Typer(
     cls=_ReportingGroup,
     help="Operate an Abada engine: deploy definitions, start and inspect instances, decide incidents.",
     no_args_is_help=True,
+    context_settings={"help_option_names": list(HELP_OPTIONS)},
+    epilog=f"`abada COMMAND --help` (or -h) shows a command's own options and an example.\n\n{COMMON_EXIT_CODES}",
     pretty_exceptions_enable=False,
     add_completion=True,
 )
@@ -171,6 +188,8 @@ def connect(
     ] = False,
 ) -> None:
     """Options go before or after the command: `abada instances --token-file F` works too."""
+    if ctx.meta.get(_HELP_ONLY):
+        return
     chosen_token = _choose_token(ctx, token, token_file)
     lazy = LazyEngine(ConnectionSettings(engine, timeout, chosen_token, tls_ca, tls_cert, tls_key))
     ctx.obj = CliState(lazy, OutputFormat.json if as_json else output)

@@ -90,11 +90,7 @@ def dev(
     PostgreSQL is embedded (pgserver, in the state directory) unless ABADA_DATABASE_URL is set. The
     agent worker talks to a scripted Gemini endpoint unless GEMINI_API_KEY, OPENAI_API_KEY or
     ANTHROPIC_API_KEY is set. Writes STATE/env for `source`: the CLI, the SDK and abada-worker then
-    find this stack.
-
-    Example:  abada dev   then, in another terminal:   source .abada/dev/env && abada deploy examples/support-triage.yaml
-
-    Exit codes: 0 stopped by Ctrl-C; 1 a service could not start or stopped on its own.
+    find this stack: in another terminal, `source .abada/dev/env && abada deploy examples/support-triage.yaml`.
     """
     running = _running_pid(state)
     if running is not None:
