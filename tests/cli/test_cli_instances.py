@@ -103,6 +103,13 @@ async def test_bad_variables_are_refused_before_calling_the_engine(engine):
     not_object = await abada(engine.address, "start", "notify", "--vars-json", "[1, 2]")
     assert not_object.exit_code == 2
     assert "--vars-json: must be a JSON object" in not_object.stderr
+    # Starting with { or [ means JSON was meant: a slip is refused, not sent as a string.
+    for broken in ('order={"id": 5531,}', "items=[1, 2"):
+        slipped = await abada(engine.address, "start", "notify", "--var", broken)
+        assert slipped.exit_code == 2
+        key = broken.split("=")[0]
+        assert slipped.stderr.startswith(f"error: --var {key}: starts like a JSON "), slipped.stderr
+        assert "is not valid JSON" in slipped.stderr
     listed = await engine.processes.ListInstances(process_pb2.ListInstancesRequest())
     assert list(listed.instances) == []
 

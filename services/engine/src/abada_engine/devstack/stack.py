@@ -18,9 +18,9 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 from ..db.embedded import start_embedded_postgres
+from ..db.reachability import mask_password
 from .identities import WORKER_IDENTITY, DevIdentities, dev_identities
 from .processes import StartupFailed, free_port, launch, port_taken, stop_all, wait_for_grpc, wait_for_http
 
@@ -144,14 +144,6 @@ class RunningStack:
             if status is not None:
                 return name, status
         return None
-
-
-def mask_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _require_modules() -> None:

@@ -15,6 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
+from abada_engine.definitions.model import Process
+from abada_engine.definitions.schemas import input_problem
 from abada_engine.errors import Category, EngineError, invalid, not_found
 from abada_engine.store import approvals as approval_store
 from abada_engine.store import history as history_store
@@ -37,6 +39,18 @@ INSTANCE_STATES = tuple(InstanceState)
 MAX_VARIABLES_BYTES = 1_000_000
 # A start retried only because another replica deployed a newer version meanwhile.
 _STARTS_BEFORE_GIVING_UP = 3
+
+
+def _check_inputs(process: Process, version: int, variables: dict[str, Any]) -> None:
+    """The variables meet the process's declared `inputs:`, or nothing starts (INVALID_ARGUMENT)."""
+    if process.input_schema is None:
+        return
+    problem = input_problem(process.input_schema, variables)
+    if problem is None:
+        return
+    name, why = problem
+    field_name = f"variables.{name}" if name else "variables"
+    raise invalid("VARIABLES_INVALID", field_name, f"{why} ({process.id} v{version} declares its inputs)")
 
 
 class Instances:
@@ -68,6 +82,7 @@ class Instances:
                 {"definition_id": str(definition.id), "version": definition.version, "variables": variables},
             )
             process = definition.process
+            _check_inputs(process, definition.version, variables)
             moved = await run_cpu_work(
                 evaluates_conditions(process, process.start), advance, process, variables, process.start
             )
