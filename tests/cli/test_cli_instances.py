@@ -91,7 +91,7 @@ async def test_var_overrides_vars_json_and_version_is_pinned(engine):
     started = ran.json()["instance"]
     assert started["version"] == 1
     assert started["currentNodeId"] == "send"
-    assert started["state"] == "INSTANCE_STATE_ACTIVE"
+    assert started["state"] == "active"
     assert started["variables"] == {"customerId": "C-1", "priority": "high"}
 
 
@@ -183,7 +183,7 @@ async def test_show_json_holds_instance_and_history(engine):
     instance = await start(engine, "instant")
     shown = (await abada(engine.address, "show", instance.id, "--json")).json()
     assert shown["instance"]["id"] == instance.id
-    assert shown["instance"]["state"] == "INSTANCE_STATE_COMPLETED"
+    assert shown["instance"]["state"] == "completed"
     assert shown["events"][0]["type"] == "INSTANCE_STARTED"
     assert shown["events"][-1]["type"] == "INSTANCE_COMPLETED"
 

@@ -113,22 +113,26 @@ _INSTANCE_STATES = {
 }
 
 
-def _choose_token(ctx: typer.Context, token: str | None, token_file: Path | None) -> str | None:
+def _choose_token(ctx: typer.Context, token: str | None, token_file: Path | None) -> tuple[str | None, str]:
+    """The token to send and where it came from, said as the user would fix it."""
+    # Compared by name: newer typer vendors click, so its ParameterSource is not click's.
+    from_command_line = {
+        name
+        for name in ("token", "token_file")
+        if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
+    }
     if token and token_file:
         # A flag on the command line beats a variable left in the environment; two flags are a mistake.
-        # Compared by name: newer typer vendors click, so its ParameterSource is not click's.
-        from_command_line = {
-            name
-            for name in ("token", "token_file")
-            if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
-        }
         if from_command_line == {"token_file"}:
             token = None
         elif from_command_line != {"token"}:
             raise invalid_input("give a token or a token file, not both")
     if token:
-        return token.strip()
-    return read_token_file(token_file) if token_file else None
+        return token.strip(), "--token" if "token" in from_command_line else "ABADA_TOKEN"
+    if token_file:
+        named = "--token-file" if "token_file" in from_command_line else "ABADA_TOKEN_FILE"
+        return read_token_file(token_file), f"{named} {token_file}"
+    return None, ""
 
 
 @dataclass
@@ -190,8 +194,10 @@ def connect(
     """Options go before or after the command: `abada instances --token-file F` works too."""
     if ctx.meta.get(_HELP_ONLY):
         return
-    chosen_token = _choose_token(ctx, token, token_file)
-    lazy = LazyEngine(ConnectionSettings(engine, timeout, chosen_token, tls_ca, tls_cert, tls_key))
+    chosen_token, token_source = _choose_token(ctx, token, token_file)
+    lazy = LazyEngine(
+        ConnectionSettings(engine, timeout, chosen_token, tls_ca, tls_cert, tls_key, token_source)
+    )
     ctx.obj = CliState(lazy, OutputFormat.json if as_json else output)
     ctx.call_on_close(lazy.close)
 
