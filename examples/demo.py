@@ -15,25 +15,18 @@ and the ticket is opened as approved. Then it stops everything it started.
 from __future__ import annotations
 
 import argparse
-import base64
-import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import pathlib
-import secrets
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
-import yaml
 from abada.engine.v1 import (
     approval_pb2,
     approval_pb2_grpc,
@@ -46,127 +39,19 @@ from abada.engine.v1 import (
     process_pb2,
     process_pb2_grpc,
 )
-from crm_mcp.testing import running_crm_server
+from abada_engine.devstack.processes import StartupFailed
+from abada_engine.devstack.stack import PROVIDERS, DevPorts, ModelProvider, running_stack
 from google.protobuf import json_format, struct_pb2
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from scripted_gemini.testing import running_scripted_endpoint
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / "examples" / "support-triage.yaml"
 APPROVAL_BUNDLE = ROOT / "examples" / "support-triage-approval.yaml"
 BUNDLE_URL = "http://127.0.0.1:8765/mcp"
-WORKER_POOL = "demo-workers"
-NOTIFIER = "demo-notifier"
-NOTIFY_WORKER = ROOT / "examples" / "notify_worker.py"
 BUNDLE_MODEL = "model: gemini-3.6-flash"
-
-
-@dataclasses.dataclass(frozen=True)
-class DemoProvider:
-    name: str
-    model: str
-    key_variable: str
-    # The base URL the worker is given for the scripted endpoint at `url`.
-    scripted_base: str
-
-    def worker_env(self, scripted_url: str | None) -> dict[str, str]:
-        if scripted_url is None:
-            return {}  # the real service: the key is already in the environment
-        base = self.scripted_base.format(url=scripted_url)
-        return {f"ABADA_{self.name.upper()}_BASE_URL": base, self.key_variable: "offline-demo"}
-
-
-PROVIDERS = {
-    "gemini": DemoProvider("gemini", "gemini-3.6-flash", "GEMINI_API_KEY", "{url}"),
-    "openai": DemoProvider("openai", "gpt-5-mini", "OPENAI_API_KEY", "{url}/v1"),
-    "anthropic": DemoProvider("anthropic", "claude-sonnet-4-5", "ANTHROPIC_API_KEY", "{url}"),
-}
 
 
 def say(text: str = "") -> None:
     print(text, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def token_file(directory: pathlib.Path, name: str) -> tuple[str, pathlib.Path]:
-    token = secrets.token_urlsafe(24)
-    path = directory / f"{name}.token"
-    path.write_text(token + "\n")
-    path.chmod(0o600)
-    return token, path
-
-
-def digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-@contextlib.contextmanager
-def database(state: pathlib.Path) -> Iterator[str]:
-    configured = os.environ.get("ABADA_DATABASE_URL")
-    if configured:
-        say(f"PostgreSQL: ABADA_DATABASE_URL ({configured.split('@')[-1]})")
-        yield configured
-        return
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs complains about XDG_RUNTIME_DIR in containers
-        import pgserver
-
-    server = pgserver.get_server(str(state / "pgdata"), cleanup_mode="stop")
-    say("PostgreSQL: embedded (pgserver), just for this run")
-    try:
-        yield server.get_uri()
-    finally:
-        server.cleanup()
-
-
-@contextlib.contextmanager
-def service(
-    name: str, argv: list[str], env: dict[str, str], logs: pathlib.Path
-) -> Iterator[subprocess.Popen[bytes]]:
-    log = (logs / f"{name}.log").open("ab")
-    process = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=log, cwd=logs)
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        log.close()
-
-
-def wait_for_grpc(address: str, process: subprocess.Popen[bytes], name: str, logs: pathlib.Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{name} exited during start-up; see {logs / (name + '.log')}")
-        with contextlib.suppress(grpc.RpcError), grpc.insecure_channel(address) as channel:
-            answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-            if answer.status == health_pb2.HealthCheckResponse.SERVING:
-                return
-        time.sleep(0.2)
-    raise SystemExit(f"{name} did not become ready; see {logs / (name + '.log')}")
-
-
-def wait_for_http(url: str, process: subprocess.Popen[bytes], name: str, logs: pathlib.Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{name} exited during start-up; see {logs / (name + '.log')}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as response:
-            if response.status == 200:
-                return
-        time.sleep(0.2)
-    raise SystemExit(f"{name} did not become ready; see {logs / (name + '.log')}")
 
 
 def plain(message: struct_pb2.Struct) -> dict[str, Any]:
@@ -189,167 +74,54 @@ def summary(value: Any, width: int = 96) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def run(provider: DemoProvider) -> int:
+@dataclasses.dataclass(frozen=True)
+class DemoCrm:
+    url: str  # the MCP endpoint
+    token: str
+
+    def tickets(self) -> list[dict[str, Any]]:
+        """GET /tickets: every ticket the CRM holds, with the idempotency key it was created under."""
+        request = urllib.request.Request(
+            self.url.removesuffix("/mcp") + "/tickets", headers={"Authorization": f"Bearer {self.token}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            tickets: list[dict[str, Any]] = json.loads(response.read())
+            return tickets
+
+
+def run(provider: ModelProvider) -> int:
+    """The stack `abada dev` runs, in a temporary directory on free ports, then the scenario."""
     with tempfile.TemporaryDirectory(prefix="abada-demo-") as scratch:
-        state = pathlib.Path(scratch)
-        logs = state / "logs"
-        logs.mkdir()
-        tokens = state / "tokens"
-        tokens.mkdir()
-        operator, _ = token_file(tokens, "operator")
-        approver, approver_token_path = token_file(tokens, "approver")
-        worker, worker_token_path = token_file(tokens, "worker")
-        notifier, notifier_token_path = token_file(tokens, "notifier")
-        broker_to_engine, broker_token_path = token_file(tokens, "broker-to-engine")
-        engine_to_broker, engine_token_path = token_file(tokens, "engine-to-broker")
-        engine_callers = state / "engine-callers.yaml"
-        engine_callers.write_text(
-            yaml.safe_dump(
-                {
-                    "callers": [
-                        {
-                            "identity": "demo-operator",
-                            "roles": ["operator"],
-                            "token_sha256": digest(operator),
-                        },
-                        {
-                            "identity": "demo-approver",
-                            "roles": ["approver"],
-                            "token_sha256": digest(approver),
-                        },
-                        {
-                            "identity": WORKER_POOL,
-                            "roles": ["worker"],
-                            "topics": ["abada:agent"],
-                            "token_sha256": digest(worker),
-                        },
-                        {
-                            "identity": NOTIFIER,
-                            "roles": ["worker"],
-                            "topics": ["notify"],
-                            "token_sha256": digest(notifier),
-                        },
-                        {
-                            "identity": "abada-broker",
-                            "roles": ["broker"],
-                            "token_sha256": digest(broker_to_engine),
-                        },
-                    ]
-                }
-            )
-        )
-        broker_callers = state / "broker-callers.yaml"
-        broker_callers.write_text(
-            yaml.safe_dump(
-                {
-                    "callers": [
-                        {"identity": WORKER_POOL, "roles": ["worker"], "token_sha256": digest(worker)},
-                        {
-                            "identity": "abada-engine",
-                            "roles": ["engine"],
-                            "token_sha256": digest(engine_to_broker),
-                        },
-                    ]
-                }
-            )
-        )
-        crm_token = secrets.token_urlsafe(24)
-        secrets_file = state / "secrets.yaml"
-        secrets_file.write_text(yaml.safe_dump({"crm-token": crm_token}))
-        secrets_file.chmod(0o600)
-        engine_address = f"127.0.0.1:{free_port()}"
-        broker_address = f"127.0.0.1:{free_port()}"
-        health_port = free_port()
-        real_key = os.environ.get(provider.key_variable)
-
-        with contextlib.ExitStack() as stack:
-            url = stack.enter_context(database(state))
-            engine = stack.enter_context(
-                service(
-                    "engine",
-                    [sys.executable, "-m", "abada_engine.main", "serve"],
-                    {
-                        "ABADA_DATABASE_URL": url,
-                        "ABADA_GRPC_ADDRESS": engine_address,
-                        "ABADA_HTTP_ADDRESS": f"127.0.0.1:{free_port()}",
-                        "ABADA_AUTH_TOKENS_FILE": str(engine_callers),
-                        "ABADA_STATE_DIR": str(state / "engine"),
-                        "ABADA_BROKER_ADDRESS": broker_address,
-                        "ABADA_BROKER_TOKEN_FILE": str(engine_token_path),
-                        "ABADA_JOURNAL_KEYS": "demo:" + base64.b64encode(os.urandom(32)).decode(),
-                        "ABADA_IDEMPOTENCY_SECRET": secrets.token_urlsafe(32),
-                    },
-                    logs,
-                )
-            )
-            wait_for_grpc(engine_address, engine, "engine", logs)
-            say(f"engine:    {engine_address} (gRPC)")
-            broker = stack.enter_context(
-                service(
-                    "broker",
-                    [sys.executable, "-m", "abada_broker"],
-                    {
-                        "ABADA_BROKER_GRPC_ADDRESS": broker_address,
-                        "ABADA_ENGINE_ADDRESS": engine_address,
-                        "ABADA_ENGINE_TOKEN_FILE": str(broker_token_path),
-                        "ABADA_BROKER_AUTH_TOKENS_FILE": str(broker_callers),
-                        "ABADA_SECRET_BACKEND": "file",
-                        "ABADA_SECRETS_FILE": str(secrets_file),
-                    },
-                    logs,
-                )
-            )
-            wait_for_grpc(broker_address, broker, "broker", logs)
-            say(f"broker:    {broker_address} (file backend: crm-token)")
-            crm = stack.enter_context(running_crm_server(token=crm_token))
-            say(f"CRM MCP:   {crm.url}")
-            if real_key:
-                model_env = provider.worker_env(None)
-                say(f"model:     {provider.model} on {provider.name} itself ({provider.key_variable} is set)")
-            else:
-                model_url = stack.enter_context(running_scripted_endpoint(f"scripted_{provider.name}.server"))
-                model_env = provider.worker_env(model_url)
-                say(f"model:     {provider.model} on the scripted {provider.name} endpoint at {model_url}")
-            worker_process = stack.enter_context(
-                service(
-                    "worker",
-                    [sys.executable, "-m", "abada_worker.main"],
-                    {
-                        "ABADA_ENGINE_ADDRESS": engine_address,
-                        "ABADA_BROKER_ADDRESS": broker_address,
-                        "ABADA_WORKER_ID": f"{WORKER_POOL}/1",
-                        "ABADA_WORKER_TOKEN_FILE": str(worker_token_path),
-                        "ABADA_WORKER_HEALTH_ADDRESS": f"127.0.0.1:{health_port}",
-                        **model_env,
-                    },
-                    logs,
-                )
-            )
-            wait_for_http(f"http://127.0.0.1:{health_port}/healthz", worker_process, "worker", logs)
-            say(f"worker:    {WORKER_POOL}/1, topic abada:agent")
-            stack.enter_context(
-                service(
-                    "notify-worker",
-                    [sys.executable, str(NOTIFY_WORKER)],
-                    {
-                        "ABADA_ENGINE_ADDRESS": engine_address,
-                        "ABADA_WORKER_ID": f"{NOTIFIER}/1",
-                        "ABADA_TOKEN_FILE": str(notifier_token_path),
-                    },
-                    logs,
-                )
-            )
-            say(f"worker:    {NOTIFIER}/1, topic notify (examples/notify_worker.py, the Python SDK)")
-            say()
-            with grpc.insecure_channel(engine_address) as channel:
-                outcome = triage(channel, operator, crm, logs, provider)
-                if outcome != 0 or real_key or provider.name != "gemini":
-                    return outcome  # the approval part plays a scripted Gemini conversation
+        try:
+            with running_stack(pathlib.Path(scratch), DevPorts.any_free(), provider, say) as stack:
                 say()
-                return approved_triage(channel, operator, engine_address, approver_token_path, crm, logs)
+                operator = stack.identities.token(stack.identities.operator_token_file)
+                crm = DemoCrm(stack.crm_url, stack.identities.crm_token())
+                with grpc.insecure_channel(stack.engine_address) as channel:
+                    outcome = triage(channel, operator, crm, stack.logs, provider)
+                    if outcome == 0 and stack.model_url is not None and provider.name == "gemini":
+                        # the approval part plays a scripted Gemini conversation
+                        say()
+                        outcome = approved_triage(
+                            channel,
+                            operator,
+                            stack.engine_address,
+                            stack.identities.approver_token_file,
+                            crm,
+                            stack.logs,
+                        )
+        except StartupFailed as error:
+            raise SystemExit(str(error)) from None
+    if outcome == 0:
+        say(
+            "\nNext: `abada dev` runs this stack until Ctrl-C, keeping its data; try it yourself (README: The CLI)."
+        )
+    return outcome
 
 
-def triage(channel: grpc.Channel, operator: str, crm: Any, logs: pathlib.Path, provider: DemoProvider) -> int:
+def triage(
+    channel: grpc.Channel, operator: str, crm: Any, logs: pathlib.Path, provider: ModelProvider
+) -> int:
     auth = (("authorization", f"Bearer {operator}"),)
     definitions = definition_pb2_grpc.DefinitionServiceStub(channel)
     processes = process_pb2_grpc.ProcessServiceStub(channel)

@@ -64,7 +64,7 @@ async def test_approve_with_edited_args_then_reject_and_deciding_twice_is_refuse
     assert no_reason.exit_code != 0 and "--reason must say why" in no_reason.stderr
     rejected = await abada(engine.address, "reject", second, "--reason", "one ticket is enough", "--json")
     assert rejected.exit_code == 0, rejected.stderr
-    assert rejected.json()["approval"]["state"] == "APPROVAL_STATE_REJECTED"
+    assert rejected.json()["approval"]["state"] == "rejected"
 
     twice = await abada(engine.address, "approve", second)
     assert twice.exit_code != 0

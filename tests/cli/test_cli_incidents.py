@@ -59,7 +59,7 @@ async def test_incidents_filters_and_json(engine):
     ran = await abada(engine.address, "incidents", "--instance", instance_id, "--json")
     listed = ran.json()
     assert [(i["id"], i["taskId"], i["state"]) for i in listed["incidents"]] == [
-        (incident_id, task_id, "INCIDENT_STATE_OPEN")
+        (incident_id, task_id, "open")
     ]
     assert "smtp.acme.internal" in json.dumps(listed["incidents"][0]["details"])
     other_type = await abada(engine.address, "incidents", "--type", "TOOL_OUTCOME_UNKNOWN")
@@ -117,7 +117,7 @@ async def test_resolve_json_returns_the_incident(engine):
     resolved = ran.json()["incident"]
     assert (resolved["id"], resolved["state"], resolved["resolution"]) == (
         incident_id,
-        "INCIDENT_STATE_RESOLVED",
+        "resolved",
         "CANCEL_INSTANCE",
     )
 

@@ -91,7 +91,7 @@ async def test_var_overrides_vars_json_and_version_is_pinned(engine):
     started = ran.json()["instance"]
     assert started["version"] == 1
     assert started["currentNodeId"] == "send"
-    assert started["state"] == "INSTANCE_STATE_ACTIVE"
+    assert started["state"] == "active"
     assert started["variables"] == {"customerId": "C-1", "priority": "high"}
 
 
@@ -103,6 +103,13 @@ async def test_bad_variables_are_refused_before_calling_the_engine(engine):
     not_object = await abada(engine.address, "start", "notify", "--vars-json", "[1, 2]")
     assert not_object.exit_code == 2
     assert "--vars-json: must be a JSON object" in not_object.stderr
+    # Starting with { or [ means JSON was meant: a slip is refused, not sent as a string.
+    for broken in ('order={"id": 5531,}', "items=[1, 2"):
+        slipped = await abada(engine.address, "start", "notify", "--var", broken)
+        assert slipped.exit_code == 2
+        key = broken.split("=")[0]
+        assert slipped.stderr.startswith(f"error: --var {key}: starts like a JSON "), slipped.stderr
+        assert "is not valid JSON" in slipped.stderr
     listed = await engine.processes.ListInstances(process_pb2.ListInstancesRequest())
     assert list(listed.instances) == []
 
@@ -176,7 +183,7 @@ async def test_show_json_holds_instance_and_history(engine):
     instance = await start(engine, "instant")
     shown = (await abada(engine.address, "show", instance.id, "--json")).json()
     assert shown["instance"]["id"] == instance.id
-    assert shown["instance"]["state"] == "INSTANCE_STATE_COMPLETED"
+    assert shown["instance"]["state"] == "completed"
     assert shown["events"][0]["type"] == "INSTANCE_STARTED"
     assert shown["events"][-1]["type"] == "INSTANCE_COMPLETED"
 

@@ -67,9 +67,9 @@ async def test_journal_shows_steps_in_sequence(engine):
 async def test_journal_json_carries_the_full_payloads(engine):
     task_id = await journaled_task(engine)
     steps = (await abada(engine.address, "journal", task_id, "--json")).json()["steps"]
-    assert [(s["sequence"], s["state"]) for s in steps] == [(1, "STEP_STATE_COMPLETED")]
+    assert [(s["sequence"], s["state"]) for s in steps] == [(1, "completed")]
     assert steps[0]["response"] == {"text": "The parcel is lost"}
-    assert steps[0]["tokens"] == {"inputTokens": "120", "outputTokens": "35"}
+    assert steps[0]["tokens"] == {"inputTokens": 120, "outputTokens": 35}
 
 
 async def test_journal_of_a_task_without_steps_says_so(engine):

@@ -43,4 +43,4 @@ async def test_topics_show_calls_admitted_waiting_and_refused_per_model(engine):
 
     as_json = (await abada(engine.address, "topics", "-o", "json")).json()
     (model,) = as_json["models"]
-    assert (model["name"], model["admitted"], model["waiting"]) == ("slow-model", "1", "1")
+    assert (model["name"], model["admitted"], model["waiting"]) == ("slow-model", 1, 1)

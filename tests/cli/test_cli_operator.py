@@ -60,7 +60,7 @@ async def test_cancel_ends_the_instance_and_withdraws_its_task(engine):
     assert ran.stdout.splitlines()[0] == "canceled"
     assert "CANCELED" in ran.stdout
     shown = (await abada(engine.address, "show", instance.id, "-o", "json")).json()
-    assert shown["instance"]["state"] == "INSTANCE_STATE_CANCELED"
+    assert shown["instance"]["state"] == "canceled"
     assert (await abada(engine.address, "tasks", "--topic", "notify")).stdout.strip() == "no open tasks"
     again = await abada(engine.address, "cancel", instance.id)
     assert again.exit_code == 1 and again.stderr.startswith("error: ")
@@ -150,6 +150,24 @@ async def test_tasks_and_topics_show_the_queue(engine):
     assert header.split() == ["TOPIC", "READY", "LEASED", "DELAYED", "DEMAND", "OLDEST", "READY", "PARKED"]
     assert row.split()[:5] == ["notify", "1", "1", "0", "2"]
 
+    # JSON and YAML keep the proto's types: counts are numbers, and a zero is there, not left out.
+    as_json = (await abada(engine.address, "topics", "-o", "json")).json()
+    as_yaml = yaml.safe_load((await abada(engine.address, "topics", "-o", "yaml")).stdout)
+    for listed in (as_json, as_yaml):
+        [notify] = [t for t in listed["topics"] if t["name"] == "notify"]
+        assert {k: notify[k] for k in ("ready", "leased", "delayed", "demand", "quotaWaiting", "parked")} == {
+            "ready": 1,
+            "leased": 1,
+            "delayed": 0,
+            "demand": 2,
+            "quotaWaiting": 0,
+            "parked": 0,
+        }
+    tasks_json = (await abada(engine.address, "tasks", "--topic", "notify", "-o", "json")).json()
+    attempts = {t["id"]: t["attempt"] for t in tasks_json["tasks"]}
+    assert attempts[leased.id] == 1
+    assert sorted(attempts.values()) == [0, 1]
+
 
 async def test_output_formats_and_the_environment_default(engine):
     await deploy(engine, BUNDLE)
@@ -160,6 +178,8 @@ async def test_output_formats_and_the_environment_default(engine):
     assert from_env.json()["instances"][0]["id"] == instance.id
     kept = await abada(engine.address, "instances", "--json")
     assert kept.json() == from_env.json()
+    # The state is the word `--state` takes, so a listing's answer feeds the next command as is.
+    assert from_env.json()["instances"][0]["state"] == "completed"
     wrong = await abada(engine.address, "instances", "-o", "xml")
     assert wrong.exit_code == 2
 
@@ -190,7 +210,29 @@ async def test_without_a_token_the_error_names_the_flag_and_variable(engine):
         "give --token-file FILE (or set ABADA_TOKEN_FILE), or --token / ABADA_TOKEN"
     )
     unknown = await abada(engine.address, "instances", env={"ABADA_TOKEN": "nobody-knows-me"})
-    assert "does not know this token" in unknown.stderr and "--token-file" in unknown.stderr
+    assert unknown.stderr.strip() == (
+        f"error: the engine at {engine.address} does not know the token from ABADA_TOKEN (UNAUTHENTICATED)"
+    )
+
+
+async def test_a_rejected_token_is_reported_where_it_came_from(engine, tmp_path):
+    flag = await abada(engine.address, "instances", "--token", "nobody-knows-me", env={"ABADA_TOKEN": ""})
+    assert flag.exit_code == 1
+    assert flag.stderr.strip() == (
+        f"error: the engine at {engine.address} does not know the token from --token (UNAUTHENTICATED)"
+    )
+    stale = tmp_path / "stale.token"
+    stale.write_text("nobody-knows-me\n")
+    from_file = await abada(engine.address, "instances", "--token-file", str(stale), env={"ABADA_TOKEN": ""})
+    assert from_file.stderr.strip().endswith(
+        f"does not know the token from --token-file {stale} (UNAUTHENTICATED)"
+    )
+    from_env = await abada(
+        engine.address, "instances", env={"ABADA_TOKEN": "", "ABADA_TOKEN_FILE": str(stale)}
+    )
+    assert from_env.stderr.strip().endswith(
+        f"does not know the token from ABADA_TOKEN_FILE {stale} (UNAUTHENTICATED)"
+    )
 
 
 async def test_deploy_against_a_server_refusing_the_credential_says_so(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -104,3 +105,42 @@ def test_a_bad_setting_is_one_line_naming_the_variable(tmp_path, name, value):
     assert len(lines) == 1, done.stderr
     assert name in lines[0] and repr(value) in lines[0]
     assert "Traceback" not in done.stderr
+
+
+def _unreachable_start(tmp_path, url: str, command: str = "serve") -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ABADA_")}
+    env.update(ABADA_DATABASE_URL=url, ABADA_DEVELOPMENT="1", ABADA_STATE_DIR=str(tmp_path))
+    return subprocess.run(
+        [sys.executable, "-m", "abada_engine.main", command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("command", ["serve", "migrate"])
+def test_a_database_that_refuses_connections_is_one_line_with_the_fix(tmp_path, command):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]  # nothing listens once the socket is closed
+    done = _unreachable_start(tmp_path, f"postgresql://abada:s3cret@127.0.0.1:{closed_port}/abada", command)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"abada-engine: cannot use the database at ABADA_DATABASE_URL=postgresql://abada:***@127.0.0.1:"
+        f"{closed_port}/abada (host 127.0.0.1:{closed_port}): connection refused (is PostgreSQL running "
+        "there, on that port?)"
+    )
+    assert "s3cret" not in done.stdout + done.stderr
+
+
+def test_a_database_that_does_not_exist_is_one_line_naming_it(tmp_path):
+    server = os.environ.get("ABADA_TEST_DATABASE_URL")
+    if not server:
+        pytest.skip("needs ABADA_TEST_DATABASE_URL: a server to ask for a database it does not have")
+    missing = server.rsplit("/", 1)[0] + "/abada_no_such_database"
+    done = _unreachable_start(tmp_path, missing)
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("abada-engine: cannot use the database at ABADA_DATABASE_URL=")
+    assert 'the database does not exist (database "abada_no_such_database" does not exist)' in line

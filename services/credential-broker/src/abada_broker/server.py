@@ -23,9 +23,9 @@ from pathlib import Path
 
 import grpc
 from abada.broker.v1 import credential_pb2_grpc
+from abada_common.reflection import enable_reflection
 from abada_sdk.connection import BearerToken, ClientTls, Connection
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from .audit import AuditLog
 from .auth import Callers, InsecureDevCallers, TokenFileCallers
@@ -188,7 +188,7 @@ async def start_broker(settings: BrokerSettings) -> RunningBroker:
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_servicer.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
     health_server: grpc.aio.Server | None = None
     health_port: int | None = None
     try:

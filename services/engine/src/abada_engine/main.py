@@ -27,6 +27,7 @@ from .config import EXTRA_PROCESS, EngineSettings, SettingsError
 from .db.database import create_engine
 from .db.embedded import start_embedded_postgres
 from .db.migrate import migrate
+from .db.reachability import DatabaseUnreachable, require_database
 from .definitions.tool_contracts import McpContractCheck, credentials_from_env
 from .runtime.crypto import IdempotencyKeys, KeyRing, idempotency_from_env, journal_keys_from_env
 from .runtime.queue_stats import QueueStats
@@ -50,6 +51,7 @@ async def serve(settings: EngineSettings) -> None:
     # quarter for everything else through SQLAlchemy.
     cold = max(2, settings.db_pool_size // 4)
     db = create_engine(url, cold)
+    await _require(db, url, settings)
     if not settings.extra_process:
         await migrate(db)
     try:
@@ -96,6 +98,20 @@ async def serve(settings: EngineSettings) -> None:
     await core.close()
     await db.dispose()
     del embedded
+
+
+# A database that cannot be used at start is the operator's to fix, as a bad setting is.
+DATABASE_EXIT_CODE = 2
+
+
+async def _require(db: Any, url: str, settings: EngineSettings) -> None:
+    setting = "ABADA_DATABASE_URL" if settings.database_url else "the embedded PostgreSQL"
+    try:
+        await require_database(db, url, setting)
+    except DatabaseUnreachable as error:
+        await db.dispose()
+        print(f"abada-engine: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(DATABASE_EXIT_CODE) from None
 
 
 def _start_extra_processes(settings: EngineSettings, url: str, port: int) -> list[subprocess.Popen[bytes]]:
@@ -169,6 +185,7 @@ def _server_tls(settings: EngineSettings) -> ServerTls | None:
 async def migrate_only(settings: EngineSettings) -> None:
     url, _embedded = _database_url(settings)
     db = create_engine(url, 1)
+    await _require(db, url, settings)
     await migrate(db)
     await db.dispose()
     log.info("migrations applied")
@@ -179,6 +196,7 @@ async def reseal(settings: EngineSettings, dry_run: bool, batch_size: int, force
     keys = _existing_journal_keys(settings)
     url, _embedded = _database_url(settings)
     db = create_engine(url, 2)
+    await _require(db, url, settings)
     try:
         # Only journal keys are used: the idempotency secret derives nothing here.
         sealer = StepSealer(keys, IdempotencyKeys(b"unused"))

@@ -26,8 +26,8 @@ from abada.engine.v1 import (
     queue_pb2,
     queue_pb2_grpc,
 )
+from abada_common.reflection import enable_reflection
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import plain_url
@@ -296,9 +296,7 @@ async def start_grpc_server(
             health_servicer.set(name, status)
 
     core.database.subscribe(follow_database)
-    reflection.enable_server_reflection(
-        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    enable_reflection((*SERVICE_NAMES, health.SERVICE_NAME), server)
     if tls is None:
         port = server.add_insecure_port(address)
     else:

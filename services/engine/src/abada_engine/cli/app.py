@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import itertools
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -33,8 +34,10 @@ from .client import (
     LazyEngine,
     read_token_file,
 )
+from .dev import dev
 from .errors import FAILURE, CliError, invalid_input
-from .global_options import hoist
+from .global_options import HELP_OPTIONS, hoist
+from .help_text import COMMON_EXIT_CODES, epilog
 from .inputs import json_object, variables
 from .output import OutputFormat, data_of, emit
 from .paging import follow
@@ -50,11 +53,24 @@ _MAX_LISTED = 1000
 _POLL_SECONDS = 0.5
 
 
+_HELP_ONLY = "abada.help_only"
+
+
 class _ReportingGroup(TyperGroup):
     """Global options anywhere on the line; every CliError becomes `error: ...` on stderr, never a traceback."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        return super().parse_args(ctx, hoist(self, ctx, args))
+        hoisted = hoist(self, ctx, args)
+        # A command's --help needs no connection: `connect` then reads no token file.
+        before_end = itertools.takewhile(lambda arg: arg != "--", hoisted)
+        ctx.meta[_HELP_ONLY] = any(arg in HELP_OPTIONS for arg in before_end)
+        return super().parse_args(ctx, hoisted)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and not command.epilog:
+            command.epilog = epilog(cmd_name)
+        return command
 
     def invoke(self, ctx: Any) -> Any:
         try:
@@ -72,6 +88,8 @@ app = typer.Typer(
     cls=_ReportingGroup,
     help="Operate an Abada engine: deploy definitions, start and inspect instances, decide incidents.",
     no_args_is_help=True,
+    context_settings={"help_option_names": list(HELP_OPTIONS)},
+    epilog=f"`abada COMMAND --help` (or -h) shows a command's own options and an example.\n\n{COMMON_EXIT_CODES}",
     pretty_exceptions_enable=False,
     add_completion=True,
 )
@@ -99,22 +117,26 @@ _INSTANCE_STATES = {
 }
 
 
-def _choose_token(ctx: typer.Context, token: str | None, token_file: Path | None) -> str | None:
+def _choose_token(ctx: typer.Context, token: str | None, token_file: Path | None) -> tuple[str | None, str]:
+    """The token to send and where it came from, said as the user would fix it."""
+    # Compared by name: newer typer vendors click, so its ParameterSource is not click's.
+    from_command_line = {
+        name
+        for name in ("token", "token_file")
+        if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
+    }
     if token and token_file:
         # A flag on the command line beats a variable left in the environment; two flags are a mistake.
-        # Compared by name: newer typer vendors click, so its ParameterSource is not click's.
-        from_command_line = {
-            name
-            for name in ("token", "token_file")
-            if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
-        }
         if from_command_line == {"token_file"}:
             token = None
         elif from_command_line != {"token"}:
             raise invalid_input("give a token or a token file, not both")
     if token:
-        return token.strip()
-    return read_token_file(token_file) if token_file else None
+        return token.strip(), "--token" if "token" in from_command_line else "ABADA_TOKEN"
+    if token_file:
+        named = "--token-file" if "token_file" in from_command_line else "ABADA_TOKEN_FILE"
+        return read_token_file(token_file), f"{named} {token_file}"
+    return None, ""
 
 
 @dataclass
@@ -174,10 +196,17 @@ def connect(
     ] = False,
 ) -> None:
     """Options go before or after the command: `abada instances --token-file F` works too."""
-    chosen_token = _choose_token(ctx, token, token_file)
-    lazy = LazyEngine(ConnectionSettings(engine, timeout, chosen_token, tls_ca, tls_cert, tls_key))
+    if ctx.meta.get(_HELP_ONLY):
+        return
+    chosen_token, token_source = _choose_token(ctx, token, token_file)
+    lazy = LazyEngine(
+        ConnectionSettings(engine, timeout, chosen_token, tls_ca, tls_cert, tls_key, token_source)
+    )
     ctx.obj = CliState(lazy, OutputFormat.json if as_json else output)
     ctx.call_on_close(lazy.close)
+
+
+app.command("dev")(dev)
 
 
 def _state(ctx: typer.Context) -> CliState:

@@ -34,6 +34,8 @@ class ConnectionSettings:
     tls_ca: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # Where the token came from, as the user would fix it: `--token / ABADA_TOKEN` or the file's path.
+    token_source: str = ""
 
     @property
     def uses_tls(self) -> bool:
@@ -90,7 +92,11 @@ class EngineClient:
             return method(request, timeout=self._settings.timeout, metadata=metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(
-                error, self._settings.address, self._settings.timeout, has_token=bool(self._settings.token)
+                error,
+                self._settings.address,
+                self._settings.timeout,
+                has_token=bool(self._settings.token),
+                token_source=self._settings.token_source,
             ) from None
 
     def close(self) -> None:

@@ -34,7 +34,9 @@ def invalid_input(message: str) -> CliError:
 NO_TOKEN_HINT = "give --token-file FILE (or set ABADA_TOKEN_FILE), or --token / ABADA_TOKEN"
 
 
-def from_rpc_error(error: grpc.RpcError, address: str, timeout: float, has_token: bool = True) -> CliError:
+def from_rpc_error(
+    error: grpc.RpcError, address: str, timeout: float, has_token: bool = True, token_source: str = ""
+) -> CliError:
     status = read_status(error)
     code = status.code
     text = error.details() or ""
@@ -44,10 +46,8 @@ def from_rpc_error(error: grpc.RpcError, address: str, timeout: float, has_token
         # Said in the CLI's terms: which flag or variable to set, not which gRPC metadata to send.
         if not has_token:
             return CliError(f"the engine at {address} wants a token (UNAUTHENTICATED): {NO_TOKEN_HINT}")
-        return CliError(
-            f"the engine at {address} does not know this token (UNAUTHENTICATED); "
-            "check --token-file / ABADA_TOKEN_FILE"
-        )
+        source = token_source or "--token-file / ABADA_TOKEN_FILE"
+        return CliError(f"the engine at {address} does not know the token from {source} (UNAUTHENTICATED)")
     if not status.has_error_info:
         # Without ErrorInfo the status came from the transport, not from the engine's own checks.
         if code == grpc.StatusCode.UNAVAILABLE:

@@ -3,6 +3,7 @@
 Click only reads a group's options before the subcommand. Before parsing, the group's own options
 found after the subcommand are moved in front of it, unless that subcommand has an option of the
 same name (then it is the subcommand's: `abada start --timeout 60` is how long `--wait` waits).
+`--help` and `-h` after a subcommand stay with it: `abada start --help` is start's own help.
 """
 
 from __future__ import annotations
@@ -27,8 +28,13 @@ def _width(arg: str, takes_value: bool) -> int:
     return 1 if "=" in arg or not takes_value else 2
 
 
+HELP_OPTIONS = ("-h", "--help")
+
+
 def hoist(group: Any, ctx: Any, args: list[str]) -> list[str]:
     global_names = _names(group.get_params(ctx))
+    for name in HELP_OPTIONS:
+        global_names.pop(name, None)  # before the command they are the group's anyway: click reads them
     front: list[str] = []
     index = 0
     while index < len(args):

@@ -18,11 +18,18 @@ def _loads(text: str) -> Any:
     return json.loads(text, parse_constant=_refuse_constant)
 
 
-def typed_value(text: str) -> Any:
-    """`3` is a number, `true` a boolean, `{"a":1}` an object; anything that is not JSON stays a string."""
+def typed_value(text: str, key: str = "") -> Any:
+    """`3` is a number, `true` a boolean, `{"a":1}` an object; anything that is not JSON stays a string,
+    except what starts with `{` or `[`: that was meant as JSON, and a slip in it is refused, not sent as text."""
     try:
         return _loads(text)
-    except ValueError:
+    except ValueError as error:
+        if text.lstrip().startswith(("{", "[")):
+            kind = "object" if text.lstrip().startswith("{") else "array"
+            raise invalid_input(
+                f"--var {key}: starts like a JSON {kind} but is not valid JSON ({error}); "
+                f"fix it, or quote it as a JSON string: --var '{key}=\"...\"'"
+            ) from None
         return text
 
 
@@ -43,5 +50,5 @@ def variables(assignments: Sequence[str], vars_json: str | None) -> dict[str, An
         key, separator, raw = assignment.partition("=")
         if not separator or not key:
             raise invalid_input(f"--var {assignment!r}: expected KEY=VALUE")
-        values[key] = typed_value(raw)
+        values[key] = typed_value(raw, key)
     return values

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterable, Sequence
@@ -107,7 +108,68 @@ def plain_numbers(value: Any) -> Any:
 
 
 def message_dict(message: Message) -> dict[str, Any]:
-    return plain_numbers(json_format.MessageToDict(message, preserving_proto_field_name=False))
+    """The message as JSON values of its own types: every field, zero ones too; 64-bit integers as
+    numbers, not strings; enum values as the words the flags take (`active`, not `INSTANCE_STATE_ACTIVE`)."""
+    data = json_format.MessageToDict(
+        message,
+        preserving_proto_field_name=False,
+        always_print_fields_with_no_presence=True,
+        unquote_int64_if_possible=True,
+    )
+    return plain_numbers(_enum_words(message, data))
+
+
+# Enums whose values a flag takes as they are (`abada incidents --reason DEPENDENCY_UNAVAILABLE`).
+_ENUMS_AS_NAMED = frozenset({"IncidentType"})
+_OPAQUE = frozenset({"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"})
+
+
+def enum_word(enum_type: Any, number: int) -> str:
+    """`INSTANCE_STATE_ACTIVE` of InstanceState as `active`: the value without its enum's prefix, lower case."""
+    value = enum_type.values_by_number.get(number)
+    if value is None:
+        return str(number)
+    if enum_type.name in _ENUMS_AS_NAMED:
+        return str(value.name)
+    prefix = re.sub(r"(?<!^)(?=[A-Z])", "_", enum_type.name).upper() + "_"
+    return str(value.name.removeprefix(prefix).lower())
+
+
+def _enum_words(message: Message, data: dict[str, Any]) -> dict[str, Any]:
+    for field in message.DESCRIPTOR.fields:
+        key = field.json_name
+        if key not in data:
+            continue
+        value = getattr(message, field.name)
+        repeated = field.is_repeated
+        if field.enum_type is not None:
+            data[key] = (
+                [enum_word(field.enum_type, v) for v in value]
+                if repeated
+                else enum_word(field.enum_type, value)
+            )
+            continue
+        message_type = field.message_type
+        if message_type is None or message_type.full_name in _OPAQUE:
+            continue
+        if message_type.GetOptions().map_entry:
+            value_field = message_type.fields_by_name["value"]
+            if value_field.enum_type is not None:
+                data[key] = {k: enum_word(value_field.enum_type, v) for k, v in value.items()}
+            elif value_field.message_type is not None and value_field.message_type.full_name not in _OPAQUE:
+                data[key] = {k: _enum_words(value[k], data[key][k]) for k in value}
+            continue
+        if repeated:
+            data[key] = [_enum_words(item, part) for item, part in zip(value, data[key], strict=True)]
+        elif isinstance(data[key], dict):
+            data[key] = _enum_words(value, data[key])
+    # In the order the proto declares them, set or not (MessageToDict puts the unset ones last).
+    ordered = {
+        field.json_name: data[field.json_name]
+        for field in message.DESCRIPTOR.fields
+        if field.json_name in data
+    }
+    return {**ordered, **data}
 
 
 def to_json(value: Any, sort_keys: bool = False) -> str:

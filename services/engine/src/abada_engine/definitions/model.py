@@ -188,6 +188,8 @@ class Process:
     models: dict[str, ModelProfile] = field(default_factory=dict)
     # Dollars one instance may spend on model calls, across all its agent nodes.
     max_cost_usd: float | None = None
+    # `inputs:`: a JSON Schema the variables of StartInstance must meet; None accepts any.
+    input_schema: dict[str, Any] | None = None
 
     def node(self, node_id: str) -> Node:
         return self.nodes[node_id]
@@ -207,6 +209,8 @@ class Process:
             data["models"] = [profile.to_json() for profile in self.models.values()]
         if self.max_cost_usd is not None:
             data["limits"] = {"max_cost_usd": self.max_cost_usd}
+        if self.input_schema is not None:
+            data["inputs"] = self.input_schema
         return data
 
     @staticmethod
@@ -219,6 +223,7 @@ class Process:
             nodes={n.id: n for n in nodes},
             models={m.name: m for m in models},
             max_cost_usd=data.get("limits", {}).get("max_cost_usd"),
+            input_schema=data.get("inputs"),
         )
 
 

@@ -51,7 +51,7 @@ _PRICE_KEYS = {"input_per_million_usd", "output_per_million_usd"}
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}$")
 _SERVER_KEYS = {"name", "transport", "url", "credential", "tools"}
 _TOOL_KEYS = {"policy", "idempotency", "input_schema_sha256", "approval"}
-_PROCESS_KEYS = {"id", "start", "nodes", "limits"}
+_PROCESS_KEYS = {"id", "start", "nodes", "limits", "inputs"}
 _PROCESS_LIMIT_KEYS = {"max_cost_usd"}
 _LIMIT_KEYS = {"max_model_calls", "max_tool_calls", "max_tokens", "max_cost_usd"}
 _COMMON_NODE_KEYS = {"id", "type", "next"}
@@ -425,6 +425,21 @@ def _check_tools(checker: _Checker, raw: Any, path: tuple[str | int, ...]) -> di
     return tools
 
 
+def _check_input_schema(checker: _Checker, schema: Any, path: tuple[str | int, ...]) -> dict[str, Any] | None:
+    """`inputs:` is a JSON Schema of the start variables, an object's (StartInstance checks it)."""
+    if schema is None:
+        return None
+    if not isinstance(schema, dict):
+        checker.report(path, f"must be a JSON Schema object, not {_kind(schema)}")
+        return None
+    problems = schema_problems(schema)
+    if schema.get("type", "object") != "object":
+        problems.append("describes the start variables, so its type is object")
+    for problem in problems:
+        checker.report(path, problem)
+    return None if problems else schema
+
+
 def _check_process(
     checker: _Checker,
     raw: Any,
@@ -438,6 +453,7 @@ def _check_process(
     limits_path = (*path, "limits")
     process_limits = checker.mapping(data.get("limits", {}), limits_path, _PROCESS_LIMIT_KEYS)
     max_cost_usd = checker.amount(process_limits, "max_cost_usd", limits_path, positive=True)
+    input_schema = _check_input_schema(checker, data.get("inputs"), (*path, "inputs"))
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         checker.report((*path, "nodes"), "must be a non-empty list of nodes")
@@ -481,7 +497,7 @@ def _check_process(
                 f"needs prices: model {node.model!r} is not a profile in models:",
             )
     used = {node.model: models[node.model] for node in nodes.values() if node.model in models}
-    return Process(process_id, start, nodes, used, max_cost_usd)
+    return Process(process_id, start, nodes, used, max_cost_usd, input_schema)
 
 
 def _targets(node: Node, path: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], str]]:

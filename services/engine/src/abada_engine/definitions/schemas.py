@@ -213,3 +213,22 @@ def output_errors(schema: dict[str, Any], value: Any) -> list[ValidationError]:
         return [ValidationError(f"the output_schema has a reference that is not resolved: {error}")]
     except WorkBudgetSpent as spent:
         return [ValidationError(f"checking the output against output_schema was stopped: {spent.why}")]
+
+
+def input_problem(schema: dict[str, Any], variables: dict[str, Any]) -> tuple[str, str] | None:
+    """The first way start `variables` break a process's `inputs:` schema: (the variable, why).
+
+    A missing required variable is named itself (`customerId`), not the object that lacks it."""
+    errors = output_errors(schema, variables)
+    if not errors:
+        return None
+    error = errors[0]
+    path = [str(part) for part in error.path]
+    required = error.validator_value
+    if error.validator == "required" and isinstance(error.instance, dict) and isinstance(required, list):
+        missing = [name for name in required if name not in error.instance]
+        if missing:
+            return ".".join([*path, missing[0]]), "is required by the process's inputs and was not given"
+    if not path:
+        return "", error.message
+    return ".".join(path), error.message

@@ -15,6 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
+from abada_engine.definitions.model import Process
+from abada_engine.definitions.schemas import input_problem
 from abada_engine.errors import Category, EngineError, invalid, not_found
 from abada_engine.ids import new_id
 from abada_engine.store import approvals as approval_store
@@ -28,7 +30,7 @@ from abada_engine.store.moves import NewInstance, StartToWrite, start_instances
 from abada_engine.store.states import InstanceState, TaskKind, TaskState
 
 from .navigator import HistoryEntry, advance, evaluates_conditions, leave_node
-from .offload import run_cpu_work
+from .offload import run_cpu_check, run_cpu_work
 from .tokens import advance_move, apply_move, history_record, start_move, write_history
 from .views import HistoryView, InstanceView, UserTaskView
 
@@ -36,8 +38,27 @@ log = logging.getLogger(__name__)
 
 INSTANCE_STATES = tuple(InstanceState)
 MAX_VARIABLES_BYTES = 1_000_000
+# How much of an inputs check runs inline on the event loop before it moves to the bounded executor.
+_INPUT_CHECK_INLINE_STEPS = 2_000
 # A start retried only because another replica deployed a newer version meanwhile.
 _STARTS_BEFORE_GIVING_UP = 3
+
+
+async def _check_inputs(process: Process, version: int, variables: dict[str, Any]) -> None:
+    """The variables meet the process's declared `inputs:`, or nothing starts (INVALID_ARGUMENT).
+
+    The schema is checked on the caller's data as an output is: under a work budget, and off the event
+    loop when it could take long (`offload`)."""
+    if process.input_schema is None:
+        return
+    problem = await run_cpu_check(
+        True, _INPUT_CHECK_INLINE_STEPS, input_problem, process.input_schema, variables
+    )
+    if problem is None:
+        return
+    name, why = problem
+    field_name = f"variables.{name}" if name else "variables"
+    raise invalid("VARIABLES_INVALID", field_name, f"{why} ({process.id} v{version} declares its inputs)")
 
 
 class Instances:
@@ -69,6 +90,7 @@ class Instances:
                 {"definition_id": str(definition.id), "version": definition.version, "variables": variables},
             )
             process = definition.process
+            await _check_inputs(process, definition.version, variables)
             moved = await run_cpu_work(
                 evaluates_conditions(process, process.start), advance, process, variables, process.start
             )

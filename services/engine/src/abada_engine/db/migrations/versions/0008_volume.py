@@ -1,7 +1,7 @@
 """Volume: indexes that answer every list by keyset, and a queue autovacuum keeps lean.
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 Create Date: 2026-12-04
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0008"
-down_revision = "0006"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,53 @@
+"""What `abada COMMAND --help` adds under a command's options: an example and the exit codes.
+
+Kept apart from the commands so each command's help reads the same way and none is forgotten
+(a test checks every registered command has its example).
+"""
+
+from __future__ import annotations
+
+# Every command that talks to the engine exits with these; a command with its own adds to them.
+COMMON_EXIT_CODES = (
+    "Exit codes: 0 done; 1 the engine refused or could not be reached (the message says which); "
+    "2 invalid input: a bad flag or value here, or the engine's INVALID_ARGUMENT."
+)
+
+EXAMPLES: dict[str, str] = {
+    "dev": "abada dev --fresh",
+    "deploy": "abada deploy examples/support-triage.yaml",
+    "definitions": "abada definitions --process support_triage",
+    "start": 'abada start support_triage --var customerId=C-42 --var message="My parcel never arrived" --wait',
+    "cancel": 'abada cancel INSTANCE --reason "customer withdrew"',
+    "instances": "abada instances --process support_triage --state active",
+    "show": "abada show INSTANCE --follow",
+    "incidents": "abada incidents --reason DEPENDENCY_UNAVAILABLE",
+    "dependencies": "abada dependencies -o json",
+    "resolve": "abada resolve INCIDENT --retry",
+    "user-tasks": "abada user-tasks",
+    "complete-user-task": "abada complete-user-task TASK --var approved=true",
+    "journal": "abada journal TASK --json",
+    "tasks": "abada tasks --topic notify",
+    "topics": "abada topics -o json",
+    "approvals": "abada approvals --state pending",
+    "approve": """abada approve APPROVAL --args '{"priority": "urgent"}' --comment "gold customer\"""",
+    "reject": 'abada reject APPROVAL --reason "not for this customer"',
+}
+
+# Commands whose exit codes say more than the common ones.
+EXIT_CODES: dict[str, str] = {
+    "start": (
+        "Exit codes: 0 started (with --wait: completed); 1 the engine refused, or with --wait the "
+        "instance was canceled or an incident holds it; 2 invalid input (a bad --var, a missing "
+        "required input); 3 with --wait: --timeout passed and the instance goes on."
+    ),
+    "dev": "Exit codes: 0 stopped by Ctrl-C; 1 a service could not start or stopped on its own; "
+    "2 another `abada dev` runs from the same state directory.",
+}
+
+
+def epilog(command: str) -> str | None:
+    """The example and exit codes shown under `command`'s options (paragraphs: one line each)."""
+    example = EXAMPLES.get(command)
+    if example is None:
+        return None
+    return f"Example:  {example}\n\n{EXIT_CODES.get(command, COMMON_EXIT_CODES)}"
