@@ -36,7 +36,7 @@ from abada.engine.v1 import (
     process_pb2,
     process_pb2_grpc,
 )
-from abada_worker.caller_token import CallerToken
+from abada_sdk.connection import BearerToken
 from abada_worker.engine_client import EngineClient
 from common import EngineProcess, engine_process, percentile, scratch_database
 from google.protobuf import struct_pb2
@@ -260,7 +260,7 @@ async def append_steps(engine: EngineProcess, tasks: int = 8, pairs: int = 25) -
                 )
             )
         ).tasks
-        client = EngineClient(plain, "bench", CallerToken(engine.token))
+        client = EngineClient(plain, "bench", BearerToken(engine.token))
         request_body, response_body = struct_pb2.Struct(), struct_pb2.Struct()
         request_body.update({"turn": 0, "model": "bench-model", "contents": "x" * 200})
         response_body.update({"text": "y" * 300, "finishReason": "STOP"})

@@ -26,12 +26,13 @@ from abada.engine.v1 import (
     process_pb2_grpc,
 )
 from abada_engine.api.guard import Guard
-from abada_engine.api.server import EngineCore, RunningServer, start_grpc_server
+from abada_engine.api.server import RunningServer, start_grpc_server
 from abada_engine.auth import CallerRegistry, token_sha256
+from abada_engine.core import EngineCore
 from abada_engine.db.database import create_engine
 from abada_engine.db.migrate import migrate
 from abada_engine.definitions.tool_contracts import FileCredentials, McpContractCheck
-from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
+from abada_engine.runtime.crypto.keys import IdempotencyKeys, KeyRing
 from bearer import BearerToken
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2 as et
 from abada_engine.definitions.catalog import DefinitionCatalog
-from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
+from abada_engine.runtime.crypto.keys import IdempotencyKeys, KeyRing
 from abada_engine.runtime.journal import Journal
 from engine_helpers import append, deploy, error_info, fetch, journal, plain, start
 from sqlalchemy import text

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import EngineError
-from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
+from abada_engine.runtime.crypto.keys import IdempotencyKeys, KeyRing
 from abada_engine.runtime.journal import Journal, StepRequest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from engine_helpers import append, error_info, journal, plain

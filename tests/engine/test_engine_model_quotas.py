@@ -17,10 +17,11 @@ import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2_grpc
 from abada_engine.api.guard import Guard
-from abada_engine.api.server import EngineCore, start_grpc_server
+from abada_engine.api.server import start_grpc_server
 from abada_engine.auth import CallerRegistry
+from abada_engine.core import EngineCore
 from abada_engine.db.database import create_engine
-from abada_engine.runtime.crypto import IdempotencyKeys
+from abada_engine.runtime.crypto.keys import IdempotencyKeys
 from bearer import BearerToken
 from engine_helpers import append, deploy, error_info, fetch, journal, start
 from google.rpc import error_details_pb2, status_pb2

@@ -382,7 +382,7 @@ def _json(value: Any) -> Any:
 
 def test_page_tokens_round_trip_their_key_and_expire_nothing():
     """A token carries its key exactly (a time with its zone, an id), whatever the order of filters."""
-    from abada_engine.api.paging import PageTokens, listing
+    from abada_engine.paging import PageTokens, listing
 
     tokens = PageTokens.derived_from(b"s" * 32)
     name = listing("instances", state="ACTIVE", process_id="p")
@@ -398,7 +398,7 @@ def test_page_tokens_round_trip_their_key_and_expire_nothing():
 
 
 async def test_the_queue_upkeep_vacuums_a_hot_table_past_its_threshold(engine, db):
-    from abada_engine.runtime.queue_upkeep import QueueUpkeep
+    from abada_engine.runtime.background.queue_upkeep import QueueUpkeep
     from abada_engine.store import upkeep as upkeep_store
 
     await deploy(engine, GREET)

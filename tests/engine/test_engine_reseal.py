@@ -15,10 +15,10 @@ import pytest
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import EngineError
 from abada_engine.runtime.approvals import Approvals
-from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
+from abada_engine.runtime.crypto.keys import IdempotencyKeys, KeyRing
+from abada_engine.runtime.crypto.reseal import Resealer
+from abada_engine.runtime.crypto.sealing import Place, StepSealer
 from abada_engine.runtime.journal import Journal, StepRequest
-from abada_engine.runtime.reseal import Resealer
-from abada_engine.runtime.sealing import Place, StepSealer
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import resealing as reseal_store
 from engine_helpers import append, fetch, journal, plain

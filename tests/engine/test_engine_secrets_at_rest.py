@@ -8,7 +8,7 @@ import stat
 
 import pytest
 from abada_engine.auth import write_dev_callers
-from abada_engine.runtime.crypto import (
+from abada_engine.runtime.crypto.keys import (
     MIN_IDEMPOTENCY_SECRET_BYTES,
     JournalIntegrityError,
     KeyRing,

@@ -19,10 +19,10 @@ from abada.engine.v1 import definition_pb2_grpc, external_task_pb2_grpc, process
 from abada_engine.db.database import create_engine
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import EngineError
-from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
+from abada_engine.runtime.crypto.keys import IdempotencyKeys, KeyRing
+from abada_engine.runtime.crypto.reseal import Resealer
+from abada_engine.runtime.crypto.sealing import StepSealer
 from abada_engine.runtime.journal import Journal
-from abada_engine.runtime.reseal import Resealer
-from abada_engine.runtime.sealing import StepSealer
 from engine_helpers import append, deploy, fetch, journal, plain, start
 from fault_stack import clean_environment, engine_service
 from sqlalchemy import text

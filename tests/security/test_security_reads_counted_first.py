@@ -13,8 +13,8 @@ from typing import cast
 
 import grpc
 import pytest
+from abada_sdk.connection import BearerToken
 from abada_worker.broker_client import BrokerClient
-from abada_worker.caller_token import CallerToken
 from abada_worker.conversation import FunctionCall
 from abada_worker.engine_client import EngineClient, LeaseRef
 from abada_worker.errors import LimitExceeded
@@ -66,7 +66,7 @@ async def test_a_read_past_the_limit_never_reaches_the_server(engine, engine_tok
         )
         lease = LeaseRef(task.id, task.lease_token, task.attempt)
         async with grpc.aio.insecure_channel(engine.address) as channel:
-            client = EngineClient(channel, "w", CallerToken(engine_tokens.suite))
+            client = EngineClient(channel, "w", BearerToken(engine_tokens.suite))
             steps = Journal(client, lease, next_sequence=1)
             async with Toolbox.open(work, lease, cast(BrokerClient, None), timeout_seconds=10) as toolbox:
                 batch = ToolBatch(

@@ -13,9 +13,9 @@ import os
 import subprocess
 import sys
 
-from abada_engine.runtime.crypto import IdempotencyKeys, KeyRing
-from abada_engine.runtime.reseal import Resealer
-from abada_engine.runtime.sealing import StepSealer
+from abada_engine.runtime.crypto.keys import IdempotencyKeys, KeyRing
+from abada_engine.runtime.crypto.reseal import Resealer
+from abada_engine.runtime.crypto.sealing import StepSealer
 from engine_helpers import ONE_AGENT_TASK, append, deploy, fetch, journal, start
 from sqlalchemy import text
 

@@ -12,7 +12,7 @@ import hashlib
 import uuid
 
 from abada.engine.v1 import external_task_pb2
-from abada_engine.runtime.handed_out import HandedOut, LeaseHeld
+from abada_engine.runtime.background.handed_out import HandedOut, LeaseHeld
 from engine_helpers import complete, deploy, fetch, start, struct
 
 UNIQUE_LIST = """

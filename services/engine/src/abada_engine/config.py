@@ -3,7 +3,7 @@
 A bad value stops the engine with one line naming the variable and what it accepts, never a
 traceback: `SettingsError` carries that line and `main` prints it. The journal keys, the
 idempotency secret and the deploy-time credential variables are declared here too (listed and
-type-checked); `runtime/crypto.py` and `definitions/tool_contracts.py` read and check their contents.
+type-checked); `runtime/crypto/keys.py` and `definitions/tool_contracts.py` read and check their contents.
 """
 
 from __future__ import annotations

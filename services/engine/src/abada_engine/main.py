@@ -21,18 +21,19 @@ from abada_common.telemetry import configure_tracing
 
 from .api.guard import Guard
 from .api.http import HttpServer, build_app
-from .api.server import EngineCore, ServerTls, start_grpc_server
+from .api.server import ServerTls, start_grpc_server
 from .auth import CallerRegistry, write_dev_callers
 from .config import EXTRA_PROCESS, EngineSettings, SettingsError
+from .core import EngineCore
 from .db.database import create_engine
 from .db.embedded import start_embedded_postgres
 from .db.migrate import migrate
 from .db.reachability import DatabaseUnreachable, require_database
 from .definitions.tool_contracts import McpContractCheck, credentials_from_env
-from .runtime.crypto import IdempotencyKeys, KeyRing, idempotency_from_env, journal_keys_from_env
+from .runtime.crypto.keys import IdempotencyKeys, KeyRing, idempotency_from_env, journal_keys_from_env
+from .runtime.crypto.reseal import Resealer
+from .runtime.crypto.sealing import StepSealer
 from .runtime.queue_stats import QueueStats
-from .runtime.reseal import Resealer
-from .runtime.sealing import StepSealer
 
 log = logging.getLogger("abada_engine")
 

@@ -9,13 +9,13 @@ import grpc
 from abada.engine.v1 import approval_pb2, approval_pb2_grpc
 
 from abada_engine.errors import invalid
+from abada_engine.paging import MAX_LISTED, PageTokens, listing
 from abada_engine.runtime.approvals import Approvals, ApprovalView
 from abada_engine.store.states import ApprovalState
 
 from .convert import from_struct, parse_uuid, timestamp, to_struct
 from .errors import translates_errors
 from .guard import Guard, current_caller
-from .paging import MAX_LISTED, PageTokens, listing
 
 _STATES = {
     ApprovalState.PENDING: approval_pb2.APPROVAL_STATE_PENDING,

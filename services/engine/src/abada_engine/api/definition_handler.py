@@ -7,12 +7,12 @@ from abada.engine.v1 import definition_pb2, definition_pb2_grpc
 
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import invalid
+from abada_engine.paging import PageTokens, listing
 
 from . import messages
 from .convert import parse_uuid
 from .errors import translates_errors
 from .guard import Guard, current_caller
-from .paging import PageTokens, listing
 
 MAX_BUNDLE_BYTES = 4 * 1024 * 1024
 

@@ -17,8 +17,8 @@ from abada_engine.db.watch import DatabaseWatch
 from abada_engine.errors import invalid
 from abada_engine.runtime.approvals import Approvals
 from abada_engine.runtime.completion import AttemptMetadata, Completions
-from abada_engine.runtime.contract import Verdict
 from abada_engine.runtime.dependencies import Dependencies, Report
+from abada_engine.runtime.flow.contract import Verdict
 from abada_engine.runtime.instances import MAX_VARIABLES_BYTES
 from abada_engine.runtime.journal import Journal, StepRequest
 from abada_engine.runtime.leases import Leases, Subscription, check_fetch

@@ -9,6 +9,7 @@ import grpc
 from abada.engine.v1 import incident_pb2, incident_pb2_grpc
 
 from abada_engine.errors import invalid
+from abada_engine.paging import MAX_LISTED, PageTokens, listing
 from abada_engine.runtime.incidents import MAX_BULK, IncidentFilter, Incidents
 from abada_engine.store.states import IncidentState
 
@@ -16,7 +17,6 @@ from . import messages
 from .convert import from_struct, optional_uuid, parse_uuid
 from .errors import translates_errors
 from .guard import Guard
-from .paging import MAX_LISTED, PageTokens, listing
 
 _RESOLUTIONS = {
     incident_pb2.RESOLUTION_RETRY: "RETRY",

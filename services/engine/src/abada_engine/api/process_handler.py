@@ -11,13 +11,13 @@ import grpc
 from abada.engine.v1 import process_pb2, process_pb2_grpc
 
 from abada_engine.errors import invalid
+from abada_engine.paging import MAX_LISTED, PageTokens, listing
 from abada_engine.runtime.instances import MAX_VARIABLES_BYTES, Instances
 
 from . import messages
 from .convert import from_struct, optional_uuid, parse_uuid, storable, storable_text
 from .errors import translates_errors
 from .guard import Guard
-from .paging import MAX_LISTED, PageTokens, listing
 
 
 def _key(shown: Sequence[Any]) -> tuple[datetime, uuid.UUID]:

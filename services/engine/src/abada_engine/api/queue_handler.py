@@ -9,12 +9,12 @@ import grpc
 from abada.engine.v1 import queue_pb2, queue_pb2_grpc
 
 from abada_engine import metrics
+from abada_engine.paging import PageTokens, listing
 from abada_engine.runtime.queue_stats import MAX_LISTED_TASKS, QueuedTask, QueueStats
 
 from .convert import optional_uuid, timestamp
 from .errors import translates_errors
 from .guard import Guard
-from .paging import PageTokens, listing
 
 _DEFAULT_PAGE = 100
 

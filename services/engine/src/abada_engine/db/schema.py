@@ -127,7 +127,7 @@ journal_steps = Table(
     Column("state", Text, nullable=False),
     Column("tool_ref", Text, nullable=False),
     Column("key_id", Text, nullable=False),
-    # The associated data version the payloads were sealed with (runtime/sealing.py).
+    # The associated data version the payloads were sealed with (runtime/crypto/sealing.py).
     Column("aad_version", SmallInteger, nullable=False),
     Column("request_ciphertext", LargeBinary),
     Column("response_ciphertext", LargeBinary),

@@ -24,6 +24,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.runtime.crypto.sealing import Place, StepSealer
+from abada_engine.runtime.flow.navigator import HistoryEntry, advance
+from abada_engine.runtime.flow.tokens import advance_move, apply_move, history_record, write_history
+from abada_engine.runtime.incident_types import APPROVAL_TIMEOUT
+from abada_engine.runtime.leases import hold_lease
 from abada_engine.store import approvals as approval_store
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
@@ -32,12 +37,6 @@ from abada_engine.store import tasks as task_store
 from abada_engine.store.approvals import ApprovalRow, ListedApproval
 from abada_engine.store.incidents import IncidentRow
 from abada_engine.store.states import ApprovalState, InstanceState, StepState, TaskState
-
-from .incident_types import APPROVAL_TIMEOUT
-from .leases import hold_lease
-from .navigator import HistoryEntry, advance
-from .sealing import Place, StepSealer
-from .tokens import advance_move, apply_move, history_record, write_history
 
 MAX_COMMENT_CHARS = 4_000
 DECISIONS = ("APPROVE", "REJECT")

@@ -22,20 +22,37 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.model import Node
 from abada_engine.errors import Category, EngineError, invalid
+from abada_engine.runtime.background.handed_out import HandedOut, LeaseHeld
+from abada_engine.runtime.dependencies import (
+    dependency_key,
+    next_probe_delay,
+    outage_budget_ms,
+    raise_unavailable,
+)
+from abada_engine.runtime.flow.contract import Verdict, check_written_variables, judge, judging_can_take_long
+from abada_engine.runtime.flow.navigator import (
+    Advance,
+    HistoryEntry,
+    IncidentToRaise,
+    advance,
+    evaluates_conditions,
+    leave_node,
+)
+from abada_engine.runtime.flow.tokens import (
+    LeaseGuard,
+    advance_move,
+    applied_advance,
+    history_record,
+    write_history,
+)
+from abada_engine.runtime.incident_types import FAILED_TASK, reserved_for_the_engine
+from abada_engine.runtime.leases import hash_token, hold_lease
+from abada_engine.runtime.offload import run_cpu_check, run_cpu_work
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.hand_written import HotPath
 from abada_engine.store.moves import TokenMove, move_tokens
 from abada_engine.store.states import TaskState
-
-from .contract import Verdict, check_written_variables, judge, judging_can_take_long
-from .dependencies import dependency_key, next_probe_delay, outage_budget_ms, raise_unavailable
-from .handed_out import HandedOut, LeaseHeld
-from .incident_types import FAILED_TASK, reserved_for_the_engine
-from .leases import hash_token, hold_lease
-from .navigator import Advance, HistoryEntry, IncidentToRaise, advance, evaluates_conditions, leave_node
-from .offload import run_cpu_check, run_cpu_work
-from .tokens import LeaseGuard, advance_move, applied_advance, history_record, write_history
 
 MAX_BACKOFF_MS = 600_000
 # Keyword evaluations an output check may take on the event loop before it moves to the executor.

@@ -34,6 +34,11 @@ from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import Definition, DefinitionCatalog
 from abada_engine.definitions.model import Node
 from abada_engine.errors import Category, EngineError, invalid
+from abada_engine.runtime.flow.navigator import HistoryEntry
+from abada_engine.runtime.flow.tokens import history_record, write_history
+from abada_engine.runtime.incident_types import DEPENDENCY_UNAVAILABLE
+from abada_engine.runtime.leases import hold_lease
+from abada_engine.runtime.views import HeldBack
 from abada_engine.store import dependencies as circuit_store
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
@@ -42,12 +47,6 @@ from abada_engine.store.hand_written import Executor
 from abada_engine.store.incidents import IncidentRow
 from abada_engine.store.states import DependencyState, TaskState
 from abada_engine.store.tasks import LockedRow
-
-from .incident_types import DEPENDENCY_UNAVAILABLE
-from .leases import hold_lease
-from .navigator import HistoryEntry
-from .tokens import history_record, write_history
-from .views import HeldBack
 
 log = logging.getLogger(__name__)
 

@@ -14,16 +14,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.runtime.flow.navigator import HistoryEntry, advance
+from abada_engine.runtime.flow.tokens import advance_move, apply_move, history_record, write_history
+from abada_engine.runtime.instances import cancel_instance
+from abada_engine.runtime.views import IncidentView
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.incidents import IncidentRow, ListedIncident
 from abada_engine.store.states import IncidentState, InstanceState
-
-from .instances import cancel_instance
-from .navigator import HistoryEntry, advance
-from .tokens import advance_move, apply_move, history_record, write_history
-from .views import IncidentView
 
 RESOLUTIONS = ("RETRY", "HAPPENED", "DID_NOT_HAPPEN", "CANCEL_INSTANCE")
 # How many incidents one bulk resolution takes on.

@@ -19,6 +19,16 @@ from abada_engine.definitions.model import Process
 from abada_engine.definitions.schemas import input_problem
 from abada_engine.errors import Category, EngineError, invalid, not_found
 from abada_engine.ids import new_id
+from abada_engine.runtime.flow.navigator import HistoryEntry, advance, evaluates_conditions, leave_node
+from abada_engine.runtime.flow.tokens import (
+    advance_move,
+    apply_move,
+    history_record,
+    start_move,
+    write_history,
+)
+from abada_engine.runtime.offload import run_cpu_check, run_cpu_work
+from abada_engine.runtime.views import HistoryView, InstanceView, UserTaskView
 from abada_engine.store import approvals as approval_store
 from abada_engine.store import history as history_store
 from abada_engine.store import incidents as incident_store
@@ -28,11 +38,6 @@ from abada_engine.store.hand_written import HotPath
 from abada_engine.store.instances import ListedInstance
 from abada_engine.store.moves import NewInstance, StartToWrite, start_instances
 from abada_engine.store.states import InstanceState, TaskKind, TaskState
-
-from .navigator import HistoryEntry, advance, evaluates_conditions, leave_node
-from .offload import run_cpu_check, run_cpu_work
-from .tokens import advance_move, apply_move, history_record, start_move, write_history
-from .views import HistoryView, InstanceView, UserTaskView
 
 log = logging.getLogger(__name__)
 

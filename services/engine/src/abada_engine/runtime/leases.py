@@ -57,17 +57,16 @@ from abada_engine.definitions.model import ToolBinding
 from abada_engine.definitions.providers import provider_of_model
 from abada_engine.errors import Category, EngineError, invalid, not_found
 from abada_engine.metrics import LEASE_EXPIRIES
+from abada_engine.runtime.background.handed_out import HandedOut, LeaseHeld
+from abada_engine.runtime.background.wakeups import TaskWakeups
+from abada_engine.runtime.flow.navigator import HistoryEntry
+from abada_engine.runtime.flow.tokens import history_record, write_history
+from abada_engine.runtime.views import AgentWorkView, HeldBack, LockedTask
 from abada_engine.store import tasks as task_store
 from abada_engine.store.hand_written import Executor, HotPath
 from abada_engine.store.journal_steps import AppendContext
 from abada_engine.store.states import InstanceState, TaskState
 from abada_engine.store.tasks import LeaseRow, LockedRow
-
-from .handed_out import HandedOut, LeaseHeld
-from .navigator import HistoryEntry
-from .tokens import history_record, write_history
-from .views import AgentWorkView, HeldBack, LockedTask
-from .wakeups import TaskWakeups
 
 MIN_LEASE_MS = 1_000
 MAX_LEASE_MS = 3_600_000

@@ -9,6 +9,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
+from abada_engine.runtime.quota.window import QUOTA_SPAN_SECONDS
 from abada_engine.store import dependencies as circuit_store
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import journal_steps as step_store
@@ -16,8 +17,6 @@ from abada_engine.store import model_quotas as quota_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.dependencies import ListedCircuit
 from abada_engine.store.states import TaskState
-
-from .quota_window import QUOTA_SPAN_SECONDS
 
 MAX_LISTED_TASKS = 1000
 

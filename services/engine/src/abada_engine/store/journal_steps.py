@@ -29,7 +29,7 @@ class StepRow:
     state: str
     tool_ref: str
     key_id: str
-    aad_version: int  # which associated data the payloads were sealed with (runtime/sealing.py)
+    aad_version: int  # which associated data the payloads were sealed with (runtime/crypto/sealing.py)
     request_ciphertext: bytes | None
     response_ciphertext: bytes | None
     request_digest: bytes | None

@@ -18,21 +18,20 @@ from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import Definition, DefinitionCatalog
 from abada_engine.definitions.model import ModelProfile, Node, Process, ToolBinding
 from abada_engine.errors import Category, EngineError, not_found
+from abada_engine.runtime.background.handed_out import HandedOut
+from abada_engine.runtime.crypto.keys import IdempotencyKeys, KeyRing
+from abada_engine.runtime.crypto.sealing import Place, StepSealer
+from abada_engine.runtime.dependencies import Dependencies, dependency_key
+from abada_engine.runtime.journal.rules import StepRequest, binding_for, check_limits, check_shape
+from abada_engine.runtime.leases import hash_token, held_from_row
+from abada_engine.runtime.quota.model_quota import Budgets, ModelQuotas, cost_usd, has_quota
+from abada_engine.runtime.views import StepView
 from abada_engine.store import approvals as approval_store
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.hand_written import Executor, HotPath
 from abada_engine.store.journal_steps import AppendContext
 from abada_engine.store.states import FINISHED_STEP_STATES, StepKind, StepState
-
-from ..crypto import IdempotencyKeys, KeyRing
-from ..dependencies import Dependencies, dependency_key
-from ..handed_out import HandedOut
-from ..leases import hash_token, held_from_row
-from ..model_quota import Budgets, ModelQuotas, cost_usd, has_quota
-from ..sealing import Place, StepSealer
-from ..views import StepView
-from .rules import StepRequest, binding_for, check_limits, check_shape
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,10 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.errors import Category, EngineError, invalid
+from abada_engine.runtime.crypto.sealing import Place, StepSealer
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.incidents import IncidentRow
-
-from ..sealing import Place, StepSealer
 
 
 class JournalResolutions:

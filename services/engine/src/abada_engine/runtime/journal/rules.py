@@ -9,10 +9,9 @@ from typing import Any
 from abada_engine.db.database import dumps
 from abada_engine.definitions.model import Limits, ToolBinding
 from abada_engine.errors import Category, EngineError, invalid
+from abada_engine.runtime.views import StepView
 from abada_engine.store.journal_steps import AppendContext
 from abada_engine.store.states import WORKER_STEP_STATES, StepKind, StepState
-
-from ..views import StepView
 
 MAX_PAYLOAD_BYTES = 1_000_000
 

@@ -11,18 +11,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import EngineError
+from abada_engine.runtime.background.handed_out import HandedOut
+from abada_engine.runtime.crypto.sealing import StepSealer
+from abada_engine.runtime.flow.navigator import HistoryEntry
+from abada_engine.runtime.flow.tokens import history_record, write_history
+from abada_engine.runtime.incident_types import JOURNAL_INTEGRITY, TOOL_OUTCOME_UNKNOWN
+from abada_engine.runtime.journal.rules import unkeyed_writes_in_flight
+from abada_engine.runtime.views import LockedTask, StepView
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.states import TaskState
-
-from ..handed_out import HandedOut
-from ..incident_types import JOURNAL_INTEGRITY, TOOL_OUTCOME_UNKNOWN
-from ..navigator import HistoryEntry
-from ..sealing import StepSealer
-from ..tokens import history_record, write_history
-from ..views import LockedTask, StepView
-from .rules import unkeyed_writes_in_flight
 
 OUTCOME_UNKNOWN = TOOL_OUTCOME_UNKNOWN
 # How long past its lease's expiry the reaper leaves an unkeyed write to its holder (see

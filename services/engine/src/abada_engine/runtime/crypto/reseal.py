@@ -19,12 +19,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.errors import EngineError
+from abada_engine.runtime.approvals import approved_arguments, approved_call
+from abada_engine.runtime.crypto.keys import KeyRing
+from abada_engine.runtime.crypto.sealing import AAD_VERSION, StepSealer
 from abada_engine.store import resealing as store
 from abada_engine.store.journal_steps import StepRow
-
-from .approvals import approved_arguments, approved_call
-from .crypto import KeyRing
-from .sealing import AAD_VERSION, StepSealer
 
 # Passes over the table at most: a pass leaves only rows an engine changed while it ran.
 MAX_PASSES = 3

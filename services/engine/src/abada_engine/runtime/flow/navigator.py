@@ -14,9 +14,13 @@ from typing import Any
 
 from abada_engine.definitions.expressions import ExpressionError, evaluate_condition, render, render_prompt
 from abada_engine.definitions.model import Node, Process
+from abada_engine.runtime.incident_types import (
+    CONDITION_FAILED,
+    INPUT_MISSING,
+    NO_BRANCH_MATCHED,
+    TOO_MANY_HOPS,
+)
 from abada_engine.store.states import TaskKind
-
-from .incident_types import CONDITION_FAILED, INPUT_MISSING, NO_BRANCH_MATCHED, TOO_MANY_HOPS
 
 # A cycle of gateways that never waits would spin forever; no real process takes this many hops.
 MAX_HOPS = 1000

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.ids import new_id
+from abada_engine.runtime.flow.navigator import Advance, HistoryEntry
 from abada_engine.store import history as history_store
 from abada_engine.store.hand_written import Executor
 from abada_engine.store.history import HistoryRecord
@@ -20,8 +21,6 @@ from abada_engine.store.moves import (
     move_token,
 )
 from abada_engine.store.states import TaskKind, TaskState
-
-from .navigator import Advance, HistoryEntry
 
 __all__ = [
     "AppliedAdvance",

@@ -28,10 +28,9 @@ from abada_engine import metrics
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.model import ModelProfile, Process
 from abada_engine.errors import Category, EngineError
+from abada_engine.runtime.quota.window import QUOTA_SPAN_SECONDS
 from abada_engine.store import model_quotas as quota_store
 from abada_engine.store.hand_written import HotPath
-
-from .quota_window import QUOTA_SPAN_SECONDS
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,9 @@ from typing import Any
 from abada_engine.db.database import dumps
 from abada_engine.definitions.model import ToolBinding
 from abada_engine.errors import Category, EngineError
+from abada_engine.runtime.crypto.keys import IdempotencyKeys, JournalIntegrityError, KeyRing
+from abada_engine.runtime.views import StepView
 from abada_engine.store.journal_steps import StepRow
-
-from .crypto import IdempotencyKeys, JournalIntegrityError, KeyRing
-from .views import StepView
 
 # Associated data versions; a row records the one its payloads were sealed with (`aad_version`).
 # v1 bound task, sequence and field; rows sealed so still open, and `abada-engine reseal` moves

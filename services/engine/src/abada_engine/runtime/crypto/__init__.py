@@ -1,0 +1,1 @@
+"""Keys and seals: the journal's encryption at rest, idempotency keys, resealing under a new key."""

@@ -1,0 +1,1 @@
+"""Model quotas: admission of model calls against shared windows."""
