@@ -6,7 +6,7 @@ definition version is frozen into the database and read back by every replica.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 NodeType = Literal["agent", "service", "exclusive", "user_task", "end"]
@@ -123,38 +123,48 @@ class Branch:
     next: str
 
 
+def _on(*node_types: str, key: str = "") -> dict[str, Any]:
+    """Field metadata: the node types whose YAML may set this field, and its YAML key where the field's
+    name differs (a duration parsed into seconds)."""
+    return {"node_types": node_types, "yaml_key": key}
+
+
 @dataclass(frozen=True)
 class Node:
-    id: str
-    type: str
-    next: str | None = None
+    id: str = field(metadata=_on(*NODE_TYPES))
+    type: str = field(metadata=_on(*NODE_TYPES))
+    next: str | None = field(default=None, metadata=_on("agent", "service", "user_task"))
     # service and agent nodes
-    topic: str | None = None
-    inputs: dict[str, Any] | None = None
-    retries: int = 3
-    retry_backoff_ms: int = 1000
+    topic: str | None = field(default=None, metadata=_on("service"))
+    inputs: dict[str, Any] | None = field(default=None, metadata=_on("agent", "service", "user_task"))
+    retries: int = field(default=3, metadata=_on("agent", "service"))
+    retry_backoff_ms: int = field(default=1000, metadata=_on("agent", "service"))
     # How long a task waits out the outages of what it depends on (seconds; parsed from an ISO-8601
     # duration) before a DEPENDENCY_UNAVAILABLE incident; None: the engine's default, 30 minutes.
-    outage_budget_seconds: float | None = None
+    outage_budget_seconds: float | None = field(
+        default=None, metadata=_on("agent", "service", key="outage_budget")
+    )
     # agent nodes
-    model: str | None = None
+    model: str | None = field(default=None, metadata=_on("agent"))
     # Resolved at deploy (definitions.providers): gemini, openai or anthropic.
-    provider: str | None = None
-    prompt: str | None = None
-    tools: tuple[str, ...] = ()
-    result_variable: str | None = None
-    output_schema: dict[str, Any] | None = None
-    confidence_threshold: float | None = None
-    limits: Limits = field(default_factory=Limits)
-    on_invalid_output: str | None = None
-    on_low_confidence: str | None = None
+    provider: str | None = field(default=None, metadata=_on("agent"))
+    prompt: str | None = field(default=None, metadata=_on("agent"))
+    tools: tuple[str, ...] = field(default=(), metadata=_on("agent"))
+    result_variable: str | None = field(default=None, metadata=_on("agent"))
+    output_schema: dict[str, Any] | None = field(default=None, metadata=_on("agent"))
+    confidence_threshold: float | None = field(default=None, metadata=_on("agent"))
+    limits: Limits = field(default_factory=Limits, metadata=_on("agent"))
+    on_invalid_output: str | None = field(default=None, metadata=_on("agent"))
+    on_low_confidence: str | None = field(default=None, metadata=_on("agent"))
     # How long a proposed call may wait for a person (seconds; parsed from an ISO-8601 duration),
     # and where the token goes when nobody decided in time (else an APPROVAL_TIMEOUT incident).
-    approval_timeout_seconds: float | None = None
-    on_approval_timeout: str | None = None
+    approval_timeout_seconds: float | None = field(
+        default=None, metadata=_on("agent", key="approval_timeout")
+    )
+    on_approval_timeout: str | None = field(default=None, metadata=_on("agent"))
     # exclusive nodes
-    branches: tuple[Branch, ...] = ()
-    default: str | None = None
+    branches: tuple[Branch, ...] = field(default=(), metadata=_on("exclusive"))
+    default: str | None = field(default=None, metadata=_on("exclusive"))
 
     def successors(self) -> list[str]:
         """Every node the token can move to from here, for reachability checks."""
@@ -177,6 +187,19 @@ class Node:
         values["branches"] = tuple(Branch(**b) for b in values.get("branches", ()))
         values["limits"] = Limits(**values.get("limits", {}))
         return Node(**values)
+
+
+def yaml_keys(node_type: str) -> frozenset[str]:
+    """The keys a node of `node_type` may have in a bundle, read off the Node fields that type uses."""
+    return frozenset(
+        part.metadata["yaml_key"] or part.name
+        for part in fields(Node)
+        if node_type in part.metadata["node_types"]
+    )
+
+
+# Per node type, the keys its YAML may use.
+NODE_KEYS: dict[str, frozenset[str]] = {node_type: yaml_keys(node_type) for node_type in NODE_TYPES}
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,26 @@
-"""Parse and validate a deployment bundle (YAML) into a `Bundle`.
+"""Parse and validate a deployment bundle (YAML) into a `Bundle`: each section's checks.
 
-Every problem is reported with the file, the line and the field path, and all
-problems are collected before anything is refused, so one deploy attempt shows
-the author everything that is wrong.
+The YAML is read by `yaml_source` (lines kept, aliases refused), each value checked through a
+`checker.Checker` (which collects every problem with its file, line and field path, so one deploy
+attempt shows the author everything that is wrong), durations by `durations`. The keys a node may
+have are the model's (`model.NODE_KEYS`), not a list kept here.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from abada_engine.errors import Category, EngineError, FieldProblem
 
+from .checker import Checker, kind
 from .expressions import cel_syntax_error, reference_syntax_errors
 from .model import (
     AGENT_TOPIC,
+    NODE_KEYS,
     NODE_TYPES,
     Branch,
     Bundle,
@@ -32,6 +34,8 @@ from .model import (
 )
 from .providers import PROVIDERS, ProviderUndecided, resolve_provider
 from .schemas import schema_problems
+from .yaml_source import Refused
+from .yaml_source import load as load_located
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}$")
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -54,233 +58,24 @@ _TOOL_KEYS = {"policy", "idempotency", "input_schema_sha256", "approval"}
 _PROCESS_KEYS = {"id", "start", "nodes", "limits", "inputs"}
 _PROCESS_LIMIT_KEYS = {"max_cost_usd"}
 _LIMIT_KEYS = {"max_model_calls", "max_tool_calls", "max_tokens", "max_cost_usd"}
-_COMMON_NODE_KEYS = {"id", "type", "next"}
-_NODE_KEYS: dict[str, set[str]] = {
-    "agent": _COMMON_NODE_KEYS
-    | {
-        "model",
-        "provider",
-        "prompt",
-        "inputs",
-        "tools",
-        "result_variable",
-        "output_schema",
-        "confidence_threshold",
-        "limits",
-        "on_invalid_output",
-        "on_low_confidence",
-        "approval_timeout",
-        "on_approval_timeout",
-        "retries",
-        "retry_backoff_ms",
-        "outage_budget",
-    },
-    "service": _COMMON_NODE_KEYS | {"topic", "inputs", "retries", "retry_backoff_ms", "outage_budget"},
-    "exclusive": {"id", "type", "branches", "default"},
-    "user_task": _COMMON_NODE_KEYS | {"inputs"},
-    "end": {"id", "type"},
-}
-
-
-@dataclass
-class _Located:
-    """A YAML value with the line of every path in it, so errors can point at the source."""
-
-    value: Any
-    lines: dict[tuple[str | int, ...], int]
-
-
-# Far more nodes than any real bundle has; a bundle that needs more is not configuration.
-MAX_YAML_NODES = 100_000
-
-
-class _Refused(yaml.MarkedYAMLError):
-    """Valid YAML that a bundle may not use."""
-
-
-class _BundleLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases and caps the node count.
-
-    An alias is walked again wherever it is used, so a few hundred bytes of nested aliases expand to
-    billions of nodes (the "billion laughs"); a bundle gains nothing from them, so they are refused.
-    """
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._nodes = 0
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise _Refused(
-                None,
-                None,
-                "aliases (*name) are not allowed in a bundle; write the value out",
-                event.start_mark,
-            )
-        self._nodes += 1
-        if self._nodes > MAX_YAML_NODES:
-            raise _Refused(
-                None,
-                None,
-                f"the bundle has more than {MAX_YAML_NODES} YAML nodes",
-                self.peek_event().start_mark,
-            )
-        return super().compose_node(parent, index)
-
-
-def _load(text: str) -> _Located:
-    loader = _BundleLoader(text)
-    try:
-        root = loader.get_single_node()
-    finally:
-        loader.dispose()
-    lines: dict[tuple[str | int, ...], int] = {}
-
-    def build(node: yaml.Node, path: tuple[str | int, ...]) -> Any:
-        lines[path] = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            result: dict[str, Any] = {}
-            for key_node, value_node in node.value:
-                key = yaml.SafeLoader.construct_scalar(yaml.SafeLoader(""), key_node)
-                key = str(key)
-                result[key] = build(value_node, (*path, key))
-                lines[(*path, key)] = key_node.start_mark.line + 1
-            return result
-        if isinstance(node, yaml.SequenceNode):
-            return [build(item, (*path, index)) for index, item in enumerate(node.value)]
-        loader = yaml.SafeLoader("")
-        return loader.construct_object(node, deep=True)
-
-    value = build(root, ()) if root is not None else None
-    return _Located(value, lines)
-
-
-def _path_text(path: tuple[str | int, ...]) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
-    return text or "(bundle)"
-
-
-@dataclass
-class _Checker:
-    source_name: str
-    located: _Located
-    problems: list[FieldProblem] = field(default_factory=list)
-
-    def line_of(self, path: tuple[str | int, ...]) -> int:
-        while path and path not in self.located.lines:
-            path = path[:-1]
-        return self.located.lines.get(path, 1)
-
-    def report(self, path: tuple[str | int, ...], why: str) -> None:
-        self.problems.append(FieldProblem(_path_text(path), why, self.source_name, self.line_of(path)))
-
-    def mapping(self, value: Any, path: tuple[str | int, ...], allowed: set[str]) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            self.report(path, f"must be a mapping, not {_kind(value)}")
-            return {}
-        for key in value:
-            if key not in allowed:
-                self.report((*path, key), f"unknown field (expected one of: {', '.join(sorted(allowed))})")
-        return value
-
-    def string(
-        self,
-        data: dict[str, Any],
-        key: str,
-        path: tuple[str | int, ...],
-        *,
-        required: bool = True,
-        pattern: re.Pattern[str] | None = None,
-        what: str = "",
-    ) -> str | None:
-        if key not in data or data[key] is None:
-            if required:
-                self.report((*path, key), "is required")
-            return None
-        value = data[key]
-        if not isinstance(value, str) or not value.strip():
-            self.report((*path, key), f"must be a non-empty string, not {_kind(value)}")
-            return None
-        if pattern and not pattern.match(value):
-            self.report((*path, key), f"{value!r} is not a valid {what or key}")
-            return None
-        return value
-
-    def integer(
-        self, data: dict[str, Any], key: str, path: tuple[str | int, ...], default: int, minimum: int = 0
-    ) -> int:
-        value = data.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            self.report((*path, key), f"must be an integer >= {minimum}, not {value!r}")
-            return default
-        return value
-
-    def optional_integer(
-        self, data: dict[str, Any], key: str, path: tuple[str | int, ...], minimum: int = 1
-    ) -> int | None:
-        if data.get(key) is None:
-            return None
-        return self.integer(data, key, path, minimum, minimum)
-
-    def duration(self, data: dict[str, Any], key: str, path: tuple[str | int, ...]) -> float | None:
-        """A positive ISO-8601 duration in seconds (`PT30M`, `P2D`), or None when absent or wrong."""
-        text = self.string(data, key, path, required=False)
-        if text is None:
-            return None
-        seconds = iso_duration_seconds(text)
-        if seconds is None or seconds <= 0:
-            self.report(
-                (*path, key),
-                f"{text!r} is not a positive ISO-8601 duration (for example PT30M, P2D, PT1H30M)",
-            )
-            return None
-        return seconds
-
-    def amount(
-        self, data: dict[str, Any], key: str, path: tuple[str | int, ...], *, positive: bool = False
-    ) -> float | None:
-        """A dollar figure: a number >= 0 (> 0 when `positive`), or None when absent."""
-        value = data.get(key)
-        if value is None:
-            return None
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or value < 0
-            or (positive and value == 0)
-        ):
-            self.report(
-                (*path, key), f"must be a number {'> 0' if positive else '>= 0'} (US dollars), not {value!r}"
-            )
-            return None
-        return float(value)
-
-
-def _kind(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", type(None): "empty"}.get(
-        type(value), type(value).__name__
-    )
 
 
 def parse_bundle(content: str, source_name: str = "bundle.yaml") -> Bundle:
     """Parse and validate a bundle; raise one `EngineError` listing every problem."""
     try:
-        located = _load(content)
+        located = load_located(content)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = mark.line + 1 if mark else 1
         why = getattr(error, "problem", error)
         problem = FieldProblem(
             "(bundle)",
-            str(why) if isinstance(error, _Refused) else f"not valid YAML: {why}",
+            str(why) if isinstance(error, Refused) else f"not valid YAML: {why}",
             source_name,
             line,
         )
         raise _invalid([problem]) from None
-    checker = _Checker(source_name, located)
+    checker = Checker(source_name, located)
     bundle = _check_bundle(checker)
     if checker.problems or bundle is None:
         raise _invalid(sorted(checker.problems, key=lambda p: p.line))
@@ -300,7 +95,7 @@ def _invalid(problems: list[FieldProblem]) -> EngineError:
     )
 
 
-def _check_bundle(checker: _Checker) -> Bundle | None:
+def _check_bundle(checker: Checker) -> Bundle | None:
     root = checker.mapping(checker.located.value, (), _BUNDLE_KEYS)
     models = _check_models(checker, root.get("models", []))
     servers = _check_tool_servers(checker, root.get("tool_servers", []))
@@ -321,10 +116,10 @@ def _check_bundle(checker: _Checker) -> Bundle | None:
     return Bundle(tool_servers=servers, processes=processes, models=models)
 
 
-def _check_models(checker: _Checker, raw: Any) -> dict[str, ModelProfile]:
+def _check_models(checker: Checker, raw: Any) -> dict[str, ModelProfile]:
     models: dict[str, ModelProfile] = {}
     if not isinstance(raw, list):
-        checker.report(("models",), f"must be a list of model profiles, not {_kind(raw)}")
+        checker.report(("models",), f"must be a list of model profiles, not {kind(raw)}")
         return models
     for index, item in enumerate(raw):
         path: tuple[str | int, ...] = ("models", index)
@@ -355,10 +150,10 @@ def _check_models(checker: _Checker, raw: Any) -> dict[str, ModelProfile]:
     return models
 
 
-def _check_tool_servers(checker: _Checker, raw: Any) -> dict[str, ToolServerSpec]:
+def _check_tool_servers(checker: Checker, raw: Any) -> dict[str, ToolServerSpec]:
     servers: dict[str, ToolServerSpec] = {}
     if not isinstance(raw, list):
-        checker.report(("tool_servers",), f"must be a list, not {_kind(raw)}")
+        checker.report(("tool_servers",), f"must be a list, not {kind(raw)}")
         return servers
     for index, item in enumerate(raw):
         path: tuple[str | int, ...] = ("tool_servers", index)
@@ -386,7 +181,7 @@ def _check_tool_servers(checker: _Checker, raw: Any) -> dict[str, ToolServerSpec
     return servers
 
 
-def _check_tools(checker: _Checker, raw: Any, path: tuple[str | int, ...]) -> dict[str, ToolSpec]:
+def _check_tools(checker: Checker, raw: Any, path: tuple[str | int, ...]) -> dict[str, ToolSpec]:
     tools: dict[str, ToolSpec] = {}
     if not isinstance(raw, dict) or not raw:
         checker.report(path, "must map at least one tool name to its policy")
@@ -425,12 +220,12 @@ def _check_tools(checker: _Checker, raw: Any, path: tuple[str | int, ...]) -> di
     return tools
 
 
-def _check_input_schema(checker: _Checker, schema: Any, path: tuple[str | int, ...]) -> dict[str, Any] | None:
+def _check_input_schema(checker: Checker, schema: Any, path: tuple[str | int, ...]) -> dict[str, Any] | None:
     """`inputs:` is a JSON Schema of the start variables, an object's (StartInstance checks it)."""
     if schema is None:
         return None
     if not isinstance(schema, dict):
-        checker.report(path, f"must be a JSON Schema object, not {_kind(schema)}")
+        checker.report(path, f"must be a JSON Schema object, not {kind(schema)}")
         return None
     problems = schema_problems(schema)
     if schema.get("type", "object") != "object":
@@ -441,7 +236,7 @@ def _check_input_schema(checker: _Checker, schema: Any, path: tuple[str | int, .
 
 
 def _check_process(
-    checker: _Checker,
+    checker: Checker,
     raw: Any,
     path: tuple[str | int, ...],
     servers: dict[str, ToolServerSpec],
@@ -522,20 +317,20 @@ def _reachable(nodes: dict[str, Node], start: str) -> set[str]:
 
 
 def _check_node(
-    checker: _Checker,
+    checker: Checker,
     raw: Any,
     path: tuple[str | int, ...],
     servers: dict[str, ToolServerSpec],
     models: dict[str, ModelProfile],
 ) -> Node | None:
     if not isinstance(raw, dict):
-        checker.report(path, f"must be a mapping, not {_kind(raw)}")
+        checker.report(path, f"must be a mapping, not {kind(raw)}")
         return None
     node_type = raw.get("type")
     if node_type not in NODE_TYPES:
         checker.report((*path, "type"), f"{node_type!r} is not one of: {', '.join(NODE_TYPES)}")
         return None
-    data = checker.mapping(raw, path, _NODE_KEYS[node_type])
+    data = checker.mapping(raw, path, set(NODE_KEYS[node_type]))
     node_id = checker.string(data, "id", path, pattern=_IDENTIFIER, what="node id")
     if node_id is None:
         return None
@@ -544,7 +339,7 @@ def _check_node(
     inputs = data.get("inputs")
     if inputs is not None:
         if not isinstance(inputs, dict):
-            checker.report((*path, "inputs"), f"must be a mapping, not {_kind(inputs)}")
+            checker.report((*path, "inputs"), f"must be a mapping, not {kind(inputs)}")
             inputs = None
         else:
             _check_references(checker, inputs, (*path, "inputs"))
@@ -566,7 +361,7 @@ def _check_node(
 
 
 def _check_agent(
-    checker: _Checker,
+    checker: Checker,
     data: dict[str, Any],
     path: tuple[str | int, ...],
     servers: dict[str, ToolServerSpec],
@@ -588,7 +383,7 @@ def _check_agent(
     refs = data.get("tools", [])
     tools: list[str] = []
     if not isinstance(refs, list):
-        checker.report((*path, "tools"), f"must be a list of server/tool references, not {_kind(refs)}")
+        checker.report((*path, "tools"), f"must be a list of server/tool references, not {kind(refs)}")
         refs = []
     for index, ref in enumerate(refs):
         ref_path = (*path, "tools", index)
@@ -608,7 +403,7 @@ def _check_agent(
     schema = data.get("output_schema")
     if schema is not None:
         if not isinstance(schema, dict):
-            checker.report((*path, "output_schema"), f"must be a JSON Schema object, not {_kind(schema)}")
+            checker.report((*path, "output_schema"), f"must be a JSON Schema object, not {kind(schema)}")
         else:
             problems = schema_problems(schema)
             for problem in problems:
@@ -642,27 +437,8 @@ def _check_agent(
     return values
 
 
-_ISO_DURATION = re.compile(
-    r"^P(?:(?P<weeks>\d+(?:\.\d+)?)W)?(?:(?P<days>\d+(?:\.\d+)?)D)?"
-    r"(?:T(?:(?P<hours>\d+(?:\.\d+)?)H)?(?:(?P<minutes>\d+(?:\.\d+)?)M)?(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?$"
-)
-_DURATION_UNITS = {"weeks": 604_800, "days": 86_400, "hours": 3_600, "minutes": 60, "seconds": 1}
-
-
-def iso_duration_seconds(text: str) -> float | None:
-    """Seconds in an ISO-8601 duration of weeks, days, hours, minutes and seconds (no years or
-    months: their length depends on the calendar); None if it is not one."""
-    match = _ISO_DURATION.match(text.strip())
-    if match is None or text.strip() in ("P", "PT") or text.strip().endswith("T"):
-        return None
-    parts = {name: value for name, value in match.groupdict().items() if value is not None}
-    if not parts:
-        return None
-    return sum(float(value) * _DURATION_UNITS[name] for name, value in parts.items())
-
-
 def _check_provider(
-    checker: _Checker,
+    checker: Checker,
     data: dict[str, Any],
     path: tuple[str | int, ...],
     model: str | None,
@@ -692,7 +468,7 @@ def _check_provider(
 
 
 def _check_branches(
-    checker: _Checker, data: dict[str, Any], path: tuple[str | int, ...]
+    checker: Checker, data: dict[str, Any], path: tuple[str | int, ...]
 ) -> tuple[tuple[Branch, ...], str | None]:
     raw = data.get("branches")
     branches: list[Branch] = []
@@ -714,7 +490,7 @@ def _check_branches(
     return tuple(branches), default
 
 
-def _check_references(checker: _Checker, value: Any, path: tuple[str | int, ...]) -> None:
+def _check_references(checker: Checker, value: Any, path: tuple[str | int, ...]) -> None:
     if isinstance(value, str):
         for problem in reference_syntax_errors(value):
             checker.report(path, problem)
