@@ -134,7 +134,7 @@ async def test_the_engines_deploy_check_carries_the_operator_into_the_brokers_au
     elsewhere = bundle(f"http://localhost:{crm.url.rsplit(':', 1)[1]}")  # the same server, another origin
     with pytest.raises(EngineError) as refused:
         await check(parse_bundle(elsewhere), "mallory@ops")
-    assert refused.value.reason == "CREDENTIAL_UNAVAILABLE"
+    assert refused.value.reason_name == "CREDENTIAL_UNAVAILABLE"
     assert "CREDENTIAL_ORIGIN_NOT_ALLOWED" in str(refused.value) or "may not be sent" in str(refused.value)
     await asyncio.sleep(0.2)  # the broker writes its log lines after answering
 

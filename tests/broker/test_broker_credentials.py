@@ -373,7 +373,7 @@ async def test_the_engine_reads_deploy_credentials_through_the_broker(broker, va
     as_a_worker = BrokerCredentials(broker.address, dev_tokens.directory / "worker-token")
     with pytest.raises(EngineError) as refused:
         await as_a_worker.secret("crm-token", "crm", crm.url, "ops")
-    assert refused.value.reason == "CREDENTIAL_UNAVAILABLE"
+    assert refused.value.reason_name == "CREDENTIAL_UNAVAILABLE"
     assert crm.token not in str(refused.value)
 
 

@@ -468,7 +468,7 @@ async def test_two_replicas_journaling_one_task_keep_sequence_and_limits(engine,
                 0,
             )
         )
-    assert caught.value.reason == "SEQUENCE_CONFLICT"
+    assert caught.value.reason_name == "SEQUENCE_CONFLICT"
     await replicas[0].append(model_call(2, "COMPLETED"))
     await replicas[1].append(model_call(3, "STARTED"))  # the third and last model call the limits allow
     with pytest.raises(Exception) as caught:

@@ -168,4 +168,4 @@ async def test_two_key_ids_sharing_key_bytes_still_keep_their_rows_apart(engine,
     await _column(db, 1, "key_id", "kb")
     with pytest.raises(EngineError) as caught:
         await replica.journal(task_id)
-    assert caught.value.reason == "JOURNAL_INTEGRITY"
+    assert caught.value.reason_name == "JOURNAL_INTEGRITY"

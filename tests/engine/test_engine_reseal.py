@@ -113,7 +113,7 @@ async def test_an_approval_decided_under_the_old_key_is_still_honoured_once_that
                 call_request("call_0", {**PROPOSED, "priority": "low"}),
             )
         )
-    assert caught.value.reason == "APPROVAL_REQUIRED"
+    assert caught.value.reason_name == "APPROVAL_REQUIRED"
     steps = await journal(engine, again.id)
     assert plain(steps[1].response)["approval"]["arguments"] == PROPOSED
     assert plain(steps[2].response) == {"ticketId": "T-1"}

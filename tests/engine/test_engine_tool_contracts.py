@@ -163,7 +163,7 @@ async def test_a_missing_credential_source_is_named_not_called_unreachable(crm):
     check = McpContractCheck(None, timeout_seconds=5)
     with pytest.raises(EngineError) as caught:
         await check(parse_bundle(bundle(crm.url)), "ops")
-    assert caught.value.reason == "TOOL_SERVER_UNAUTHORIZED"
+    assert caught.value.reason_name == "TOOL_SERVER_UNAUTHORIZED"
     assert caught.value.field == "tool_servers.crm.credential"
     assert "no credential source to read 'crm-token' from" in caught.value.message
     assert (

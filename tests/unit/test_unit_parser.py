@@ -69,7 +69,7 @@ def test_every_problem_is_named_with_its_line_and_field_in_one_refusal() -> None
     text = text.replace("confidence_threshold: 80", "confidence_threshold: 120")
     refusal = refused(text)
     where = {(problem.field, problem.line) for problem in refusal.problems}
-    assert refusal.reason == "DEFINITION_INVALID"
+    assert refusal.reason_name == "DEFINITION_INVALID"
     assert where == {
         ("processes[0].nodes[0].confidence_threshold", line_with(text, "confidence_threshold")),
         ("processes[0].nodes[0].outage_budget", line_with(text, "outage_budget")),

@@ -10,11 +10,20 @@ from collections.abc import Mapping
 from typing import Any
 
 import grpc
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 
 from .status import RpcStatus, read_status, refused_item_status
 
 # The engine refuses a call under a lease that is no longer the caller's with one of these reasons.
-LEASE_LOST_REASONS = frozenset({"NOT_LEASE_HOLDER", "LEASE_EXPIRED", "TASK_NOT_LEASED", "ATTEMPT_MISMATCH"})
+LEASE_LOST_REASONS = frozenset(
+    ErrorReason.Name(reason)
+    for reason in (
+        ErrorReason.NOT_LEASE_HOLDER,
+        ErrorReason.LEASE_EXPIRED,
+        ErrorReason.TASK_NOT_LEASED,
+        ErrorReason.ATTEMPT_MISMATCH,
+    )
+)
 
 
 class AbadaError(Exception):
@@ -45,7 +54,8 @@ class AbadaError(Exception):
     def transient(self) -> bool:
         """Worth asking again later: the engine was unreachable, slow or pushing back."""
         return isinstance(self, EngineUnavailable) or (
-            self.code is grpc.StatusCode.RESOURCE_EXHAUSTED and self.reason != "LIMIT_EXCEEDED"
+            self.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+            and self.reason != ErrorReason.Name(ErrorReason.LIMIT_EXCEEDED)
         )
 
 

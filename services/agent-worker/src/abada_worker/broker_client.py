@@ -10,6 +10,7 @@ import logging
 
 import grpc
 from abada.broker.v1 import credential_pb2, credential_pb2_grpc
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_sdk.connection import BearerToken, ClientTls, Connection
 
 from .dependencies import BROKER, SECRET_STORE, DependencyDown
@@ -22,7 +23,7 @@ from .settings import WorkerSettings
 log = logging.getLogger(__name__)
 
 # The broker's word for its secret store (Vault) being sealed or out of reach.
-SECRET_STORE_UNAVAILABLE = "SECRET_STORE_UNAVAILABLE"
+SECRET_STORE_UNAVAILABLE = ErrorReason.Name(ErrorReason.SECRET_STORE_UNAVAILABLE)
 
 
 class Secret:

@@ -15,6 +15,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
+
 from .errors import EngineUnavailable, LeaseLost
 from .interruption import TaskInterruption
 
@@ -55,7 +57,7 @@ async def until_the_engine_takes_it(
             pause = min(pause * 2, MAX_PAUSE_SECONDS)
             continue
         except LeaseLost as lost:
-            if lost.reason != "LEASE_EXPIRED" or renew is None or renewed:
+            if lost.reason != ErrorReason.Name(ErrorReason.LEASE_EXPIRED) or renew is None or renewed:
                 raise
             renewed = must_renew = True
             continue

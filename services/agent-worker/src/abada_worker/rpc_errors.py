@@ -6,16 +6,17 @@ from dataclasses import dataclass, fields
 
 import grpc
 from abada.engine.v1 import external_task_pb2
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_sdk.errors import LEASE_LOST_REASONS
 from abada_sdk.status import RpcStatus, read_status, refused_item_status
 
 TRANSIENT_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 )
-LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
-MODEL_QUOTA_EXHAUSTED = "MODEL_QUOTA_EXHAUSTED"
+LIMIT_EXCEEDED = ErrorReason.Name(ErrorReason.LIMIT_EXCEEDED)
+MODEL_QUOTA_EXHAUSTED = ErrorReason.Name(ErrorReason.MODEL_QUOTA_EXHAUSTED)
 # The engine refused a call to a dependency that is down (the task is parked instead).
-DEPENDENCY_UNAVAILABLE = "DEPENDENCY_UNAVAILABLE"
+DEPENDENCY_UNAVAILABLE = ErrorReason.Name(ErrorReason.DEPENDENCY_UNAVAILABLE)
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ class AuditLog:
         )
 
     def refused(self, record: AuditRecord, error: BrokerError) -> None:
-        self._write(REFUSED, record, outcome=error.outcome.value, reason=error.reason, expire_time=None)
+        self._write(REFUSED, record, outcome=error.outcome.value, reason=error.reason_name, expire_time=None)
 
     def _write(
         self, event: str, record: AuditRecord, *, outcome: str, reason: str | None, expire_time: str | None

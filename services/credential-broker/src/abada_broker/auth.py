@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 
-from .errors import MISSING_ROLE, WORKER_ID_MISMATCH, permission_denied, unauthenticated
+from .errors import permission_denied, unauthenticated
 
 log = logging.getLogger(__name__)
 
@@ -67,19 +68,19 @@ class Caller:
 
     def require_role(self, role: str) -> None:
         if not self.has_role(role):
-            raise permission_denied(MISSING_ROLE, f"this call needs the {role!r} role", role=role)
+            raise permission_denied(ErrorReason.MISSING_ROLE, f"this call needs the {role!r} role", role=role)
 
     def require_worker_id(self, worker_id: str) -> None:
         if not self.may_act_as(worker_id):
             raise permission_denied(
-                WORKER_ID_MISMATCH,
+                ErrorReason.WORKER_ID_MISMATCH,
                 f"worker_id must be {self.identity!r} or start with {self.identity + '/'!r} for this caller",
             )
 
 
 class Callers(Protocol):
     def authenticate(self, token: str | None) -> Caller:
-        """The caller presenting ``token``; raises an UNAUTHENTICATED :class:`BrokerError`."""
+        """The caller presenting ``token``; raises an ErrorReason.UNAUTHENTICATED :class:`BrokerError`."""
         ...
 
 

@@ -15,27 +15,24 @@ from dataclasses import dataclass
 
 import grpc
 from abada.engine.v1 import lease_pb2, lease_pb2_grpc
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_sdk.connection import Connection, ConnectionConfigError
 from abada_sdk.status import read_status
 
-from .errors import (
-    ENGINE_REFUSED_BROKER,
-    ENGINE_UNAVAILABLE,
-    LEASE_REFUSALS,
-    BrokerError,
-    invalid_argument,
-    permission_denied,
-    unavailable,
-)
+from .errors import BrokerError, invalid_argument, permission_denied, unavailable
 
 log = logging.getLogger(__name__)
 
 # What the worker is told for each refusal; our own words, so nothing of the engine's message leaks.
-_REFUSAL_MESSAGES = {
-    "UNKNOWN_TASK": "no such external task",
-    "NOT_LEASE_HOLDER": "this worker does not hold the task's lease",
-    "LEASE_EXPIRED": "the lease on this task has expired",
-    "SERVER_NOT_BOUND": "the task's node has no tool bound on this server",
+# The engine's VerifyLease refusals, passed on to the worker under the same reason.
+_LEASE_REFUSALS: dict[str, tuple[ErrorReason, str]] = {
+    ErrorReason.Name(reason): (reason, message)
+    for reason, message in (
+        (ErrorReason.UNKNOWN_TASK, "no such external task"),
+        (ErrorReason.NOT_LEASE_HOLDER, "this worker does not hold the task's lease"),
+        (ErrorReason.LEASE_EXPIRED, "the lease on this task has expired"),
+        (ErrorReason.SERVER_NOT_BOUND, "the task's node has no tool bound on this server"),
+    )
 }
 # Closing a replaced channel at once would cut calls still running on it.
 _OLD_CHANNEL_GRACE_SECONDS = 30.0
@@ -116,8 +113,9 @@ class EngineLeaseClient:
     def _translate(self, error: grpc.aio.AioRpcError) -> BrokerError:
         code = error.code()
         reason, field = _error_info(error)
-        if code is grpc.StatusCode.PERMISSION_DENIED and reason in LEASE_REFUSALS:
-            return permission_denied(reason, _REFUSAL_MESSAGES[reason])
+        if code is grpc.StatusCode.PERMISSION_DENIED and reason in _LEASE_REFUSALS:
+            passed_on, message = _LEASE_REFUSALS[reason]
+            return permission_denied(passed_on, message)
         if code is grpc.StatusCode.INVALID_ARGUMENT:
             # The broker checks its input first, so this is rare: pass on which field the engine disliked.
             return invalid_argument(field or "request", "was refused by the engine as invalid")
@@ -128,7 +126,8 @@ class EngineLeaseClient:
                 extra={"engine": self._address, "code": code.name, "engine_reason": reason},
             )
             return unavailable(
-                ENGINE_REFUSED_BROKER, "the broker cannot verify leases right now; try again later"
+                ErrorReason.ENGINE_REFUSED_BROKER,
+                "the broker cannot verify leases right now; try again later",
             )
         log.warning(
             "VerifyLease failed",
@@ -140,7 +139,7 @@ class EngineLeaseClient:
             },
         )
         return unavailable(
-            ENGINE_UNAVAILABLE, "the engine cannot verify the lease right now; try again later"
+            ErrorReason.ENGINE_UNAVAILABLE, "the engine cannot verify the lease right now; try again later"
         )
 
 

@@ -15,14 +15,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
+
 from .audit import AuditLog, AuditRecord
 from .auth import ENGINE, WORKER, Callers
 from .engine_client import VerifiedLease
 from .errors import (
-    CREDENTIAL_NOT_CONFIGURED,
-    CREDENTIAL_NOT_FOUND,
-    LEASE_EXPIRED,
-    SECRET_STORE_UNAVAILABLE,
     BrokerError,
     failed_precondition,
     internal,
@@ -124,7 +122,7 @@ class CredentialIssuer:
             record.url = lease.url or None
             if not lease.credential:
                 raise failed_precondition(
-                    CREDENTIAL_NOT_CONFIGURED,
+                    ErrorReason.CREDENTIAL_NOT_CONFIGURED,
                     f"tool server {request.server!r} has no credential in the task's definition",
                 )
             self._origins.check(lease.credential, lease.url)
@@ -134,7 +132,7 @@ class CredentialIssuer:
             expire_time = min(lease.expires_at, now + self._max_ttl)
             if expire_time <= now:
                 # The lease ran out while the secret was being read.
-                raise permission_denied(LEASE_EXPIRED, "the lease on this task has expired")
+                raise permission_denied(ErrorReason.LEASE_EXPIRED, "the lease on this task has expired")
             return IssuedCredential(credential=lease.credential, secret=secret, expire_time=expire_time)
 
         issued = await self._audited(record, issue)
@@ -192,7 +190,7 @@ class CredentialIssuer:
             return await self._store.read(credential)
         except SecretNotFound:
             raise failed_precondition(
-                CREDENTIAL_NOT_FOUND,
+                ErrorReason.CREDENTIAL_NOT_FOUND,
                 f"credential {credential!r} has no value in the secret store",
                 credential=credential,
             ) from None
@@ -204,7 +202,7 @@ class CredentialIssuer:
                 extra={"credential": credential, "error_type": type(error).__name__, "detail": str(error)},
             )
             raise unavailable(
-                SECRET_STORE_UNAVAILABLE, "the secret store is unavailable; try again later"
+                ErrorReason.SECRET_STORE_UNAVAILABLE, "the secret store is unavailable; try again later"
             ) from None
 
 

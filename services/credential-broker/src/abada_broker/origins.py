@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 
 from .errors import BrokerError, Outcome
 
 log = logging.getLogger(__name__)
 
-CREDENTIAL_ORIGIN_NOT_ALLOWED = "CREDENTIAL_ORIGIN_NOT_ALLOWED"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -63,7 +63,7 @@ def is_loopback(origin: str) -> bool:
 def _refused(message: str, credential: str) -> BrokerError:
     return BrokerError(
         Outcome.PERMISSION_DENIED,
-        CREDENTIAL_ORIGIN_NOT_ALLOWED,
+        ErrorReason.CREDENTIAL_ORIGIN_NOT_ALLOWED,
         message,
         field="url",
         metadata={"credential": credential},
@@ -86,7 +86,7 @@ class CredentialOrigins:
             self._allowed()  # a broken file stops the broker at start, not at the first request
 
     def check(self, credential: str, url: str) -> None:
-        """Raise ``CREDENTIAL_ORIGIN_NOT_ALLOWED`` unless ``credential`` may be sent to ``url``."""
+        """Raise ``ErrorReason.CREDENTIAL_ORIGIN_NOT_ALLOWED`` unless ``credential`` may be sent to ``url``."""
         try:
             origin = origin_of(url)
         except ValueError as error:

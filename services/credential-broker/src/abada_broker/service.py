@@ -34,7 +34,7 @@ async def _abort(context: grpc.aio.ServicerContext, error: BrokerError) -> None:
     await rpc_status.abort(
         context,
         rpc_status.status_message(
-            error.outcome, error.reason, error.message, field=error.field or "", metadata=error.metadata
+            error.outcome, error.reason_name, error.message, field=error.field or "", metadata=error.metadata
         ),
     )
 

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 
 import yaml
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 
 from abada_engine.errors import Category, EngineError
 from abada_engine.private_files import write_private
@@ -156,7 +157,7 @@ def require_role(caller: Caller, role: str | tuple[str, ...], what: str) -> None
     if not caller.roles & set(accepted):
         raise EngineError(
             Category.PERMISSION_DENIED,
-            "ROLE_REQUIRED",
+            ErrorReason.ROLE_REQUIRED,
             f"{caller.identity!r} may not call {what}: it needs the {' or '.join(accepted)} role",
             metadata={"role": accepted[0]},
         )
@@ -169,7 +170,7 @@ def require_worker(caller: Caller | None, worker_id: str, topics: list[str] | No
     if not caller.may_act_as(worker_id):
         raise EngineError(
             Category.PERMISSION_DENIED,
-            "WORKER_ID_MISMATCH",
+            ErrorReason.WORKER_ID_MISMATCH,
             f"you are authenticated as {caller.identity!r} and may not act as worker {worker_id!r}",
             field="worker_id",
         )
@@ -177,7 +178,7 @@ def require_worker(caller: Caller | None, worker_id: str, topics: list[str] | No
         if not caller.may_fetch(topic):
             raise EngineError(
                 Category.PERMISSION_DENIED,
-                "TOPIC_NOT_ALLOWED",
+                ErrorReason.TOPIC_NOT_ALLOWED,
                 f"{caller.identity!r} may not work on topic {topic!r}",
                 field=f"topics[{index}].name",
             )

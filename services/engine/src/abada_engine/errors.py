@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_common.errors import Category as Category  # the services' one list of categories
 
 
@@ -29,7 +30,8 @@ class FieldProblem:
 @dataclass
 class EngineError(Exception):
     category: Category
-    reason: str
+    # Declared once, in the protos: its name is the ErrorInfo reason the caller reads.
+    reason: ErrorReason
     message: str
     field: str = ""
     problems: list[FieldProblem] = dataclass_field(default_factory=list)
@@ -43,14 +45,20 @@ class EngineError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    @property
+    def reason_name(self) -> str:
+        return ErrorReason.Name(self.reason)
 
-def invalid(reason: str, field_name: str, why: str) -> EngineError:
+
+def invalid(reason: ErrorReason, field_name: str, why: str) -> EngineError:
     return EngineError(Category.INVALID_ARGUMENT, reason, f"{field_name}: {why}", field=field_name)
 
 
 def not_found(what: str, ident: str, field_name: str) -> EngineError:
-    return EngineError(Category.NOT_FOUND, "NOT_FOUND", f"{what} {ident!r} not found", field=field_name)
+    return EngineError(
+        Category.NOT_FOUND, ErrorReason.NOT_FOUND, f"{what} {ident!r} not found", field=field_name
+    )
 
 
-def precondition(reason: str, message: str, field_name: str = "") -> EngineError:
+def precondition(reason: ErrorReason, message: str, field_name: str = "") -> EngineError:
     return EngineError(Category.FAILED_PRECONDITION, reason, message, field=field_name)

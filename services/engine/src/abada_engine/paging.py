@@ -20,15 +20,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
+
 from abada_engine.errors import invalid
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 # Lists that returned everything before they paged keep that default, up to this many.
 MAX_LISTED = 1000
-
-# The ErrorInfo reason of a refused token (declared on the page_token fields in the protos).
-PAGE_TOKEN_INVALID = "PAGE_TOKEN_INVALID"
 
 # The types a sort key is made of, and how each travels in a token.
 KeyPart = datetime | uuid.UUID | str | int
@@ -101,7 +100,7 @@ class PageTokens:
         """The page a request asks for; refuses a size out of range or a token this engine did not issue
         for this listing with these filters."""
         if page_size < 0 or page_size > max_size:
-            raise invalid("INVALID_ARGUMENT", "page_size", f"must be between 0 and {max_size}")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "page_size", f"must be between 0 and {max_size}")
         size = page_size or default_size
         if not page_token:
             return Page(size, None, listing_name)
@@ -117,7 +116,7 @@ class PageTokens:
             after = tuple(_decode(value, kind) for value, kind in zip(values, key_types, strict=True))
         except (ValueError, binascii.Error, UnicodeDecodeError):
             raise invalid(
-                PAGE_TOKEN_INVALID,
+                ErrorReason.PAGE_TOKEN_INVALID,
                 "page_token",
                 "is not a token this engine issued for this list with these filters; "
                 "start again without a page_token",

@@ -7,6 +7,7 @@ from datetime import datetime
 
 import grpc
 from abada.engine.v1 import approval_pb2, approval_pb2_grpc
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 
 from abada_engine.errors import invalid
 from abada_engine.paging import MAX_LISTED, PageTokens, listing
@@ -113,7 +114,9 @@ class ApprovalHandler(approval_pb2_grpc.ApprovalServiceServicer):
         decision = _DECISIONS.get(request.decision)
         if decision is None:
             raise invalid(
-                "INVALID_ARGUMENT", "decision", "say APPROVAL_DECISION_APPROVE or APPROVAL_DECISION_REJECT"
+                ErrorReason.INVALID_ARGUMENT,
+                "decision",
+                "say APPROVAL_DECISION_APPROVE or APPROVAL_DECISION_REJECT",
             )
         caller = current_caller.get()
         decided = await self._approvals.decide(

@@ -8,6 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_common import struct_codec
 from abada_common.struct_codec import to_struct as to_struct  # the handlers' Struct codec
 from google.protobuf import struct_pb2, timestamp_pb2
@@ -23,15 +24,15 @@ def storable(values: dict[str, Any], field: str, max_bytes: int | None = None) -
     as JSON or holding a NUL character (PostgreSQL's jsonb cannot store one)."""
     as_json = json.dumps(values)
     if max_bytes is not None and len(as_json) > max_bytes:
-        raise invalid("INVALID_ARGUMENT", field, f"are larger than {max_bytes} bytes as JSON")
+        raise invalid(ErrorReason.INVALID_ARGUMENT, field, f"are larger than {max_bytes} bytes as JSON")
     if "\\u0000" in as_json and _NUL_IN_JSON.search(as_json):
-        raise invalid("INVALID_ARGUMENT", field, "must not contain NUL characters (U+0000)")
+        raise invalid(ErrorReason.INVALID_ARGUMENT, field, "must not contain NUL characters (U+0000)")
     return values
 
 
 def storable_text(value: str, field: str) -> str:
     if "\x00" in value:
-        raise invalid("INVALID_ARGUMENT", field, "must not contain NUL characters (U+0000)")
+        raise invalid(ErrorReason.INVALID_ARGUMENT, field, "must not contain NUL characters (U+0000)")
     return value
 
 
@@ -41,7 +42,9 @@ def from_struct(message: struct_pb2.Struct, field: str = "") -> dict[str, Any]:
     try:
         return struct_codec.from_struct(message)
     except struct_codec.NotFinite as error:
-        raise invalid("INVALID_ARGUMENT", field, f"holds {error}, which JSON cannot carry") from None
+        raise invalid(
+            ErrorReason.INVALID_ARGUMENT, field, f"holds {error}, which JSON cannot carry"
+        ) from None
 
 
 def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
@@ -54,11 +57,11 @@ def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
 
 def parse_uuid(value: str, field: str) -> uuid.UUID:
     if not value:
-        raise invalid("INVALID_ARGUMENT", field, "is required")
+        raise invalid(ErrorReason.INVALID_ARGUMENT, field, "is required")
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise invalid("INVALID_ARGUMENT", field, f"{value!r} is not a valid id") from None
+        raise invalid(ErrorReason.INVALID_ARGUMENT, field, f"{value!r} is not a valid id") from None
 
 
 def optional_uuid(value: str, field: str) -> uuid.UUID | None:

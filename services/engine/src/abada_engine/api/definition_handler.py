@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 from abada.engine.v1 import definition_pb2, definition_pb2_grpc
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import invalid
@@ -30,10 +31,12 @@ class DefinitionHandler(definition_pb2_grpc.DefinitionServiceServicer):
         self, request: definition_pb2.DeployRequest, context: grpc.aio.ServicerContext
     ) -> definition_pb2.DeployResponse:
         if not request.content.strip():
-            raise invalid("DEFINITION_INVALID", "content", "the bundle is empty")
+            raise invalid(ErrorReason.DEFINITION_INVALID, "content", "the bundle is empty")
         if len(request.content.encode()) > MAX_BUNDLE_BYTES:
             raise invalid(
-                "DEFINITION_INVALID", "content", f"the bundle is larger than {MAX_BUNDLE_BYTES} bytes"
+                ErrorReason.DEFINITION_INVALID,
+                "content",
+                f"the bundle is larger than {MAX_BUNDLE_BYTES} bytes",
             )
         caller = current_caller.get()
         result = await self._catalog.deploy(
@@ -52,7 +55,7 @@ class DefinitionHandler(definition_pb2_grpc.DefinitionServiceServicer):
         elif request.process_id:
             found = await self._catalog.find(request.process_id, request.version)
         else:
-            raise invalid("INVALID_ARGUMENT", "process_id", "give a definition_id or a process_id")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "process_id", "give a definition_id or a process_id")
         return definition_pb2.GetDefinitionResponse(definition=messages.definition(found))
 
     async def ListDefinitions(

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_common import rpc_status
 from google.rpc import status_pb2
 
@@ -22,7 +23,9 @@ log = logging.getLogger(__name__)
 
 # A request that met PostgreSQL out of reach: send it again shortly (every RPC may be repeated safely).
 DATABASE_UNAVAILABLE = EngineError(
-    Category.UNAVAILABLE, "DATABASE_UNAVAILABLE", "the engine cannot reach its database; try again shortly"
+    Category.UNAVAILABLE,
+    ErrorReason.DATABASE_UNAVAILABLE,
+    "the engine cannot reach its database; try again shortly",
 )
 
 
@@ -30,12 +33,12 @@ def _violations(error: EngineError) -> list[rpc_status.Violation]:
     return [rpc_status.Violation(problem.field, str(problem)) for problem in error.problems]
 
 
-INTERNAL_ERROR = EngineError(Category.INTERNAL, "INTERNAL", "internal error; see the engine log")
+INTERNAL_ERROR = EngineError(Category.INTERNAL, ErrorReason.INTERNAL, "internal error; see the engine log")
 
 # The checks of each field run first; this catches a text the database refuses that no check named.
 UNSTORABLE_TEXT = EngineError(
     Category.INVALID_ARGUMENT,
-    "INVALID_ARGUMENT",
+    ErrorReason.INVALID_ARGUMENT,
     "a text in the request holds a character the database cannot store (such as NUL, U+0000)",
 )
 
@@ -44,7 +47,7 @@ def status_of(error: EngineError) -> status_pb2.Status:
     """The refusal as the `google.rpc.Status` a failed call would carry."""
     return rpc_status.status_message(
         error.category,
-        error.reason,
+        error.reason_name,
         error.message,
         field=error.field,
         metadata=error.metadata,

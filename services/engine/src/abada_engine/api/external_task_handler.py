@@ -8,6 +8,7 @@ from typing import Protocol
 
 import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_common.telemetry import inject_traceparent
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -93,19 +94,21 @@ def _check_batch(worker_id: str, items: Sequence[_BatchItem], field: str) -> Non
     holds 1 to MAX_BATCH items, all of this worker's, at most one a task."""
     count = len(items)
     if not 1 <= count <= MAX_BATCH:
-        raise invalid("INVALID_ARGUMENT", field, f"send 1 to {MAX_BATCH} {field}, not {count}")
+        raise invalid(ErrorReason.INVALID_ARGUMENT, field, f"send 1 to {MAX_BATCH} {field}, not {count}")
     seen: set[str] = set()
     for index, item in enumerate(items):
         where = f"{field}[{index}]"
         if item.worker_id not in ("", worker_id):
             raise invalid(
-                "WORKER_ID_MISMATCH",
+                ErrorReason.WORKER_ID_MISMATCH,
                 f"{where}.worker_id",
                 f"must be empty or this request's worker_id {worker_id!r}",
             )
         if item.task_id in seen:
             raise invalid(
-                "INVALID_ARGUMENT", f"{where}.task_id", f"task {item.task_id!r} is in this call twice"
+                ErrorReason.INVALID_ARGUMENT,
+                f"{where}.task_id",
+                f"task {item.task_id!r} is in this call twice",
             )
         seen.add(item.task_id)
 
@@ -192,11 +195,15 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
     ) -> external_task_pb2.AppendStepResponse:
         kind = _KIND_NAMES.get(request.kind)
         if kind is None:
-            raise invalid("INVALID_ARGUMENT", "kind", "must be STEP_KIND_MODEL_CALL or STEP_KIND_TOOL_CALL")
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT, "kind", "must be STEP_KIND_MODEL_CALL or STEP_KIND_TOOL_CALL"
+            )
         state = _STATE_NAMES.get(request.state)
         if state is None:
             raise invalid(
-                "INVALID_ARGUMENT", "state", "must be STARTED, COMPLETED, FAILED or AWAITING_APPROVAL"
+                ErrorReason.INVALID_ARGUMENT,
+                "state",
+                "must be STARTED, COMPLETED, FAILED or AWAITING_APPROVAL",
             )
         sent_request = from_struct(request.request, "request") if request.HasField("request") else None
         sent_response = from_struct(request.response, "response") if request.HasField("response") else None
@@ -227,7 +234,10 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         refusal = as_refusal(error, where, self.database)
         status = status_of(refusal)
         return external_task_pb2.Refusal(
-            code=status.code, message=status.message, reason=refusal.reason, status=status.SerializeToString()
+            code=status.code,
+            message=status.message,
+            reason=refusal.reason_name,
+            status=status.SerializeToString(),
         )
 
     async def GetJournal(
@@ -289,7 +299,7 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         for index, completion in enumerate(request.completions):
             if completion.HasField("fetch_next"):
                 raise invalid(
-                    "INVALID_ARGUMENT",
+                    ErrorReason.INVALID_ARGUMENT,
                     f"completions[{index}].fetch_next",
                     "set fetch_next on the batch, not on a completion",
                 )
@@ -388,9 +398,9 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
         require_worker(current_caller.get(), request.worker_id)
         kind = messages.DEPENDENCY_KIND_NAMES.get(request.dependency.kind)
         if kind is None:
-            raise invalid("INVALID_ARGUMENT", "dependency.kind", "name the kind of dependency")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "dependency.kind", "name the kind of dependency")
         if request.retry_after_ms < 0:
-            raise invalid("INVALID_ARGUMENT", "retry_after_ms", "cannot be negative")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "retry_after_ms", "cannot be negative")
         decision = await self._dependencies.report(
             Report(
                 task_id=parse_uuid(request.task_id, "task_id"),

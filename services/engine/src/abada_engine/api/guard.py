@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 
 import grpc
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 
 from abada_engine.auth import Caller, CallerRegistry, require_role
 from abada_engine.errors import Category, EngineError
@@ -49,7 +50,9 @@ class Guard:
                 caller = self._registry.by_token(value[7:].strip())
                 if caller is None:
                     raise EngineError(
-                        Category.UNAUTHENTICATED, "UNKNOWN_CREDENTIAL", "the bearer token is not known"
+                        Category.UNAUTHENTICATED,
+                        ErrorReason.UNKNOWN_CREDENTIAL,
+                        "the bearer token is not known",
                     )
         if caller is None:
             names = list((context.auth_context() or {}).get("x509_common_name") or [])
@@ -58,7 +61,7 @@ class Guard:
         if caller is None:
             raise EngineError(
                 Category.UNAUTHENTICATED,
-                "UNAUTHENTICATED",
+                ErrorReason.UNAUTHENTICATED,
                 "send 'authorization: Bearer <token>' or a client certificate the engine knows",
             )
         require_role(caller, required_role(method), method)

@@ -8,6 +8,7 @@ import logging
 import re
 
 import uvicorn
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -40,13 +41,20 @@ def build_app(
         caller = registry.by_token(header[7:].strip()) if header.lower().startswith("bearer ") else None
         if caller is None:
             return JSONResponse(
-                {"error": "UNAUTHENTICATED", "message": "send 'Authorization: Bearer <token>'"},
+                {
+                    "error": ErrorReason.Name(ErrorReason.UNAUTHENTICATED),
+                    "message": "send 'Authorization: Bearer <token>'",
+                },
                 status_code=401,
                 headers={"WWW-Authenticate": "Bearer"},
             )
         if not caller.roles & STATS_ROLES:
             return JSONResponse(
-                {"error": "ROLE_REQUIRED", "message": "needs the metrics or operator role"}, status_code=403
+                {
+                    "error": ErrorReason.Name(ErrorReason.ROLE_REQUIRED),
+                    "message": "needs the metrics or operator role",
+                },
+                status_code=403,
             )
         return None
 

@@ -7,6 +7,7 @@ from datetime import datetime
 
 import grpc
 from abada.engine.v1 import incident_pb2, incident_pb2_grpc
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 
 from abada_engine.errors import invalid
 from abada_engine.paging import MAX_LISTED, PageTokens, listing
@@ -75,14 +76,14 @@ class IncidentHandler(incident_pb2_grpc.IncidentServiceServicer):
         resolution = _RESOLUTIONS.get(request.resolution)
         if resolution not in ("RETRY", "CANCEL_INSTANCE"):
             raise invalid(
-                "INVALID_ARGUMENT",
+                ErrorReason.INVALID_ARGUMENT,
                 "resolution",
                 "say RETRY or CANCEL_INSTANCE (the others need one decision each)",
             )
         if not request.type:
-            raise invalid("INVALID_ARGUMENT", "type", "name the type of the incidents to resolve")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "type", "name the type of the incidents to resolve")
         if not 0 <= request.max_incidents <= MAX_BULK:
-            raise invalid("INVALID_ARGUMENT", "max_incidents", f"must be between 0 and {MAX_BULK}")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "max_incidents", f"must be between 0 and {MAX_BULK}")
         outcome = await self._incidents.resolve_matching(
             IncidentFilter(
                 type=request.type,
@@ -110,7 +111,9 @@ class IncidentHandler(incident_pb2_grpc.IncidentServiceServicer):
         resolution = _RESOLUTIONS.get(request.resolution)
         if resolution is None:
             raise invalid(
-                "INVALID_ARGUMENT", "resolution", "say RETRY, HAPPENED, DID_NOT_HAPPEN or CANCEL_INSTANCE"
+                ErrorReason.INVALID_ARGUMENT,
+                "resolution",
+                "say RETRY, HAPPENED, DID_NOT_HAPPEN or CANCEL_INSTANCE",
             )
         result = from_struct(request.result) if request.HasField("result") else None
         resolved = await self._incidents.resolve(
@@ -127,5 +130,5 @@ def _dependency_filter(
         return ""
     key = messages.dependency_key_of(request.dependency)
     if not key or not request.dependency.name:
-        raise invalid("INVALID_ARGUMENT", "dependency", "give the dependency's kind and name")
+        raise invalid(ErrorReason.INVALID_ARGUMENT, "dependency", "give the dependency's kind and name")
     return key

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 from abada.engine.v1 import lease_pb2, lease_pb2_grpc
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 
 from abada_engine.errors import invalid
 from abada_engine.runtime.leases import Leases
@@ -26,7 +27,7 @@ class LeaseHandler(lease_pb2_grpc.LeaseServiceServicer):
         self, request: lease_pb2.VerifyLeaseRequest, context: grpc.aio.ServicerContext
     ) -> lease_pb2.VerifyLeaseResponse:
         if not request.server:
-            raise invalid("INVALID_ARGUMENT", "server", "is required")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "server", "is required")
         held, bindings = await self._leases.verify_for_server(
             parse_uuid(request.task_id, "task_id"), request.worker_id, request.lease_token, request.server
         )

@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 from abada.engine.v1 import process_pb2, process_pb2_grpc
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 
 from abada_engine.errors import invalid
 from abada_engine.paging import MAX_LISTED, PageTokens, listing
@@ -42,7 +43,7 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
         self, request: process_pb2.StartInstanceRequest, context: grpc.aio.ServicerContext
     ) -> process_pb2.StartInstanceResponse:
         if request.version < 0:
-            raise invalid("INVALID_ARGUMENT", "version", "must be 0 (latest) or a version number")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "version", "must be 0 (latest) or a version number")
         started = await self._instances.start(
             request.process_id,
             request.version,

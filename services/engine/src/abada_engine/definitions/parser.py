@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import yaml
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 
 from abada_engine.errors import Category, EngineError, FieldProblem
 
@@ -87,7 +88,7 @@ def _invalid(problems: list[FieldProblem]) -> EngineError:
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
     return EngineError(
         Category.INVALID_ARGUMENT,
-        "DEFINITION_INVALID",
+        ErrorReason.DEFINITION_INVALID,
         f"{first}{more}",
         field=first.field,
         problems=problems,

@@ -18,6 +18,7 @@ import grpc
 import httpx2
 import yaml
 from abada.broker.v1 import credential_pb2, credential_pb2_grpc
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_common.tool_limits import MAX_TOOL_LIST_PAGES, MAX_TOOLS, TooMuchFromServer
 from abada_common.tool_schemas import description_sha256, schema_sha256
 from abada_sdk.connection import BearerToken, ClientTls, Connection, ConnectionConfigError
@@ -51,7 +52,7 @@ class FileCredentials:
         except (OSError, yaml.YAMLError) as error:
             raise EngineError(
                 Category.UNAVAILABLE,
-                "CREDENTIAL_UNAVAILABLE",
+                ErrorReason.CREDENTIAL_UNAVAILABLE,
                 f"cannot read the deploy credentials file: {type(error).__name__}",
             ) from None
         value = data.get(credential)
@@ -60,7 +61,7 @@ class FileCredentials:
         if not isinstance(value, str) or not value:
             raise EngineError(
                 Category.FAILED_PRECONDITION,
-                "CREDENTIAL_NOT_FOUND",
+                ErrorReason.CREDENTIAL_NOT_FOUND,
                 f"no credential {credential!r} for tool server {server!r}",
                 field=f"tool_servers.{server}.credential",
             )
@@ -109,7 +110,7 @@ class McpContractCheck:
             if isinstance(over, TooMuchFromServer):
                 raise EngineError(
                     Category.FAILED_PRECONDITION,
-                    "TOOL_SERVER_OVER_LIMIT",
+                    ErrorReason.TOOL_SERVER_OVER_LIMIT,
                     f"tool server {server.name!r} at {server.url} was not listened to further: {over}",
                     field=f"tool_servers.{server.name}.url",
                     metadata={"server": server.name},
@@ -121,7 +122,7 @@ class McpContractCheck:
             )
             raise EngineError(
                 Category.UNAVAILABLE,
-                "TOOL_SERVER_UNAVAILABLE",
+                ErrorReason.TOOL_SERVER_UNAVAILABLE,
                 f"tool server {server.name!r} at {server.url} is unreachable: {cause}",
                 field=f"tool_servers.{server.name}.url",
                 metadata={"server": server.name},
@@ -193,7 +194,7 @@ def _refused(server: ToolServerSpec, status: int, sent_credential: bool) -> Engi
         why = f"it refused the credential {server.credential!r}"
     return EngineError(
         Category.FAILED_PRECONDITION,
-        "TOOL_SERVER_UNAUTHORIZED",
+        ErrorReason.TOOL_SERVER_UNAUTHORIZED,
         f"{answered}: {why}",
         field=f"tool_servers.{server.name}.credential",
         metadata={"server": server.name, "status": str(status)},
@@ -203,7 +204,7 @@ def _refused(server: ToolServerSpec, status: int, sent_credential: bool) -> Engi
 def _mismatch(server: ToolServerSpec, tool: str, message: str) -> EngineError:
     return EngineError(
         Category.FAILED_PRECONDITION,
-        "TOOL_CONTRACT_MISMATCH",
+        ErrorReason.TOOL_CONTRACT_MISMATCH,
         message,
         field=f"tool_servers.{server.name}.tools.{tool}",
         metadata={"server": server.name, "tool": tool},
@@ -241,7 +242,7 @@ class BrokerCredentials:
         except ConnectionConfigError as error:
             raise EngineError(
                 Category.UNAVAILABLE,
-                "CREDENTIAL_UNAVAILABLE",
+                ErrorReason.CREDENTIAL_UNAVAILABLE,
                 f"cannot reach the broker: {error}",
                 field=f"tool_servers.{server}.credential",
             ) from None
@@ -264,7 +265,7 @@ class BrokerCredentials:
                 # The broker's reason (CREDENTIAL_ORIGIN_NOT_ALLOWED, ...) and message are the deployer's to see.
                 raise EngineError(
                     category,
-                    "CREDENTIAL_UNAVAILABLE",
+                    ErrorReason.CREDENTIAL_UNAVAILABLE,
                     f"the broker did not give credential {credential!r}: {error.code().name}: {error.details()}",
                     field=f"tool_servers.{server}.credential",
                 ) from None

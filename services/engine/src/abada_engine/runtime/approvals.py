@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
@@ -105,7 +106,7 @@ class Approvals:
             if await step_store.awaiting_approval_count(conn, task_id) == 0:
                 raise EngineError(
                     Category.FAILED_PRECONDITION,
-                    "NOTHING_TO_APPROVE",
+                    ErrorReason.NOTHING_TO_APPROVE,
                     f"task {task_id} has no tool call awaiting approval: journal one AWAITING_APPROVAL first",
                     field="task_id",
                 )
@@ -176,14 +177,18 @@ class Approvals:
         arguments: dict[str, Any] | None = None,
     ) -> ApprovalView:
         if decision not in DECISIONS:
-            raise invalid("INVALID_ARGUMENT", "decision", "say APPROVE or REJECT")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "decision", "say APPROVE or REJECT")
         comment = comment.strip()
         if decision == "REJECT" and not comment:
-            raise invalid("INVALID_ARGUMENT", "comment", "say why the call is rejected: the model reads it")
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT, "comment", "say why the call is rejected: the model reads it"
+            )
         if decision == "REJECT" and arguments is not None:
-            raise invalid("INVALID_ARGUMENT", "arguments", "only an approval carries arguments")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "arguments", "only an approval carries arguments")
         if len(comment) > MAX_COMMENT_CHARS:
-            raise invalid("INVALID_ARGUMENT", "comment", f"is longer than {MAX_COMMENT_CHARS} characters")
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT, "comment", f"is longer than {MAX_COMMENT_CHARS} characters"
+            )
         async with self._engine.begin() as conn:
             found = await approval_store.listed(conn, approval_id=approval_id)
             if not found:
@@ -367,7 +372,7 @@ class Approvals:
         if not await task_store.park_again(conn, incident.task_id):
             raise EngineError(
                 Category.FAILED_PRECONDITION,
-                "RESOLUTION_NOT_APPLICABLE",
+                ErrorReason.RESOLUTION_NOT_APPLICABLE,
                 f"task {incident.task_id} is no longer held by this incident",
                 field="incident_id",
             )
@@ -379,7 +384,7 @@ class Approvals:
             # rolls the parking back).
             raise EngineError(
                 Category.FAILED_PRECONDITION,
-                "RESOLUTION_NOT_APPLICABLE",
+                ErrorReason.RESOLUTION_NOT_APPLICABLE,
                 f"task {incident.task_id} has no expired approval to ask again",
                 field="incident_id",
             )
@@ -418,14 +423,14 @@ def _check_decidable(row: ListedApproval) -> None:
     if row.instance_state != InstanceState.ACTIVE or row.state == ApprovalState.CANCELED:
         raise EngineError(
             Category.FAILED_PRECONDITION,
-            "INSTANCE_NOT_ACTIVE",
+            ErrorReason.INSTANCE_NOT_ACTIVE,
             f"instance {row.instance_id} is {row.instance_state.lower()}: approval {row.id} can no longer be decided",
             field="approval_id",
         )
     if row.state == ApprovalState.EXPIRED:
         raise EngineError(
             Category.FAILED_PRECONDITION,
-            "APPROVAL_EXPIRED",
+            ErrorReason.APPROVAL_EXPIRED,
             f"approval {row.id} expired at {row.decided_at.isoformat() if row.decided_at else 'its timeout'}: "
             "nobody decided within the node's approval_timeout",
             field="approval_id",
@@ -434,7 +439,7 @@ def _check_decidable(row: ListedApproval) -> None:
         when = row.decided_at.isoformat() if row.decided_at else "earlier"
         raise EngineError(
             Category.FAILED_PRECONDITION,
-            "APPROVAL_ALREADY_DECIDED",
+            ErrorReason.APPROVAL_ALREADY_DECIDED,
             f"approval {row.id} was already {row.state.lower()} by {row.decided_by or 'someone'} at {when}",
             field="approval_id",
             metadata={"state": row.state, "decided_by": row.decided_by or ""},

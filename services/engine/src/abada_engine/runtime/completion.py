@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_common.group_commit import GroupCommit
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -158,7 +159,9 @@ class Completions:
             # The lease or the instance changed between the read and the write; say how.
             async with self._hot.connect() as conn:
                 await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
-            raise EngineError(Category.ABORTED, "CONCURRENT_CHANGE", f"task {task_id} changed; try again")
+            raise EngineError(
+                Category.ABORTED, ErrorReason.CONCURRENT_CHANGE, f"task {task_id} changed; try again"
+            )
         return done
 
     async def _move_many(self, moves: Sequence[TokenMove]) -> list[bool]:
@@ -292,16 +295,18 @@ class Completions:
         retry_after_ms: int = 0,
     ) -> FailResult:
         if len(error_message) > 10_000:
-            raise invalid("INVALID_ARGUMENT", "error_message", "is longer than 10000 characters")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "error_message", "is longer than 10000 characters")
         if transient and no_retry:
             raise invalid(
-                "INVALID_ARGUMENT", "transient", "a failure is temporary or beyond retrying, not both"
+                ErrorReason.INVALID_ARGUMENT,
+                "transient",
+                "a failure is temporary or beyond retrying, not both",
             )
         if retry_after_ms < 0:
-            raise invalid("INVALID_ARGUMENT", "retry_after_ms", "cannot be negative")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "retry_after_ms", "cannot be negative")
         if reserved_for_the_engine(error_code):
             raise invalid(
-                "INVALID_ARGUMENT",
+                ErrorReason.INVALID_ARGUMENT,
                 "error_code",
                 f"{error_code!r} is an incident type only the engine raises; name the failure otherwise",
             )

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
@@ -200,10 +201,14 @@ class Dependencies:
 
     async def _decide(self, report: Report) -> Decision:
         if report.kind not in KINDS:
-            raise invalid("INVALID_ARGUMENT", "dependency.kind", f"must be one of {', '.join(KINDS)}")
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT, "dependency.kind", f"must be one of {', '.join(KINDS)}"
+            )
         if not report.name.strip() or len(report.name) > 200:
             raise invalid(
-                "INVALID_ARGUMENT", "dependency.name", "name the dependency (at most 200 characters)"
+                ErrorReason.INVALID_ARGUMENT,
+                "dependency.name",
+                "name the dependency (at most 200 characters)",
             )
         key = dependency_key(report.kind, report.name)
         error = report.error[:MAX_ERROR_CHARS]
@@ -218,7 +223,7 @@ class Dependencies:
             if key not in dependencies_of(definition, node):
                 raise EngineError(
                     Category.FAILED_PRECONDITION,
-                    "DEPENDENCY_NOT_BOUND",
+                    ErrorReason.DEPENDENCY_NOT_BOUND,
                     f"task {report.task_id} at node {node.id!r} does not depend on {key!r}",
                     field="dependency",
                 )
@@ -386,7 +391,7 @@ class Dependencies:
             )
         raise EngineError(
             Category.FAILED_PRECONDITION,
-            DEPENDENCY_UNAVAILABLE,
+            ErrorReason.DEPENDENCY_UNAVAILABLE,
             f"{key} is down ({circuit.state.lower()}): this call would wait for it; report it and hand the task back",
             field="dependency",
             metadata={"dependency": key},
@@ -450,7 +455,7 @@ class Dependencies:
         if incident.task_id is None or not await task_store.offer_again(conn, incident.task_id):
             raise EngineError(
                 Category.FAILED_PRECONDITION,
-                "TASK_NOT_HELD",
+                ErrorReason.TASK_NOT_HELD,
                 f"incident {incident.id} holds no task to offer again",
                 field="incident_id",
             )

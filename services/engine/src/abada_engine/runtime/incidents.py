@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
@@ -115,7 +116,7 @@ class Incidents:
             try:
                 resolved.append(await self.resolve(incident_id, resolution, None, comment))
             except EngineError as error:
-                refused.append(BulkRefusal(incident_id, error.reason, error.message))
+                refused.append(BulkRefusal(incident_id, error.reason_name, error.message))
         return BulkResolution(resolved, refused, max(0, total - len(ids)))
 
     async def get(self, incident_id: uuid.UUID) -> IncidentView:
@@ -129,7 +130,9 @@ class Incidents:
         self, incident_id: uuid.UUID, resolution: str, result: dict[str, Any] | None, comment: str
     ) -> IncidentView:
         if resolution not in RESOLUTIONS:
-            raise invalid("INVALID_ARGUMENT", "resolution", f"must be one of {', '.join(RESOLUTIONS)}")
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT, "resolution", f"must be one of {', '.join(RESOLUTIONS)}"
+            )
         async with self._engine.begin() as conn:
             row = await incident_store.lock(conn, incident_id)
             if row is None:
@@ -137,7 +140,7 @@ class Incidents:
             if row.state != IncidentState.OPEN:
                 raise EngineError(
                     Category.FAILED_PRECONDITION,
-                    "INCIDENT_RESOLVED",
+                    ErrorReason.INCIDENT_RESOLVED,
                     f"incident {incident_id} is already resolved ({row.resolution})",
                     field="incident_id",
                 )
@@ -154,7 +157,7 @@ class Incidents:
             else:
                 raise EngineError(
                     Category.FAILED_PRECONDITION,
-                    "RESOLUTION_NOT_APPLICABLE",
+                    ErrorReason.RESOLUTION_NOT_APPLICABLE,
                     f"{resolution} does not apply to a {row.type} incident",
                     field="resolution",
                 )
@@ -189,7 +192,7 @@ class Incidents:
         if instance.state != InstanceState.ACTIVE:
             raise EngineError(
                 Category.FAILED_PRECONDITION,
-                "INSTANCE_NOT_ACTIVE",
+                ErrorReason.INSTANCE_NOT_ACTIVE,
                 f"instance {row.instance_id} is {instance.state.lower()}",
                 field="incident_id",
             )

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_common.group_commit import GroupCommit
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -63,7 +64,9 @@ async def _check_inputs(process: Process, version: int, variables: dict[str, Any
         return
     name, why = problem
     field_name = f"variables.{name}" if name else "variables"
-    raise invalid("VARIABLES_INVALID", field_name, f"{why} ({process.id} v{version} declares its inputs)")
+    raise invalid(
+        ErrorReason.VARIABLES_INVALID, field_name, f"{why} ({process.id} v{version} declares its inputs)"
+    )
 
 
 class Instances:
@@ -83,7 +86,7 @@ class Instances:
         self, process_id: str, version: int, variables: dict[str, Any], business_key: str = ""
     ) -> InstanceView:
         if not process_id:
-            raise invalid("INVALID_ARGUMENT", "process_id", "is required")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "process_id", "is required")
         # The latest version as this replica remembers it, re-checked by the write itself: one
         # statement per start instead of a read and a write; on a miss, read it and write again.
         definition = await self._catalog.find_remembered(process_id, version)
@@ -111,7 +114,7 @@ class Instances:
         else:
             raise EngineError(
                 Category.ABORTED,
-                "CONCURRENT_CHANGE",
+                ErrorReason.CONCURRENT_CHANGE,
                 f"new versions of {process_id!r} kept being deployed while starting it; try again",
             )
         # One line per start, for an operator following a case from the log (the variables stay out:
@@ -199,7 +202,7 @@ class Instances:
             if row.state != TaskState.WAITING:
                 raise EngineError(
                     Category.FAILED_PRECONDITION,
-                    "TASK_NOT_WAITING",
+                    ErrorReason.TASK_NOT_WAITING,
                     f"user task {user_task_id} is {row.state.lower()}",
                     field="user_task_id",
                 )
@@ -248,7 +251,7 @@ async def cancel_instance(conn: AsyncConnection, instance_id: uuid.UUID, reason:
     if instance.state != InstanceState.ACTIVE:
         raise EngineError(
             Category.FAILED_PRECONDITION,
-            "INSTANCE_NOT_ACTIVE",
+            ErrorReason.INSTANCE_NOT_ACTIVE,
             f"instance {instance_id} is {instance.state.lower()}",
             field="instance_id",
         )

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
@@ -256,7 +257,9 @@ class Leases:
 
     async def extend(self, task_id: uuid.UUID, worker_id: str, lease_token: str, lease_ms: int) -> datetime:
         if not MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS:
-            raise invalid("INVALID_LEASE", "lease_ms", f"must be between {MIN_LEASE_MS} and {MAX_LEASE_MS}")
+            raise invalid(
+                ErrorReason.INVALID_LEASE, "lease_ms", f"must be between {MIN_LEASE_MS} and {MAX_LEASE_MS}"
+            )
         async with self._engine.begin() as conn:
             # A lease that ran out with nobody taking over is re-granted to its holder.
             await hold_lease(conn, task_id, worker_id, lease_token, expired_ok=True)
@@ -274,7 +277,7 @@ class Leases:
             if await task_store.attempt_has_steps(conn, task_id, held.attempt):
                 raise EngineError(
                     Category.FAILED_PRECONDITION,
-                    "ATTEMPT_BEGUN",
+                    ErrorReason.ATTEMPT_BEGUN,
                     f"attempt {held.attempt} of task {task_id} has journaled steps: Fail it or let its lease lapse",
                     field="task_id",
                 )
@@ -299,16 +302,16 @@ class Leases:
         try:
             held = await self.verify(task_id, worker_id, lease_token)
         except EngineError as error:
-            reason = "UNKNOWN_TASK" if error.category is Category.NOT_FOUND else error.reason
-            if reason == "TASK_NOT_LEASED":
-                reason = "NOT_LEASE_HOLDER"
+            reason = ErrorReason.UNKNOWN_TASK if error.category is Category.NOT_FOUND else error.reason
+            if reason == ErrorReason.TASK_NOT_LEASED:
+                reason = ErrorReason.NOT_LEASE_HOLDER
             raise EngineError(Category.PERMISSION_DENIED, reason, error.message, field=error.field) from None
         definition = await self._catalog.get(held.definition_id)
         bindings = [b for b in definition.bindings_for(held.node_id) if b.server == server]
         if not bindings:
             raise EngineError(
                 Category.PERMISSION_DENIED,
-                "SERVER_NOT_BOUND",
+                ErrorReason.SERVER_NOT_BOUND,
                 f"task {task_id} has no binding to tool server {server!r}",
                 field="server",
             )
@@ -354,20 +357,20 @@ def held_from_row(
         if holder or row.state in (TaskState.COMPLETED, TaskState.CANCELED):
             raise EngineError(
                 Category.FAILED_PRECONDITION,
-                "TASK_NOT_LEASED",
+                ErrorReason.TASK_NOT_LEASED,
                 f"task {task_id} is {row.state.lower()}, not under a lease",
                 field="task_id",
             )
         raise EngineError(
             Category.PERMISSION_DENIED,
-            "NOT_LEASE_HOLDER",
+            ErrorReason.NOT_LEASE_HOLDER,
             f"{worker_id!r} does not hold the lease on task {task_id}",
             field="lease_token",
         )
     if not holder:
         raise EngineError(
             Category.PERMISSION_DENIED,
-            "NOT_LEASE_HOLDER",
+            ErrorReason.NOT_LEASE_HOLDER,
             f"{worker_id!r} does not hold the lease on task {task_id}",
             field="lease_token",
         )
@@ -376,7 +379,7 @@ def held_from_row(
         when = f" at {row.lease_expires_at.isoformat()}" if row.lease_expires_at is not None else ""
         raise EngineError(
             Category.FAILED_PRECONDITION,
-            "LEASE_EXPIRED",
+            ErrorReason.LEASE_EXPIRED,
             f"the lease on task {task_id} expired{when}",
             field="lease_token",
         )
@@ -403,28 +406,32 @@ def check_fetch(
 ) -> None:
     """Refuse a fetch the engine would not run; `field_prefix` names where the fetch sits in the request."""
     if not worker_id.strip():
-        raise invalid("INVALID_ARGUMENT", "worker_id", "is required")
+        raise invalid(ErrorReason.INVALID_ARGUMENT, "worker_id", "is required")
     if not subscriptions:
-        raise invalid("INVALID_ARGUMENT", f"{field_prefix}topics", "name at least one topic")
+        raise invalid(ErrorReason.INVALID_ARGUMENT, f"{field_prefix}topics", "name at least one topic")
     seen: set[str] = set()
     for index, sub in enumerate(subscriptions):
         where = f"{field_prefix}topics[{index}]"
         if sub.topic in seen:
-            raise invalid("INVALID_ARGUMENT", f"{where}.name", f"topic {sub.topic!r} is listed twice")
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT, f"{where}.name", f"topic {sub.topic!r} is listed twice"
+            )
         seen.add(sub.topic)
         if not sub.topic:
-            raise invalid("INVALID_ARGUMENT", f"{where}.name", "is required")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, f"{where}.name", "is required")
         if not MIN_LEASE_MS <= sub.lease_ms <= MAX_LEASE_MS:
             raise invalid(
-                "INVALID_LEASE",
+                ErrorReason.INVALID_LEASE,
                 f"{where}.lease_ms",
                 f"must be between {MIN_LEASE_MS} and {MAX_LEASE_MS}, not {sub.lease_ms}",
             )
     if not 1 <= max_tasks <= MAX_TASKS:
         raise invalid(
-            "INVALID_ARGUMENT",
+            ErrorReason.INVALID_ARGUMENT,
             f"{field_prefix}max_tasks",
             f"must be between 1 and {MAX_TASKS}, not {max_tasks}",
         )
     if not 0 <= wait_ms <= MAX_WAIT_MS:
-        raise invalid("INVALID_ARGUMENT", "wait_ms", f"must be between 0 and {MAX_WAIT_MS}, not {wait_ms}")
+        raise invalid(
+            ErrorReason.INVALID_ARGUMENT, "wait_ms", f"must be between 0 and {MAX_WAIT_MS}, not {wait_ms}"
+        )

@@ -25,6 +25,8 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
+
 from abada_engine.definitions.work_budget import WorkBudget, WorkBudgetSpent, spending
 from abada_engine.errors import Category, EngineError
 
@@ -102,7 +104,7 @@ async def _run_in_executor(work: Callable[[], R]) -> R:
     if _admitted >= MAX_WAITING:
         raise EngineError(
             Category.RESOURCE_EXHAUSTED,
-            "ENGINE_BUSY",
+            ErrorReason.ENGINE_BUSY,
             f"{MAX_WAITING} costly checks are already running or waiting on this engine; try again",
             retry_after_seconds=1.0,
         )

@@ -9,6 +9,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
+
 from abada_engine.db.database import dumps
 from abada_engine.definitions.model import ToolBinding
 from abada_engine.errors import Category, EngineError
@@ -118,7 +120,7 @@ class StepSealer:
         except JournalIntegrityError as error:
             raise EngineError(
                 Category.DATA_LOSS,
-                "JOURNAL_INTEGRITY",
+                ErrorReason.JOURNAL_INTEGRITY,
                 f"journal step {place.task_id}/{place.sequence} {field}: {error}",
                 field="task_id",
             ) from None

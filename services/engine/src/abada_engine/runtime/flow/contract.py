@@ -11,6 +11,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
+
 from abada_engine.definitions.model import Node
 from abada_engine.definitions.schemas import output_errors
 from abada_engine.errors import invalid
@@ -41,7 +43,7 @@ def check_written_variables(node: Node, variables: dict[str, Any]) -> None:
     extra = sorted(set(variables) - {node.result_variable})
     if extra:
         raise invalid(
-            "VARIABLE_NOT_ALLOWED",
+            ErrorReason.VARIABLE_NOT_ALLOWED,
             "variables",
             f"node {node.id!r} may only write {node.result_variable!r}, not {', '.join(extra)}",
         )

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
@@ -117,7 +118,7 @@ class Journal:
         if step.attempt != held.attempt:
             raise EngineError(
                 Category.FAILED_PRECONDITION,
-                "ATTEMPT_MISMATCH",
+                ErrorReason.ATTEMPT_MISMATCH,
                 f"the lease is for attempt {held.attempt}, not {step.attempt}",
                 field="attempt",
             )
@@ -126,7 +127,7 @@ class Journal:
                 return True  # the same STARTED again, or a different one `_append` refuses
             raise EngineError(
                 Category.ABORTED,
-                "SEQUENCE_CONFLICT",
+                ErrorReason.SEQUENCE_CONFLICT,
                 f"sequence {step.sequence} of task {step.task_id} already holds a different step "
                 f"({context.kind} {context.step_state})",
                 field="sequence",
@@ -134,7 +135,7 @@ class Journal:
         if step.sequence != context.steps + 1:
             raise EngineError(
                 Category.FAILED_PRECONDITION,
-                "SEQUENCE_GAP",
+                ErrorReason.SEQUENCE_GAP,
                 f"the next sequence of task {step.task_id} is {context.steps + 1}, not {step.sequence}",
                 field="sequence",
             )
@@ -275,7 +276,7 @@ class Journal:
                 if step.attempt != held.attempt:
                     raise EngineError(
                         Category.FAILED_PRECONDITION,
-                        "ATTEMPT_MISMATCH",
+                        ErrorReason.ATTEMPT_MISMATCH,
                         f"the lease is for attempt {held.attempt}, not {step.attempt}",
                         field="attempt",
                     )
@@ -290,7 +291,7 @@ class Journal:
             if result is not None:
                 return result
         raise EngineError(
-            Category.ABORTED, "CONCURRENT_CHANGE", f"task {step.task_id} kept changing; try again"
+            Category.ABORTED, ErrorReason.CONCURRENT_CHANGE, f"task {step.task_id} kept changing; try again"
         )
 
     async def _insert(
@@ -305,7 +306,7 @@ class Journal:
         if step.sequence != next_free:
             raise EngineError(
                 Category.FAILED_PRECONDITION,
-                "SEQUENCE_GAP",
+                ErrorReason.SEQUENCE_GAP,
                 f"the next sequence of task {step.task_id} is {next_free}, not {step.sequence}",
                 field="sequence",
             )
@@ -332,7 +333,7 @@ class Journal:
         ):
             raise EngineError(
                 Category.FAILED_PRECONDITION,
-                "APPROVAL_REQUIRED",
+                ErrorReason.APPROVAL_REQUIRED,
                 f"{step.tool_ref} needs a person's approval of exactly this call: "
                 "journal it AWAITING_APPROVAL and hand the task back",
                 field="state",
@@ -383,7 +384,7 @@ class Journal:
         if not finishing:
             raise EngineError(
                 Category.ABORTED,
-                "SEQUENCE_CONFLICT",
+                ErrorReason.SEQUENCE_CONFLICT,
                 f"sequence {step.sequence} of task {step.task_id} already holds a different step "
                 f"({taken.kind} {taken.step_state}{' ' + taken.tool_ref if taken.tool_ref else ''})",
                 field="sequence",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.errors import Category, EngineError, invalid
@@ -24,7 +25,9 @@ class JournalResolutions:
     ) -> None:
         """A person says the unknown write happened: journal their result as its response, go on."""
         if result is None:
-            raise invalid("INVALID_ARGUMENT", "result", "say what the tool returned when it happened")
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT, "result", "say what the tool returned when it happened"
+            )
         assert incident.task_id is not None  # a journal incident always names its task
         sequence = int(incident.details["sequence"])
         # Locked: the row cannot be sealed again (`abada-engine reseal`) between this read and the write.
@@ -53,7 +56,7 @@ class JournalResolutions:
         if not await task_store.offer_again(conn, incident.task_id):
             raise EngineError(
                 Category.FAILED_PRECONDITION,
-                "RESOLUTION_NOT_APPLICABLE",
+                ErrorReason.RESOLUTION_NOT_APPLICABLE,
                 f"task {incident.task_id} is no longer held by this incident",
                 field="incident_id",
             )

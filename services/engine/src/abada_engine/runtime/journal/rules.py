@@ -6,6 +6,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
+
 from abada_engine.db.database import dumps
 from abada_engine.definitions.model import Limits, ToolBinding
 from abada_engine.errors import Category, EngineError, invalid
@@ -34,36 +36,38 @@ class StepRequest:
 
 def check_shape(step: StepRequest) -> None:
     if step.kind not in tuple(StepKind):
-        raise invalid("INVALID_ARGUMENT", "kind", "must be MODEL_CALL or TOOL_CALL")
+        raise invalid(ErrorReason.INVALID_ARGUMENT, "kind", "must be MODEL_CALL or TOOL_CALL")
     if step.state not in WORKER_STEP_STATES:
         raise invalid(
-            "INVALID_ARGUMENT",
+            ErrorReason.INVALID_ARGUMENT,
             "state",
             "must be STARTED, COMPLETED, FAILED or AWAITING_APPROVAL (OUTCOME_UNKNOWN and APPROVED are the engine's)",
         )
     if step.state == StepState.AWAITING_APPROVAL and step.kind != StepKind.TOOL_CALL:
-        raise invalid("INVALID_ARGUMENT", "state", "only a tool call awaits approval")
+        raise invalid(ErrorReason.INVALID_ARGUMENT, "state", "only a tool call awaits approval")
     if step.sequence < 1:
-        raise invalid("INVALID_ARGUMENT", "sequence", "starts at 1")
+        raise invalid(ErrorReason.INVALID_ARGUMENT, "sequence", "starts at 1")
     if step.attempt < 1:
-        raise invalid("INVALID_ARGUMENT", "attempt", "starts at 1")
+        raise invalid(ErrorReason.INVALID_ARGUMENT, "attempt", "starts at 1")
     if step.input_tokens < 0 or step.output_tokens < 0:
-        raise invalid("INVALID_ARGUMENT", "tokens", "cannot be negative")
+        raise invalid(ErrorReason.INVALID_ARGUMENT, "tokens", "cannot be negative")
     for name, value in (("request", step.request), ("response", step.response)):
         if value is not None and len(dumps(value)) > MAX_PAYLOAD_BYTES:
-            raise invalid("INVALID_ARGUMENT", name, f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT, name, f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON"
+            )
 
 
 def binding_for(step: StepRequest, bindings: dict[str, ToolBinding]) -> ToolBinding | None:
     if step.kind == StepKind.MODEL_CALL:
         if step.tool_ref:
-            raise invalid("INVALID_ARGUMENT", "tool_ref", "a model call names no tool")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "tool_ref", "a model call names no tool")
         return None
     binding = bindings.get(step.tool_ref)
     if binding is None:
         raise EngineError(
             Category.FAILED_PRECONDITION,
-            "BINDING_NOT_FOUND",
+            ErrorReason.BINDING_NOT_FOUND,
             f"{step.tool_ref!r} is not a tool bound to this node (bound: {', '.join(sorted(bindings)) or 'none'})",
             field="tool_ref",
         )
@@ -71,17 +75,17 @@ def binding_for(step: StepRequest, bindings: dict[str, ToolBinding]) -> ToolBind
         if not binding.approval_required:
             raise EngineError(
                 Category.FAILED_PRECONDITION,
-                "APPROVAL_NOT_REQUIRED",
+                ErrorReason.APPROVAL_NOT_REQUIRED,
                 f"{step.tool_ref} is not under approval: call it instead of proposing it",
                 field="state",
             )
         if step.request is None:
-            raise invalid("INVALID_ARGUMENT", "request", "say which call awaits approval")
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "request", "say which call awaits approval")
         return binding
     if binding.policy == "write" and step.state != StepState.STARTED:
         raise EngineError(
             Category.FAILED_PRECONDITION,
-            "WRITE_NOT_STARTED",
+            ErrorReason.WRITE_NOT_STARTED,
             f"{step.tool_ref} is a write: journal it STARTED before calling it",
             field="state",
         )
@@ -107,7 +111,11 @@ def check_limits(step: StepRequest, counts: AppendContext, limits: Limits) -> No
 
 def _limit(which: str, message: str) -> EngineError:
     return EngineError(
-        Category.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED", message, field="sequence", metadata={"limit": which}
+        Category.RESOURCE_EXHAUSTED,
+        ErrorReason.LIMIT_EXCEEDED,
+        message,
+        field="sequence",
+        metadata={"limit": which},
     )
 
 

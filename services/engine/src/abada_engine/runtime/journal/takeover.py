@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import replace
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
@@ -59,7 +60,7 @@ class Takeover:
             try:
                 steps = self._sealer.views(journals.get(task.id, []), bindings)
             except EngineError as error:
-                if error.reason != JOURNAL_INTEGRITY:
+                if error.reason != ErrorReason.JOURNAL_INTEGRITY:
                     raise
                 # One unreadable row stops this task, not the batch: the rest are handed out.
                 async with self._engine.begin() as conn:
@@ -108,7 +109,7 @@ class Takeover:
                 try:
                     steps = self._sealer.views(journals.get(candidate.id, []), bindings)
                 except EngineError as error:
-                    if error.reason != JOURNAL_INTEGRITY:
+                    if error.reason != ErrorReason.JOURNAL_INTEGRITY:
                         raise
                     await self._hold_unreadable(
                         conn, candidate.id, candidate.instance_id, candidate.node_id, str(error), False

@@ -21,6 +21,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 
+from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_common.group_commit import GroupCommit
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -38,7 +39,6 @@ log = logging.getLogger(__name__)
 DEFAULT_ESTIMATED_TOKENS = 1_000
 # The most a STARTED's estimate counts for: more than any model's context window.
 MAX_ESTIMATED_TOKENS = 2_000_000
-QUOTA_EXHAUSTED = "MODEL_QUOTA_EXHAUSTED"
 
 
 def has_quota(profile: ModelProfile | None) -> bool:
@@ -96,7 +96,7 @@ class ModelQuotas:
         ahead = f", {admission.waiting_ahead} call(s) waiting before it" if admission.waiting_ahead else ""
         raise EngineError(
             Category.RESOURCE_EXHAUSTED,
-            QUOTA_EXHAUSTED,
+            ErrorReason.MODEL_QUOTA_EXHAUSTED,
             f"model {profile.name}: {admission.reason} of its profile is used up{ahead}; ask again in {wait:.2f}s",
             field="sequence",
             metadata={"model": profile.name, "quota": admission.reason},
@@ -171,7 +171,7 @@ def _over_budget(
     metrics.MODEL_CALLS_REFUSED.labels(profile.name if profile else "", "max_cost_usd").inc()
     return EngineError(
         Category.RESOURCE_EXHAUSTED,
-        "LIMIT_EXCEEDED",
+        ErrorReason.LIMIT_EXCEEDED,
         message,
         field="sequence",
         metadata={
