@@ -166,9 +166,7 @@ def main() -> None:
     parser.add_argument("--hostile", type=int, default=6)
     parser.add_argument("--victims", type=int, default=300)
     args = parser.parse_args()
-    f = measure(args.hostile, args.victims)
-    print(f["top"])
-    report(f, args.hostile)
+    report(measure(args.hostile, args.victims), args.hostile)
 
 
 if __name__ == "__main__":

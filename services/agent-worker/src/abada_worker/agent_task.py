@@ -287,7 +287,17 @@ class AgentTask:
                 await journal.fail_model_call(sequence, str(error))
                 raise refused_model_call(provider, error) from None
         reply = assign_call_ids(reply, sequence)
-        await journal.finish_model_call(sequence, reply)
+        too_large = await journal.finish_model_call(sequence, reply)
+        if too_large is not None:
+            # Journaled truncated with its real tokens (the budget counts them); asking again would
+            # pay for the same oversized answer again.
+            raise AttemptFailed(
+                "MODEL_REPLY_TOO_LARGE",
+                f"the model's reply was {too_large} bytes, more than the journal takes; "
+                "it was journaled truncated and is not asked again",
+                no_retry=True,
+                details={"bytes": too_large, "sequence": sequence},
+            )
         self._services.fault.boundary("model-returned")
         tally.add_model_turn(reply)
         self._log.info(

@@ -44,6 +44,23 @@ class _CappedStream(httpx2.AsyncByteStream):
         await self._inner.aclose()
 
 
+def too_large_in(error: BaseException) -> ResponseTooLarge | None:
+    """The `ResponseTooLarge` an error was raised from (a client library wraps it in its own), if any."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ResponseTooLarge):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def capped_client(limit: int = MAX_RESPONSE_BYTES) -> httpx2.AsyncClient:
+    """An HTTP client for a model provider's SDK: bodies capped, no proxy from the environment."""
+    return httpx2.AsyncClient(transport=CappedTransport(limit=limit), trust_env=False)
+
+
 class CappedTransport(httpx2.AsyncBaseTransport):
     """An `AsyncHTTPTransport` (never reading proxies from the environment) whose response bodies are
     capped at `limit` bytes each."""

@@ -58,15 +58,19 @@ class Journal:
         )
         return self._taken(sequence)
 
-    async def finish_model_call(self, sequence: int, reply: ModelReply) -> None:
+    async def finish_model_call(self, sequence: int, reply: ModelReply) -> int | None:
+        """Journals the reply with its real tokens; a reply larger than the journal takes is journaled
+        truncated (still COMPLETED: it was paid for) and its full size returned, else None."""
+        response, too_large = step_payloads.model_response_within_limit(reply)
         await self._append(
             sequence,
             StepKind.MODEL_CALL,
             StepState.COMPLETED,
             _MODEL_REF,
-            response=step_payloads.model_response(reply),
+            response=response,
             tokens=(reply.input_tokens, reply.output_tokens),
         )
+        return too_large
 
     async def fail_model_call(self, sequence: int, message: str) -> None:
         await self._append(

@@ -39,6 +39,7 @@ is COMPLETED at the same sequence once the provider answers.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from .conversation import FunctionCall, ModelReply, ModelTurn
@@ -46,6 +47,29 @@ from .conversation import FunctionCall, ModelReply, ModelTurn
 
 def model_request(turn: int, model: str, provider: str) -> dict[str, Any]:
     return {"turn": turn, "model": model, "provider": provider}
+
+
+# The engine refuses a journal payload over 1,000,000 bytes as JSON; a reply is cut well before that.
+MAX_MODEL_REPLY_BYTES = 900_000
+# What is kept of a reply's text once it is cut.
+TRUNCATED_TEXT_CHARS = 4_000
+
+
+def model_response_within_limit(reply: ModelReply) -> tuple[dict[str, Any], int | None]:
+    """The reply's journal payload, and None; or, when it is larger than the journal takes, a
+    truncated payload (the start of the text, no function calls, what was cut) and its full size."""
+    response = model_response(reply)
+    size = len(json.dumps(response, ensure_ascii=False).encode())
+    if size <= MAX_MODEL_REPLY_BYTES:
+        return response, None
+    truncated = {
+        "text": reply.text[:TRUNCATED_TEXT_CHARS],
+        "functionCalls": [],
+        "finishReason": reply.finish_reason,
+        "finish": reply.finish,
+        "truncated": {"bytes": size, "functionCalls": len(reply.function_calls)},
+    }
+    return truncated, size
 
 
 def model_response(reply: ModelReply) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 import anthropic
 from anthropic.types import Message
 
+from ..capped_http import capped_client, too_large_in
 from ..conversation import (
     FINISH_LENGTH,
     FINISH_OTHER,
@@ -27,7 +28,7 @@ from ..conversation import (
     ModelTurn,
     result_for_model,
 )
-from .base import ModelCallError, retry_after_seconds, status_is_retryable
+from .base import ModelCallError, reply_too_large, retry_after_seconds, status_is_retryable
 from .schemas import anthropic_input_schema
 
 _PLACEHOLDER_KEY = "no-key"
@@ -63,6 +64,7 @@ class AnthropicMessagesProvider:
             base_url=base_url or None,
             timeout=timeout_seconds,
             max_retries=0,
+            http_client=capped_client(),
         )
         self._max_output_tokens = max_output_tokens
 
@@ -79,6 +81,8 @@ class AnthropicMessagesProvider:
         except anthropic.APIStatusError as error:
             raise _call_error(error) from None
         except anthropic.APIError as error:
+            if too_large_in(error) is not None:
+                raise reply_too_large("Anthropic", error) from None
             raise ModelCallError(f"Anthropic could not be reached: {error!r}", retryable=True) from None
         return reply_of(message)
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 from typing import Protocol
 
+from ..capped_http import too_large_in
 from ..conversation import ModelReply, ModelRequest
 
 # Statuses another try may fix (timeout, conflict, rate limit, the provider's own trouble);
@@ -57,6 +58,13 @@ def status_is_retryable(status: int) -> bool:
 QUOTA_STATUS = 429
 # The provider refused the worker's credential: no retry can fix it.
 CREDENTIAL_STATUSES = frozenset({401, 403})
+
+
+def reply_too_large(provider: str, error: BaseException) -> ModelCallError:
+    """A reply cut off at the response size limit (`capped_http`): asking again gets the same."""
+    return ModelCallError(
+        f"{provider}'s reply was not read to its end: {too_large_in(error)}", retryable=False
+    )
 
 
 def is_outage(error: ModelCallError) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 from google import genai
 from google.genai import errors, types
 
+from ..capped_http import capped_client, too_large_in
 from ..conversation import (
     FINISH_FILTERED,
     FINISH_LENGTH,
@@ -27,7 +28,7 @@ from ..conversation import (
     ModelTurn,
     result_for_model,
 )
-from .base import ModelCallError, status_is_retryable
+from .base import ModelCallError, reply_too_large, status_is_retryable
 
 _FILTERED = frozenset(
     {"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "MODEL_ARMOR"}
@@ -55,6 +56,7 @@ class GeminiProvider:
             # One try per call: the worker waits out an outage with every other worker, through the
             # engine's circuit, instead of each SDK retrying on its own (`dependencies`).
             retry_options=types.HttpRetryOptions(attempts=1),
+            httpx_async_client=capped_client(),
         )
         self._client = genai.Client(api_key=api_key or _PLACEHOLDER_KEY, http_options=options).aio
 
@@ -78,6 +80,8 @@ class GeminiProvider:
                 retry_after_seconds=retry_delay_of(error),
             ) from None
         except Exception as error:
+            if too_large_in(error) is not None:
+                raise reply_too_large("Gemini", error) from None
             # Whatever the transport raised, there is no reply; another attempt may well get one.
             raise ModelCallError(f"Gemini could not be reached: {error!r}", retryable=True) from None
         return reply_of(response)

@@ -15,6 +15,7 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion
 
+from ..capped_http import ResponseTooLarge, capped_client, too_large_in
 from ..conversation import (
     FINISH_FILTERED,
     FINISH_LENGTH,
@@ -30,7 +31,7 @@ from ..conversation import (
     ModelTurn,
     result_for_model,
 )
-from .base import ModelCallError, retry_after_seconds, status_is_retryable
+from .base import ModelCallError, reply_too_large, retry_after_seconds, status_is_retryable
 from .schemas import openai_parameters
 
 # A key for servers that need none (the scripted endpoint, a local vLLM); the SDK insists on one.
@@ -61,6 +62,7 @@ class OpenAIChatProvider:
             base_url=base_url or None,
             timeout=timeout_seconds,
             max_retries=0,
+            http_client=capped_client(),
         )
 
     async def generate(self, request: ModelRequest) -> ModelReply:
@@ -71,9 +73,13 @@ class OpenAIChatProvider:
                 messages=messages_of(request),  # type: ignore[arg-type]
                 tools=tools or openai.omit,  # type: ignore[arg-type]
             )
+        except ResponseTooLarge as error:
+            raise reply_too_large("OpenAI", error) from None
         except openai.APIStatusError as error:
             raise _call_error(error) from None
         except openai.APIError as error:
+            if too_large_in(error) is not None:
+                raise reply_too_large("OpenAI", error) from None
             # Connection refused, timeout, a body that is not a completion: no reply, maybe next time.
             raise ModelCallError(f"OpenAI could not be reached: {error!r}", retryable=True) from None
         return reply_of(completion)

@@ -213,6 +213,37 @@ async def approved_digests(conn: Executor, task_id: uuid.UUID) -> list[tuple[str
     return [(r.key_id, bytes(r.approved_request_digest)) for r in rows]
 
 
+# Every approval of the task, decided or not: where each was asked (its journal sequence) and, once
+# approved, the digest of the call approved.
+APPROVALS_OF_TASK = HandWritten(
+    """
+    SELECT sequence, state, key_id, approved_request_digest FROM approvals
+    WHERE task_id = CAST(:task_id AS uuid) ORDER BY sequence
+    """
+)
+
+
+@dataclass(frozen=True)
+class AskedApproval:
+    sequence: int
+    state: str
+    key_id: str | None
+    approved_request_digest: bytes | None
+
+
+async def approvals_of_task(conn: Executor, task_id: uuid.UUID) -> list[AskedApproval]:
+    rows = await APPROVALS_OF_TASK.fetch(conn, {"task_id": str(task_id)})
+    return [
+        AskedApproval(
+            r.sequence,
+            r.state,
+            r.key_id,
+            bytes(r.approved_request_digest) if r.approved_request_digest is not None else None,
+        )
+        for r in rows
+    ]
+
+
 async def lock_expired(conn: AsyncConnection, limit: int) -> list[ApprovalRow]:
     """Pending approvals past their expiry, locked (SKIP LOCKED: replicas share the work)."""
     rows = await conn.execute(

@@ -255,6 +255,29 @@ async def finish_checked(conn: Executor, params: Mapping[str, Any]) -> StepRow |
     return await _one(FINISH_CHECKED, conn, params)
 
 
+# The calls of one tool a task journaled: which approved call each may have used up.
+TOOL_CALLS_OF = HandWritten(
+    f"""
+    SELECT sequence, key_id, request_digest FROM journal_steps
+    WHERE task_id = CAST(:task_id AS uuid) AND kind = '{StepKind.TOOL_CALL}' AND tool_ref = :tool_ref
+      AND request_digest IS NOT NULL
+    ORDER BY sequence
+    """
+)
+
+
+@dataclass(frozen=True)
+class JournaledCall:
+    sequence: int
+    key_id: str
+    request_digest: bytes
+
+
+async def tool_calls_of(conn: Executor, task_id: uuid.UUID, tool_ref: str) -> list[JournaledCall]:
+    rows = await TOOL_CALLS_OF.fetch(conn, {"task_id": str(task_id), "tool_ref": tool_ref})
+    return [JournaledCall(r.sequence, r.key_id, bytes(r.request_digest)) for r in rows]
+
+
 async def step_at(conn: Executor, task_id: uuid.UUID, sequence: int) -> StepRow | None:
     return await _one(STEP_AT, conn, {"id": task_id, "seq": sequence})
 

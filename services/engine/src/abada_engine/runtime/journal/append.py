@@ -32,7 +32,7 @@ from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.hand_written import Executor, HotPath
 from abada_engine.store.journal_steps import AppendContext
-from abada_engine.store.states import FINISHED_STEP_STATES, StepKind, StepState
+from abada_engine.store.states import FINISHED_STEP_STATES, ApprovalState, StepKind, StepState
 
 
 @dataclass(frozen=True)
@@ -326,16 +326,37 @@ class Journal:
         )
 
     async def _check_approved(self, conn: Executor, step: StepRequest) -> None:
-        """A call under approval runs only as a person approved it: these very arguments, this call."""
-        approved = await approval_store.approved_digests(conn, step.task_id)
-        if step.request is None or not any(
-            self.sealer.digest(key_id, step.request) == digest for key_id, digest in approved
-        ):
+        """A call under approval runs only as a person approved it: these very arguments, this call,
+        once. Each approval is used up by the first such call journaled after it (in sequence order),
+        so one APPROVE never authorises a second run of the same call."""
+        asked = await approval_store.approvals_of_task(conn, step.task_id)
+        request = step.request
+        approved = [
+            a.sequence
+            for a in asked
+            if request is not None
+            and a.state == ApprovalState.APPROVED
+            and a.key_id is not None
+            and a.approved_request_digest is not None
+            and self.sealer.digest(a.key_id, request) == a.approved_request_digest
+            and a.sequence < step.sequence
+        ]
+        if approved and request is not None:
+            asked_at = {a.sequence for a in asked}
+            for call in await step_store.tool_calls_of(conn, step.task_id, step.tool_ref):
+                if call.sequence in asked_at or not approved or call.sequence >= step.sequence:
+                    continue
+                if self.sealer.digest(call.key_id, request) == call.request_digest:
+                    # This earlier run used the earliest approval still unused that came before it.
+                    earlier = [sequence for sequence in approved if sequence < call.sequence]
+                    if earlier:
+                        approved.remove(earlier[0])
+        if not approved:
             raise EngineError(
                 Category.FAILED_PRECONDITION,
                 ErrorReason.APPROVAL_REQUIRED,
-                f"{step.tool_ref} needs a person's approval of exactly this call: "
-                "journal it AWAITING_APPROVAL and hand the task back",
+                f"{step.tool_ref} needs a person's approval of exactly this call, and each approval "
+                "runs the call once: journal it AWAITING_APPROVAL and hand the task back",
                 field="state",
             )
 

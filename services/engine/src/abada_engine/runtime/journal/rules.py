@@ -62,6 +62,16 @@ def binding_for(step: StepRequest, bindings: dict[str, ToolBinding]) -> ToolBind
     if step.kind == StepKind.MODEL_CALL:
         if step.tool_ref:
             raise invalid(ErrorReason.INVALID_ARGUMENT, "tool_ref", "a model call names no tool")
+        if step.state != StepState.STARTED:
+            # A finished model call finishes its own STARTED, where quota and budgets were checked:
+            # one journaled finished at a new sequence would spend past both unseen.
+            raise EngineError(
+                Category.FAILED_PRECONDITION,
+                ErrorReason.MODEL_CALL_NOT_STARTED,
+                f"sequence {step.sequence} holds no STARTED model call to finish: journal the call "
+                "STARTED before making it",
+                field="state",
+            )
         return None
     binding = bindings.get(step.tool_ref)
     if binding is None:
