@@ -473,7 +473,7 @@ async def test_two_replicas_journaling_one_task_keep_sequence_and_limits(engine,
     await replicas[1].append(model_call(3, "STARTED"))  # the third and last model call the limits allow
     with pytest.raises(Exception) as caught:
         await replicas[0].append(model_call(4, "STARTED"))
-    assert (caught.value.reason, caught.value.metadata["limit"]) == ("LIMIT_EXCEEDED", "max_model_calls")
+    assert (caught.value.reason_name, caught.value.metadata["limit"]) == ("LIMIT_EXCEEDED", "max_model_calls")
 
 
 async def test_idempotency_keys_differ_by_task_attempt_and_sequence_and_are_the_documented_hmac(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2
-from abada_worker.caller_token import CallerToken
+from abada_sdk.connection import BearerToken
 from abada_worker.conversation import FunctionCall, ModelReply
 from abada_worker.engine_client import EngineClient, LeaseRef
 from abada_worker.journal import Journal
@@ -68,7 +68,7 @@ async def test_a_too_large_reply_is_journaled_truncated_with_its_real_tokens(eng
     huge = FunctionCall("c1", "write_everything", {"blob": "x" * 1_100_000})
     reply = ModelReply("Here it is.", (huge,), "STOP", input_tokens=1_000, output_tokens=300_000)
     async with grpc.aio.insecure_channel(engine.address) as channel:
-        steps = Journal(EngineClient(channel, "w", CallerToken(engine_tokens.suite)), lease, next_sequence=1)
+        steps = Journal(EngineClient(channel, "w", BearerToken(engine_tokens.suite)), lease, next_sequence=1)
         sequence = await steps.start_model_call(0, "priced-model", "gemini")
         too_large = await steps.finish_model_call(sequence, reply)
     assert too_large is not None and too_large > 1_100_000
