@@ -1,6 +1,8 @@
 """`make bench`: every benchmark against its target, with the peer measured in the same run, as one table.
 
-Each benchmark runs --runs times (default 3) and the table shows the median; a few minutes in all.
+Each benchmark runs --runs times (default 3) and the table shows the median; a few minutes in all,
+and then once the volume row (volume.py): filling ABADA_BENCH_VOLUME finished instances (default
+1,000,000; half an hour or so on a small machine) and every figure beside them.
 
     python bench/summary.py --runs 3
 """
@@ -17,6 +19,7 @@ import quota_admission
 import schema_stall
 import start_instance
 import task_cycle
+import volume
 from common import median
 
 
@@ -50,6 +53,12 @@ def main() -> None:
     print("== a 30 s provider outage with 1,000 instances in flight (provider_outage.py)")
     outage = provider_outage.measure(1000, 30.0)
     provider_outage.report(outage, 1000)
+
+    # Once: filling ABADA_BENCH_VOLUME finished instances (default 1,000,000) takes a while.
+    size = volume.volume_from_env()
+    print(f"== every figure on an empty database and beside {size:,} finished instances (volume.py)")
+    at_volume = volume.measure(size, volume.cycles_from_env())
+    volume.report(at_volume, size)
 
     def m(rows: list[dict[str, float]], key: str) -> float:
         return median([row[key] for row in rows])
@@ -134,6 +143,11 @@ def main() -> None:
             f"vs {outage['calm_requests']:.0f} (engine {outage['calm_engine_cpu']:.1f} s)",
             "<= 1/s",
             outage["outage_rate"] <= 1.0,
+        ),
+        *(
+            (f"at {size:,} finished / empty: {name}", f"{full} vs {empty} = {ratio}", target, met)
+            for name, empty, full, ratio, target, met in volume.verdicts(at_volume)
+            if met is not None
         ),
         (
             "another tenant's Complete p99, 6 x 4,000-item uniqueItems outputs in flight (schema_stall.py)",

@@ -68,6 +68,9 @@ class TokenMove:
 # written unless the lease is live, and its `n` is missing from the result. The Completes that arrive
 # together share it (a group commit, see runtime/completion.py). At most one move per instance (and so
 # per task): two moves of one instance in one statement would both pass the instance's xmin guard.
+# The guard reads the instance by its primary key alone: with `state = 'ACTIVE'` beside the id, the
+# planner would scan the partial index `instances_active` for the id, past every finished instance's
+# dead entry since the last vacuum.
 MOVE_TOKENS = HandWritten(
     f"""
     WITH move AS (
@@ -85,9 +88,9 @@ MOVE_TOKENS = HandWritten(
           AND (m.guard_worker IS NULL OR (
                t.state = '{TaskState.LEASED}' AND t.lease_owner = m.guard_worker
                AND t.lease_token_hash = decode(m.guard_hash, 'hex') AND t.lease_expires_at > now()
-               AND EXISTS (SELECT 1 FROM instances i WHERE i.id = m.instance_id
-                           AND i.state = '{InstanceState.ACTIVE}'
-                           AND (m.guard_xmin IS NULL OR i.xmin::text = m.guard_xmin))))
+               AND (SELECT i.state = '{InstanceState.ACTIVE}'
+                           AND (m.guard_xmin IS NULL OR i.xmin::text = m.guard_xmin)
+                    FROM instances i WHERE i.id = m.instance_id)))
         RETURNING m.n
     ),
     proceed AS (
