@@ -22,15 +22,22 @@ async def dead_rows(conn: AsyncConnection, tables: list[str]) -> dict[str, int]:
     return {row.relname: int(row.n_dead_tup) for row in rows}
 
 
+_TRY_LOCK = text("SELECT pg_try_advisory_lock(:key)").bindparams(key=_UPKEEP_LOCK)
+_UNLOCK = text("SELECT pg_advisory_unlock(:key)").bindparams(key=_UPKEEP_LOCK)
+# The tables the upkeep may vacuum; VACUUM takes no bound table name, so each statement is written out.
+VACUUMABLE = ("tasks", "model_quota_usage", "model_quota_calls", "model_quota_waiters", "dependencies")
+_VACUUM = {table: text(f'VACUUM (ANALYZE) "{table}"') for table in VACUUMABLE}
+
+
 async def try_lock(conn: AsyncConnection) -> bool:
-    return bool((await conn.execute(text(f"SELECT pg_try_advisory_lock({_UPKEEP_LOCK})"))).scalar())
+    return bool((await conn.execute(_TRY_LOCK)).scalar())
 
 
 async def unlock(conn: AsyncConnection) -> None:
-    await conn.execute(text(f"SELECT pg_advisory_unlock({_UPKEEP_LOCK})"))
+    await conn.execute(_UNLOCK)
 
 
 async def vacuum(conn: AsyncConnection, table: str) -> None:
-    """VACUUM (ANALYZE) one of the engine's own tables (a name from its own list, never a caller's);
-    `conn` must be in autocommit: VACUUM runs outside any transaction."""
-    await conn.execute(text(f'VACUUM (ANALYZE) "{table}"'))
+    """VACUUM (ANALYZE) one of the engine's own hot tables (`VACUUMABLE`); `conn` must be in
+    autocommit: VACUUM runs outside any transaction."""
+    await conn.execute(_VACUUM[table])

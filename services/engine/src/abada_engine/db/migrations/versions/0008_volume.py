@@ -62,34 +62,41 @@ _HOT_TABLES = {
 _WARM_TABLES = {"instances": 0.02, "journal_steps": 0.05, "approvals": 0.05, "incidents": 0.05}
 
 
+# Every statement is composed here from the constants above, before any function runs.
+_UPGRADE = [
+    *(f"CREATE INDEX {name} ON {definition}" for name, definition in _INDEXES),
+    *(f"DROP INDEX {name}" for name, _ in _REPLACED),
+    *(
+        f"ALTER TABLE {table} SET (autovacuum_vacuum_scale_factor = 0, "
+        f"autovacuum_vacuum_threshold = {threshold}, "
+        f"autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = {threshold}, "
+        f"autovacuum_analyze_scale_factor = 0, autovacuum_analyze_threshold = {threshold}, "
+        "autovacuum_vacuum_cost_delay = 0)"
+        for table, threshold in _HOT_TABLES.items()
+    ),
+    *(
+        f"ALTER TABLE {table} SET (autovacuum_vacuum_scale_factor = {share}, "
+        f"autovacuum_analyze_scale_factor = {share})"
+        for table, share in _WARM_TABLES.items()
+    ),
+]
+_DOWNGRADE = [
+    *(
+        f"ALTER TABLE {table} RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold, "
+        "autovacuum_vacuum_insert_scale_factor, autovacuum_vacuum_insert_threshold, "
+        "autovacuum_analyze_scale_factor, autovacuum_analyze_threshold, autovacuum_vacuum_cost_delay)"
+        for table in (*_HOT_TABLES, *_WARM_TABLES)
+    ),
+    *(f"CREATE INDEX {name} ON {definition}" for name, definition in _REPLACED),
+    *(f"DROP INDEX {name}" for name, _ in _INDEXES),
+]
+
+
 def upgrade() -> None:
-    for name, definition in _INDEXES:
-        op.execute(f"CREATE INDEX {name} ON {definition}")
-    for name, _ in _REPLACED:
-        op.execute(f"DROP INDEX {name}")
-    for table, threshold in _HOT_TABLES.items():
-        op.execute(
-            f"ALTER TABLE {table} SET (autovacuum_vacuum_scale_factor = 0, "
-            f"autovacuum_vacuum_threshold = {threshold}, "
-            f"autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = {threshold}, "
-            f"autovacuum_analyze_scale_factor = 0, autovacuum_analyze_threshold = {threshold}, "
-            "autovacuum_vacuum_cost_delay = 0)"
-        )
-    for table, share in _WARM_TABLES.items():
-        op.execute(
-            f"ALTER TABLE {table} SET (autovacuum_vacuum_scale_factor = {share}, "
-            f"autovacuum_analyze_scale_factor = {share})"
-        )
+    for statement in _UPGRADE:
+        op.execute(statement)
 
 
 def downgrade() -> None:
-    for table in (*_HOT_TABLES, *_WARM_TABLES):
-        op.execute(
-            f"ALTER TABLE {table} RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold, "
-            "autovacuum_vacuum_insert_scale_factor, autovacuum_vacuum_insert_threshold, "
-            "autovacuum_analyze_scale_factor, autovacuum_analyze_threshold, autovacuum_vacuum_cost_delay)"
-        )
-    for name, definition in _REPLACED:
-        op.execute(f"CREATE INDEX {name} ON {definition}")
-    for name, _ in _INDEXES:
-        op.execute(f"DROP INDEX {name}")
+    for statement in _DOWNGRADE:
+        op.execute(statement)
