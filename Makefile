@@ -10,7 +10,7 @@ GEN_STAMP := api/python/abada/.generated
 SETUP_LOG := .abada/setup.log
 STEP := scripts/step.sh $(SETUP_LOG)
 
-.PHONY: all venv proto lint test demo bench images clean
+.PHONY: all venv proto lint test demo bench images dist clean
 
 all: test
 
@@ -46,6 +46,12 @@ test: venv proto
 	@$(STEP) "mypy (types)" $(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
+# The stubs and the SDK as wheels (dist/), for `pip install` where there is no clone: abada-api's
+# build runs protoc itself (api/python/setup.py).
+dist: venv
+	rm -rf dist
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist ./api/python ./sdk/python
+
 # make demo PROVIDER=openai | anthropic | gemini (the default)
 PROVIDER ?= gemini
 demo: venv proto
@@ -67,4 +73,4 @@ images:
 	docker build -f services/agent-worker/Dockerfile -t $(IMAGE_PREFIX)/agent-worker:$(IMAGE_TAG) .
 
 clean:
-	rm -rf $(VENV) api/python/abada .abada
+	rm -rf $(VENV) api/python/abada api/python/build .abada dist
