@@ -63,14 +63,22 @@ bench: venv proto
 	$(PY) -m pip install --quiet -r bench/requirements.txt
 	cd bench && ../$(PY) summary.py --runs $(BENCH_RUNS)
 
-IMAGE_PREFIX ?= abada
-IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' charts/abada/Chart.yaml)
+# make images REGISTRY=registry.example.com/team TAG=0.1.0: builds the three images the chart runs
+# (REGISTRY/abada/engine:TAG, …/credential-broker, …/agent-worker) and pushes them; without REGISTRY
+# it only builds abada/…:TAG locally. TAG defaults to the chart's appVersion (what it deploys).
+# Needs a Docker engine with BuildKit; the chart then takes `image.registry=REGISTRY`.
+REGISTRY ?=
+TAG ?= $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' charts/abada/Chart.yaml)
+IMAGE_PREFIX ?= $(if $(REGISTRY),$(REGISTRY)/abada,abada)
+IMAGES := engine:services/engine credential-broker:services/credential-broker agent-worker:services/agent-worker
 
-# Builds where a Docker engine (with BuildKit) is available; CI machines here have none.
 images:
-	docker build -f services/engine/Dockerfile -t $(IMAGE_PREFIX)/engine:$(IMAGE_TAG) .
-	docker build -f services/credential-broker/Dockerfile -t $(IMAGE_PREFIX)/credential-broker:$(IMAGE_TAG) .
-	docker build -f services/agent-worker/Dockerfile -t $(IMAGE_PREFIX)/agent-worker:$(IMAGE_TAG) .
+	@set -e; for image in $(IMAGES); do \
+	  name=$${image%%:*}; dir=$${image#*:}; \
+	  echo "docker build -f $$dir/Dockerfile -t $(IMAGE_PREFIX)/$$name:$(TAG) ."; \
+	  docker build -f $$dir/Dockerfile -t $(IMAGE_PREFIX)/$$name:$(TAG) .; \
+	  if [ -n "$(REGISTRY)" ]; then echo "docker push $(IMAGE_PREFIX)/$$name:$(TAG)"; docker push $(IMAGE_PREFIX)/$$name:$(TAG); fi; \
+	done
 
 clean:
 	rm -rf $(VENV) api/python/abada api/python/build .abada dist
