@@ -15,14 +15,15 @@ from abada_worker.settings import WorkerSettings
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
 # The secret store (secret_store.py, vault_auth.py) reads its own variables, and dev_tokens.py names
-# the other programs' variables in what it prints; the engine's cli/ is the separate `abada` program.
+# the other programs' variables in what it prints; the engine's cli/ is the separate `abada` program,
+# and devstack/ (`abada dev`) sets every service's variables for the processes it starts.
 READ_ELSEWHERE = {"secret_store.py", "vault_auth.py", "dev_tokens.py", "main.py", "config.py"}
 
 
 @pytest.mark.parametrize(
     ("model", "package", "skip"),
     [
-        (EngineSettings, "engine/src/abada_engine", {"cli"}),
+        (EngineSettings, "engine/src/abada_engine", {"cli", "devstack"}),
         (WorkerSettings, "agent-worker/src/abada_worker", set()),
         (BrokerSettings, "credential-broker/src/abada_broker", READ_ELSEWHERE),
     ],
