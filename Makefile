@@ -10,7 +10,7 @@ GEN_STAMP := api/python/abada/.generated
 SETUP_LOG := .abada/setup.log
 STEP := scripts/step.sh $(SETUP_LOG)
 
-.PHONY: all venv proto lint test demo bench images clean
+.PHONY: all venv proto lint test demo bench images dist clean
 
 all: test
 
@@ -47,6 +47,12 @@ test: venv proto
 	@$(STEP) "mypy (types)" $(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
+# The stubs and the SDK as wheels (dist/), for `pip install` where there is no clone: abada-api's
+# build runs protoc itself (api/python/setup.py).
+dist: venv
+	rm -rf dist
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist ./api/python ./sdk/python
+
 # make demo PROVIDER=openai | anthropic | gemini (the default)
 PROVIDER ?= gemini
 demo: venv proto
@@ -58,14 +64,22 @@ bench: venv proto
 	$(PY) -m pip install --quiet -r bench/requirements.txt
 	cd bench && ../$(PY) summary.py --runs $(BENCH_RUNS)
 
-IMAGE_PREFIX ?= abada
-IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' charts/abada/Chart.yaml)
+# make images REGISTRY=registry.example.com/team TAG=0.1.0: builds the three images the chart runs
+# (REGISTRY/abada/engine:TAG, …/credential-broker, …/agent-worker) and pushes them; without REGISTRY
+# it only builds abada/…:TAG locally. TAG defaults to the chart's appVersion (what it deploys).
+# Needs a Docker engine with BuildKit; the chart then takes `image.registry=REGISTRY`.
+REGISTRY ?=
+TAG ?= $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' charts/abada/Chart.yaml)
+IMAGE_PREFIX ?= $(if $(REGISTRY),$(REGISTRY)/abada,abada)
+IMAGES := engine:services/engine credential-broker:services/credential-broker agent-worker:services/agent-worker
 
-# Builds where a Docker engine (with BuildKit) is available; CI machines here have none.
 images:
-	docker build -f services/engine/Dockerfile -t $(IMAGE_PREFIX)/engine:$(IMAGE_TAG) .
-	docker build -f services/credential-broker/Dockerfile -t $(IMAGE_PREFIX)/credential-broker:$(IMAGE_TAG) .
-	docker build -f services/agent-worker/Dockerfile -t $(IMAGE_PREFIX)/agent-worker:$(IMAGE_TAG) .
+	@set -e; for image in $(IMAGES); do \
+	  name=$${image%%:*}; dir=$${image#*:}; \
+	  echo "docker build -f $$dir/Dockerfile -t $(IMAGE_PREFIX)/$$name:$(TAG) ."; \
+	  docker build -f $$dir/Dockerfile -t $(IMAGE_PREFIX)/$$name:$(TAG) .; \
+	  if [ -n "$(REGISTRY)" ]; then echo "docker push $(IMAGE_PREFIX)/$$name:$(TAG)"; docker push $(IMAGE_PREFIX)/$$name:$(TAG); fi; \
+	done
 
 clean:
-	rm -rf $(VENV) api/python/abada .abada
+	rm -rf $(VENV) api/python/abada api/python/build .abada dist

@@ -9,6 +9,7 @@ from typing import Any
 from chart_support import (
     Manifest,
     Release,
+    ci_values,
     each,
     env_of,
     iter_containers,
@@ -502,3 +503,14 @@ def test_every_resource_carries_the_standard_labels(release: Release) -> None:
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
         assert labels["app.kubernetes.io/version"] == "0.1.0"
         assert "app.kubernetes.io/component" in labels
+
+
+def test_tls_without_client_certificates_leaves_the_engine_on_tokens() -> None:
+    values = ci_values("mtls-on.yaml")
+    values["tls"] = {**values.get("tls", {}), "requireClientCertificates": False}
+    engine = render(values).deployment_of("engine")
+    container = only_container(engine)
+    env = env_of(container)
+    assert {"ABADA_TLS_CERT_FILE", "ABADA_TLS_KEY_FILE"} <= env.keys()
+    # No client CA: the engine asks for no client certificate and every caller presents its token.
+    assert "ABADA_TLS_CLIENT_CA_FILE" not in env

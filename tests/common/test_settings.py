@@ -16,14 +16,15 @@ from abada_worker.settings import WorkerSettings
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
 # dev_tokens.py names the other programs' variables in what it prints; the engine's cli/ is the
-# separate `abada` program.
+# separate `abada` program, and devstack/ (`abada dev`) sets every service's variables for the
+# processes it starts.
 READ_ELSEWHERE = {"dev_tokens.py", "main.py", "config.py"}
 
 
 @pytest.mark.parametrize(
     ("model", "package", "skip"),
     [
-        (EngineSettings, "engine/src/abada_engine", {"cli"}),
+        (EngineSettings, "engine/src/abada_engine", {"cli", "devstack"}),
         (WorkerSettings, "agent-worker/src/abada_worker", set()),
         (BrokerSettings, "credential-broker/src/abada_broker", READ_ELSEWHERE),
     ],

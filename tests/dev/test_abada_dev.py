@@ -7,28 +7,14 @@ and free ports (`--any-ports`: the suite runs beside other engines).
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import shlex
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-import pytest
+from dev_support import ABADA, ROOT, abada_dev, clean_environment, sourced
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-ABADA = pathlib.Path(sys.executable).with_name("abada")
 BUNDLE = ROOT / "examples" / "support-triage.yaml"
-STARTUP_SECONDS = 120
-
-
-def _environment() -> dict[str, str]:
-    """The user's shell: no ABADA_* left over (so PostgreSQL is the embedded one) and no provider keys."""
-    keys = ("GEMINI_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY")
-    return {k: v for k, v in os.environ.items() if not k.startswith("ABADA_") and k not in keys}
 
 
 def _children(pid: int) -> list[int]:
@@ -50,42 +36,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
-@contextmanager
-def abada_dev(workdir: pathlib.Path, *flags: str) -> Iterator[subprocess.Popen[str]]:
-    process = subprocess.Popen(
-        [str(ABADA), "dev", "--any-ports", *flags],
-        cwd=workdir,
-        env=_environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        seen = []
-        deadline = time.monotonic() + STARTUP_SECONDS
-        for line in process.stdout:
-            seen.append(line)
-            if line.startswith("Abada is running"):
-                break
-            assert time.monotonic() < deadline, "".join(seen)
-        else:
-            pytest.fail("abada dev ended before it was running:\n" + "".join(seen))
-        yield process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            process.wait(60)
-
-
-def _sourced(workdir: pathlib.Path, command: str) -> subprocess.CompletedProcess[str]:
-    """`source .abada/dev/env` then `command`, in a shell as a user types it."""
-    script = f"source .abada/dev/env && PATH={shlex.quote(str(ABADA.parent))}:$PATH && {command}"
-    return subprocess.run(
-        ["bash", "-c", script], cwd=workdir, env=_environment(), capture_output=True, text=True, timeout=120
-    )
 
 
 def _stop(process: subprocess.Popen[str], workdir: pathlib.Path) -> None:
@@ -115,9 +65,9 @@ def test_abada_dev_runs_alice_triage_keeps_data_and_stops_on_ctrl_c(tmp_path: pa
         # --any-ports moved the CRM off the port the bundle names; the env file says where it is.
         bundle = tmp_path / "support-triage.yaml"
         bundle.write_text(BUNDLE.read_text().replace("http://127.0.0.1:8765/mcp", env["ABADA_DEV_CRM_URL"]))
-        deployed = _sourced(tmp_path, f"abada deploy {bundle.name}")
+        deployed = sourced(tmp_path, f"abada deploy {bundle.name}")
         assert deployed.returncode == 0, deployed.stderr
-        started = _sourced(
+        started = sourced(
             tmp_path,
             "abada start support_triage --var customerId=C-42 "
             "--var message='My parcel never arrived' --wait --timeout 90 -o json",
@@ -130,13 +80,13 @@ def test_abada_dev_runs_alice_triage_keeps_data_and_stops_on_ctrl_c(tmp_path: pa
         _stop(dev, tmp_path)
 
     with abada_dev(tmp_path) as dev:
-        listed = _sourced(tmp_path, "abada instances -o json")
+        listed = sourced(tmp_path, "abada instances -o json")
         assert listed.returncode == 0, listed.stderr
         assert [i["id"] for i in json.loads(listed.stdout)["instances"]] == [instance["id"]]
         _stop(dev, tmp_path)
 
     with abada_dev(tmp_path, "--fresh") as dev:
-        listed = _sourced(tmp_path, "abada instances -o json")
+        listed = sourced(tmp_path, "abada instances -o json")
         assert listed.returncode == 0, listed.stderr
         assert json.loads(listed.stdout).get("instances", []) == []
         _stop(dev, tmp_path)
@@ -147,7 +97,7 @@ def test_a_second_abada_dev_on_the_same_state_is_refused(tmp_path: pathlib.Path)
         second = subprocess.run(
             [str(ABADA), "dev", "--any-ports"],
             cwd=tmp_path,
-            env=_environment(),
+            env=clean_environment(),
             capture_output=True,
             text=True,
         )

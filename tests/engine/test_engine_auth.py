@@ -14,7 +14,7 @@ from abada.engine.v1 import (
 )
 from abada_engine.api.guard import Guard
 from abada_engine.api.server import ServerTls, start_grpc_server
-from abada_engine.auth import CallerRegistry
+from abada_engine.auth import CallerRegistry, token_sha256
 from bearer import BearerToken
 from certificates import make_pki
 from engine_helpers import ONE_SERVICE_TASK, deploy, error_info, start
@@ -242,6 +242,45 @@ async def test_mtls_takes_the_identity_from_the_client_certificate(engine_core, 
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await definition_pb2_grpc.DefinitionServiceStub(channel).ListDefinitions(
                     definition_pb2.ListDefinitionsRequest(), timeout=5
+                )
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await running.stop(0)
+
+
+async def test_tls_without_a_client_ca_asks_for_no_certificate_and_takes_tokens(engine_core, tmp_path):
+    pki = make_pki(tmp_path)
+    callers = tmp_path / "callers.yaml"
+    callers.write_text(
+        "callers:\n  - {identity: ops-by-token, roles: [operator], token_sha256: "
+        + token_sha256("ops-secret")
+        + "}\n"
+    )
+    running = await start_grpc_server(
+        engine_core,
+        "127.0.0.1:0",
+        Guard(CallerRegistry(callers)),
+        ServerTls(pki.server_cert, pki.server_key, None),
+    )
+    try:
+        server_only = grpc.ssl_channel_credentials(root_certificates=pki.ca_pem)
+        async with grpc.aio.secure_channel(f"127.0.0.1:{running.port}", server_only) as channel:
+            stub = definition_pb2_grpc.DefinitionServiceStub(channel)
+            listed = await stub.ListDefinitions(
+                definition_pb2.ListDefinitionsRequest(), metadata=(("authorization", "Bearer ops-secret"),)
+            )
+            assert listed is not None  # the token was taken over TLS without a client certificate
+            await refused(
+                stub.ListDefinitions(definition_pb2.ListDefinitionsRequest()),
+                grpc.StatusCode.UNAUTHENTICATED,
+                "UNAUTHENTICATED",
+            )
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as plaintext:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await definition_pb2_grpc.DefinitionServiceStub(plaintext).ListDefinitions(
+                    definition_pb2.ListDefinitionsRequest(),
+                    metadata=(("authorization", "Bearer ops-secret"),),
+                    timeout=5,
                 )
             assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:

@@ -76,7 +76,9 @@ class EngineSettings(ServiceSettings):
     )
     tls_key_file: pathlib.Path | None = variable("ABADA_TLS_KEY_FILE", None, "and its private key")
     tls_client_ca_file: pathlib.Path | None = variable(
-        "ABADA_TLS_CLIENT_CA_FILE", None, "the CA of client certificates; a caller's identity is its CN"
+        "ABADA_TLS_CLIENT_CA_FILE",
+        None,
+        "the CA of client certificates (a caller's identity is its CN); unset with a certificate: TLS, tokens only",
     )
     journal_keys: SecretStr | None = variable(
         "ABADA_JOURNAL_KEYS",

@@ -176,11 +176,13 @@ def _server_tls(settings: EngineSettings) -> ServerTls | None:
     cert, key, ca = settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file
     if not (cert or key or ca):
         return None
-    if not (cert and key and ca):
+    if not (cert and key):
         raise SystemExit(
-            "mTLS needs ABADA_TLS_CERT_FILE, ABADA_TLS_KEY_FILE and ABADA_TLS_CLIENT_CA_FILE together"
+            "TLS needs ABADA_TLS_CERT_FILE and ABADA_TLS_KEY_FILE together "
+            "(and ABADA_TLS_CLIENT_CA_FILE for client certificates)"
         )
-    return ServerTls(cert.read_bytes(), key.read_bytes(), ca.read_bytes())
+    # Without a client CA: TLS, and callers show who they are by bearer token only.
+    return ServerTls(cert.read_bytes(), key.read_bytes(), ca.read_bytes() if ca else None)
 
 
 async def migrate_only(settings: EngineSettings) -> None:

@@ -69,11 +69,13 @@ class RunningServer:
 
 @dataclass(frozen=True)
 class ServerTls:
-    """mTLS for the gRPC port: the engine's certificate, and the CA its callers' certificates chain to."""
+    """TLS for the gRPC port: the engine's certificate, and the CA its callers' certificates chain to.
+
+    Without that CA no client certificate is asked for: callers show who they are by bearer token."""
 
     certificate: bytes
     private_key: bytes
-    client_ca: bytes
+    client_ca: bytes | None
 
 
 async def start_grpc_server(
@@ -143,7 +145,9 @@ async def start_grpc_server(
         port = server.add_insecure_port(address)
     else:
         credentials = grpc.ssl_server_credentials(
-            [(tls.private_key, tls.certificate)], root_certificates=tls.client_ca, require_client_auth=True
+            [(tls.private_key, tls.certificate)],
+            root_certificates=tls.client_ca,
+            require_client_auth=tls.client_ca is not None,
         )
         port = server.add_secure_port(address, credentials)
     await server.start()
