@@ -116,7 +116,7 @@ class TaskFailed(Exception):
         message: str,
         *,
         retry: bool = True,
-        code: str = "TASK_FAILED",
+        code: str = "FAILED_TASK",
         details: Mapping[str, Any] | None = None,
         transient: bool = False,
         retry_after_seconds: float | None = None,

@@ -9,24 +9,33 @@ RETRY runs on a task that never met that situation.
 
 from __future__ import annotations
 
-APPROVAL_TIMEOUT = "APPROVAL_TIMEOUT"
-CONDITION_FAILED = "CONDITION_FAILED"
-DEPENDENCY_UNAVAILABLE = "DEPENDENCY_UNAVAILABLE"
-FAILED_TASK = "FAILED_TASK"
-INPUT_MISSING = "INPUT_MISSING"
-INVALID_OUTPUT = "INVALID_OUTPUT"
-JOURNAL_INTEGRITY = "JOURNAL_INTEGRITY"
-LOW_CONFIDENCE = "LOW_CONFIDENCE"
-NO_BRANCH_MATCHED = "NO_BRANCH_MATCHED"
-TOO_MANY_HOPS = "TOO_MANY_HOPS"
-TOOL_OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
+from abada.engine.v1.incident_type_pb2 import IncidentType
 
+
+def type_name(value: IncidentType) -> str:
+    """An incident's type as `Incident.type` carries it: the enum value's name without its prefix."""
+    return IncidentType.Name(value).removeprefix("INCIDENT_TYPE_")
+
+
+APPROVAL_TIMEOUT = type_name(IncidentType.INCIDENT_TYPE_APPROVAL_TIMEOUT)
+CONDITION_FAILED = type_name(IncidentType.INCIDENT_TYPE_CONDITION_FAILED)
+DEPENDENCY_UNAVAILABLE = type_name(IncidentType.INCIDENT_TYPE_DEPENDENCY_UNAVAILABLE)
+FAILED_TASK = type_name(IncidentType.INCIDENT_TYPE_FAILED_TASK)
+INPUT_MISSING = type_name(IncidentType.INCIDENT_TYPE_INPUT_MISSING)
+INVALID_OUTPUT = type_name(IncidentType.INCIDENT_TYPE_INVALID_OUTPUT)
+JOURNAL_INTEGRITY = type_name(IncidentType.INCIDENT_TYPE_JOURNAL_INTEGRITY)
+LOW_CONFIDENCE = type_name(IncidentType.INCIDENT_TYPE_LOW_CONFIDENCE)
+NO_BRANCH_MATCHED = type_name(IncidentType.INCIDENT_TYPE_NO_BRANCH_MATCHED)
+TOO_MANY_HOPS = type_name(IncidentType.INCIDENT_TYPE_TOO_MANY_HOPS)
+TOOL_OUTCOME_UNKNOWN = type_name(IncidentType.INCIDENT_TYPE_TOOL_OUTCOME_UNKNOWN)
+
+# The types a worker may not name: each has resolutions of its own (FAILED_TASK has only the
+# generic RETRY and CANCEL, so a worker that failed a task without a type of its own may name it).
 ENGINE_INCIDENT_TYPES = frozenset(
     {
         APPROVAL_TIMEOUT,
         CONDITION_FAILED,
         DEPENDENCY_UNAVAILABLE,
-        FAILED_TASK,
         INPUT_MISSING,
         INVALID_OUTPUT,
         JOURNAL_INTEGRITY,
