@@ -86,7 +86,7 @@ async def _opens_with(url: str, ring: str, task_ids: list[str]) -> str:
             await reader.journal(uuid.UUID(task_id))
         return ""
     except EngineError as error:
-        return error.reason
+        return error.reason_name
     finally:
         await db.dispose()
 
