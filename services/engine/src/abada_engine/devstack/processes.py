@@ -22,12 +22,6 @@ class StartupFailed(Exception):
     """A service exited or did not answer in time; the message names its log."""
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def port_taken(port: int) -> bool:
     with socket.socket() as sock:
         try:

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import pathlib
 import shlex
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator
 from ..db.embedded import start_embedded_postgres
 from ..db.reachability import mask_password
 from .identities import WORKER_IDENTITY, DevIdentities, dev_identities
-from .processes import StartupFailed, free_port, launch, port_taken, stop_all, wait_for_grpc, wait_for_http
+from .processes import StartupFailed, launch, port_taken, stop_all, wait_for_grpc, wait_for_http
 
 ENV_FILE = "env"
 AGENT_WORKER_ID = f"{WORKER_IDENTITY}/agent-1"
@@ -49,7 +50,15 @@ class DevPorts:
 
     @classmethod
     def any_free(cls) -> DevPorts:
-        return cls(*(free_port() for _ in dataclasses.fields(cls)))
+        """Free ports, all different: each is held until the last is chosen, so the kernel cannot hand
+        the same one out twice."""
+        with contextlib.ExitStack() as held:
+            ports = []
+            for _ in dataclasses.fields(cls):
+                sock = held.enter_context(socket.socket())
+                sock.bind(("127.0.0.1", 0))
+                ports.append(int(sock.getsockname()[1]))
+        return cls(*ports)
 
     def taken(self) -> list[str]:
         return [
