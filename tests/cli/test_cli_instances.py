@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from abada.engine.v1 import process_pb2
 from abada_engine.cli.render import plain_numbers
 from cli_support import abada
@@ -206,3 +208,15 @@ async def test_instances_all_ignores_the_limit_and_business_key_filters(engine):
     assert len(everything.json()["instances"]) == 3
     keyed = await abada(engine.address, "instances", "--business-key", "order-1", "--json")
     assert [i["businessKey"] for i in keyed.json()["instances"]] == ["order-1"]
+
+
+async def test_start_with_a_request_id_sent_twice_starts_one_instance(engine):
+    await deploy(engine, NOTIFY)
+    first = await abada(engine.address, "start", "notify", "--request-id", "hook-1", "-o", "json")
+    assert first.exit_code == 0, first.stderr
+    again = await abada(engine.address, "start", "notify", "--request-id", "hook-1")
+    assert again.exit_code == 0, again.stderr
+    assert again.stdout.startswith("already started (same --request-id)")
+    assert card(again.stdout)["instance"] == json.loads(first.stdout)["instance"]["id"]
+    listed = await engine.processes.ListInstances(process_pb2.ListInstancesRequest(process_id="notify"))
+    assert len(listed.instances) == 1

@@ -52,9 +52,11 @@ _MAX_POLL_SECONDS = 1.0
 class InstanceHandle:
     """A started instance: its first snapshot, and `await handle.result()` for how it ended."""
 
-    def __init__(self, client: AsyncEngineClient, started: Instance) -> None:
+    def __init__(self, client: AsyncEngineClient, started: Instance, already_started: bool = False) -> None:
         self._client = client
         self.started = started
+        # The start's request_id matched an earlier start: this is that start's instance.
+        self.already_started = already_started
 
     @property
     def id(self) -> str:
@@ -188,6 +190,7 @@ class AsyncEngineClient:
         *,
         business_key: str = "",
         version: int = 0,
+        request_id: str = "",
         wait: Literal[False] = False,
         timeout: float | None = None,
     ) -> InstanceHandle: ...
@@ -200,6 +203,7 @@ class AsyncEngineClient:
         *,
         business_key: str = "",
         version: int = 0,
+        request_id: str = "",
         wait: Literal[True],
         timeout: float | None = None,
     ) -> Instance: ...
@@ -211,10 +215,14 @@ class AsyncEngineClient:
         *,
         business_key: str = "",
         version: int = 0,
+        request_id: str = "",
         wait: bool = False,
         timeout: float | None = None,
     ) -> InstanceHandle | Instance:
-        """Starts an instance (latest version unless `version`). With `wait=True`, returns it completed."""
+        """Starts an instance (latest version unless `version`). With `wait=True`, returns it completed.
+
+        A `request_id` makes the start idempotent for a day: sent again, it starts nothing and answers
+        the first start's instance (a re-sent webhook starts one instance)."""
         reply = await self.call(
             lambda: self._processes.StartInstance,
             process_pb2.StartInstanceRequest(
@@ -222,9 +230,10 @@ class AsyncEngineClient:
                 version=version,
                 variables=to_struct(variables),
                 business_key=business_key,
+                request_id=request_id,
             ),
         )
-        handle = InstanceHandle(self, Instance.from_proto(reply.instance))
+        handle = InstanceHandle(self, Instance.from_proto(reply.instance), reply.already_started)
         return await handle.result(timeout) if wait else handle
 
     async def get(self, instance_id: str) -> Instance:

@@ -20,6 +20,9 @@ from .convert import from_struct, optional_uuid, parse_uuid, storable, storable_
 from .errors import translates_errors
 from .guard import Guard
 
+# A request id is the caller's own key for one start (a webhook's delivery id, a UUID).
+MAX_REQUEST_ID_CHARS = 200
+
 
 def _key(shown: Sequence[Any]) -> tuple[datetime, uuid.UUID]:
     """The sort key of a page's last row, where the next page starts (unused for an empty page)."""
@@ -44,13 +47,22 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
     ) -> process_pb2.StartInstanceResponse:
         if request.version < 0:
             raise invalid(ErrorReason.INVALID_ARGUMENT, "version", "must be 0 (latest) or a version number")
+        if len(request.request_id) > MAX_REQUEST_ID_CHARS:
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT,
+                "request_id",
+                f"must be at most {MAX_REQUEST_ID_CHARS} characters",
+            )
         started = await self._instances.start(
             request.process_id,
             request.version,
             _variables(request.variables, "variables"),
             storable_text(request.business_key, "business_key"),
+            storable_text(request.request_id, "request_id"),
         )
-        return process_pb2.StartInstanceResponse(instance=messages.instance(started))
+        return process_pb2.StartInstanceResponse(
+            instance=messages.instance(started.instance), already_started=started.already_started
+        )
 
     async def GetInstance(
         self, request: process_pb2.GetInstanceRequest, context: grpc.aio.ServicerContext

@@ -270,6 +270,10 @@ def start(
     vars_json: VarsJsonOption = None,
     version: Annotated[int, typer.Option(min=0, help="The definition version; 0 means the latest.")] = 0,
     business_key: Annotated[str | None, typer.Option(help="Your own reference for this instance.")] = None,
+    request_id: Annotated[
+        str | None,
+        typer.Option(help="Start once: the same id again within a day answers the first start's instance."),
+    ] = None,
     wait: Annotated[
         bool,
         typer.Option("--wait", help="Wait until the instance ends (or an incident holds it); print how."),
@@ -287,11 +291,16 @@ def start(
     response = client.call(
         client.processes.StartInstance,
         process_pb2.StartInstanceRequest(
-            process_id=process, version=version, variables=to_struct(values), business_key=business_key or ""
+            process_id=process,
+            version=version,
+            variables=to_struct(values),
+            business_key=business_key or "",
+            request_id=request_id or "",
         ),
     )
     if not wait:
-        _emit(ctx, response, "started\n" + views.started(response.instance))
+        said = "already started (same --request-id)" if response.already_started else "started"
+        _emit(ctx, response, said + "\n" + views.started(response.instance))
         return
     if _for_people(ctx):
         typer.echo(f"started {response.instance.id}; waiting for it to end…", err=True)
