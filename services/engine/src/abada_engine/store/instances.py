@@ -7,14 +7,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select, true, update
+from sqlalchemy import ColumnElement, exists, func, select, true, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from abada_engine.db.schema import incidents, instances
+from abada_engine.db.schema import incidents, instances, tasks
 
 from . import keyset
 from .hand_written import typed
-from .states import IncidentState, InstanceState, is_
+from .states import IncidentState, InstanceState, TaskKind, TaskState, is_
 
 # How instances are listed: newest first, the id breaking ties.
 _ORDER = (instances.c.created_at, instances.c.id)
@@ -47,6 +47,7 @@ async def listed(
     business_key: str = "",
     limit: int = 100,
     after_key: tuple[datetime, uuid.UUID] | None = None,
+    waiting_for: TaskKind | None = None,
 ) -> list[ListedInstance]:
     """Instances, newest first (by `created_at`, then id), each with its count of open incidents; after
     `after_key`, the last row of the page before. Each filter has an index that yields its rows in this
@@ -61,6 +62,13 @@ async def listed(
         condition = condition & is_(instances.c.state, InstanceState(state))
     if business_key:
         condition = condition & (instances.c.business_key == business_key)
+    if waiting_for is not None:
+        # From the partial index of open waits (migration 0010), one probe per instance looked at.
+        condition = condition & exists().where(
+            tasks.c.instance_id == instances.c.id,
+            is_(tasks.c.kind, waiting_for),
+            is_(tasks.c.state, TaskState.WAITING),
+        )
     if after_key is not None:
         condition = condition & keyset.after(_ORDER, after_key, descending=True)
     open_incidents = (

@@ -45,7 +45,8 @@ async def hold_message_id(conn: AsyncConnection, name: str, message_id: str) -> 
     """Serialise publications of one message id until the caller's transaction ends, so a re-sent
     webhook racing the first publication waits for it and is answered with it."""
     await conn.execute(
-        text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 23))"), {"key": f"{name}\x00{message_id}"}
+        text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 23))"),
+        {"key": f"{len(name)}:{name}/{message_id}"},
     )
 
 

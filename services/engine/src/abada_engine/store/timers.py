@@ -11,7 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .hand_written import typed
-from .states import InstanceState
+from .states import InstanceState, TaskKind
 
 # Every transaction that sets a due time tells every replica the earliest one it set (epoch seconds).
 TIMER_CHANNEL = "abada_timers"
@@ -80,24 +80,33 @@ async def next_due(conn: AsyncConnection) -> tuple[float | None, float]:
     return (float(row.due) if row.due is not None else None), float(row.now)
 
 
-# When a task's due times fired, and which: what `show` and the history report.
-_OF_INSTANCE = text(
-    """
-    SELECT t.node_id, t.task_id, t.kind, t.due_at, t.fired_at FROM timers t
-    WHERE t.instance_id = :instance_id ORDER BY t.due_at, t.id
+# What an instance waits on and waited on: its due times (fired or not), and its receives with the
+# message each waits for (a receive's "due time" is its timeout's, fired when it was answered).
+_WAITS_OF_INSTANCE = text(
+    f"""
+    SELECT t.kind, t.node_id, t.task_id, t.due_at, t.fired_at, NULL AS message, NULL AS correlation_key,
+           t.due_at AS sort_at
+    FROM timers t WHERE t.instance_id = :instance_id
+    UNION ALL
+    SELECT 'MESSAGE', k.node_id, k.id, NULL, k.completed_at, k.payload ->> 'message',
+           k.payload ->> 'correlation_key', k.created_at
+    FROM tasks k WHERE k.instance_id = :instance_id AND k.kind = '{TaskKind.RECEIVE}'
+    ORDER BY sort_at, task_id
     """
 )
 
 
 @dataclass(slots=True)
-class TimerRow:
+class WaitRow:
+    kind: str  # a TimerKind, or MESSAGE for a receive
     node_id: str
     task_id: uuid.UUID
-    kind: str
-    due_at: datetime
+    due_at: datetime | None
     fired_at: datetime | None
+    message: str | None
+    correlation_key: str | None
 
 
-async def of_instance(conn: AsyncConnection, instance_id: uuid.UUID) -> list[TimerRow]:
-    rows = await conn.execute(_OF_INSTANCE, {"instance_id": instance_id})
-    return [typed(TimerRow, r._mapping) for r in rows.all()]
+async def waits_of_instance(conn: AsyncConnection, instance_id: uuid.UUID) -> list[WaitRow]:
+    rows = await conn.execute(_WAITS_OF_INSTANCE, {"instance_id": instance_id})
+    return [typed(WaitRow, r._mapping) for r in rows.all()]
