@@ -174,6 +174,8 @@ def test_timer_and_receive_nodes_parse_with_their_due_times_in_seconds() -> None
         ("message: customer_reply", "message: 'no spaces'", "processes[0].nodes[1].message", "message name"),
     ],
 )
-def test_timer_and_receive_mistakes_are_refused_where_they_are(old: str, new: str, field: str, why: str) -> None:
+def test_timer_and_receive_mistakes_are_refused_where_they_are(
+    old: str, new: str, field: str, why: str
+) -> None:
     refusal = refused(WAITING.replace(old, new, 1))
     assert any(p.field == field and why in p.why for p in refusal.problems), refusal.problems
