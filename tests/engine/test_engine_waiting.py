@@ -8,8 +8,20 @@ from typing import Any
 
 import grpc
 import pytest
-from abada.engine.v1 import process_pb2
-from engine_helpers import complete, deploy, error_info, fetch, history_types, instance, plain, start, struct
+from abada.engine.v1 import external_task_pb2, lease_pb2, lease_pb2_grpc, process_pb2
+from engine_helpers import (
+    append,
+    complete,
+    deploy,
+    error_info,
+    fetch,
+    history_types,
+    instance,
+    journal,
+    plain,
+    start,
+    struct,
+)
 from google.protobuf import duration_pb2
 
 FLOWS = """
@@ -209,3 +221,73 @@ async def test_a_deadline_that_passes_after_the_task_finished_fires_into_nothing
     done = await instance(engine, started.id)
     assert done.state == process_pb2.INSTANCE_STATE_COMPLETED
     assert "DEADLINE_PASSED" not in [t for t, _ in await history_types(engine, started.id)]
+
+
+AGENT = """
+tool_servers:
+  - name: crm
+    transport: streamable-http
+    url: {url}
+    credential: crm-token
+    tools:
+      get_customer: {{ policy: read }}
+      create_ticket: {{ policy: write, idempotency: none }}
+processes:
+  - id: timed_triage
+    start: triage
+    nodes:
+      - id: triage
+        type: agent
+        model: gemini-3.6-flash
+        prompt: Open a ticket for ${{customerId}}.
+        inputs: {{ customerId: "${{customerId}}" }}
+        tools: [crm/get_customer, crm/create_ticket]
+        result_variable: triage
+        deadline: PT1.5S
+        on_deadline: review
+        next: done
+      - {{ id: review, type: user_task, next: done }}
+      - {{ id: done, type: end }}
+"""
+
+
+async def test_a_deadline_mid_turn_withdraws_the_agent_task_and_its_write_becomes_outcome_unknown(
+    engine, crm_credentials
+):
+    await deploy(engine, AGENT.format(url=crm_credentials.url))
+    started = await start(engine, "timed_triage", customerId="C-42")
+    [task] = await fetch(engine, "w", "abada:agent")
+    ticket = {"callId": "call_0", "name": "crm__create_ticket", "arguments": {"customerId": "C-42"}}
+    await append(engine, task, 1, "TOOL_CALL", "STARTED", tool_ref="crm/create_ticket", request=ticket)
+
+    moved = await until_at(engine, started.id, "review", timeout=5)
+    assert moved.current_node_id == "review"
+
+    # The worker's next append and its credential request are refused: the lease is gone.
+    with pytest.raises(grpc.aio.AioRpcError) as appended:
+        await append(
+            engine,
+            task,
+            1,
+            "TOOL_CALL",
+            "COMPLETED",
+            tool_ref="crm/create_ticket",
+            request=ticket,
+            response={},
+        )
+    assert error_info(appended.value).reason == "TASK_NOT_LEASED"
+    with pytest.raises(grpc.aio.AioRpcError) as credential:
+        await lease_pb2_grpc.LeaseServiceStub(engine.channel).VerifyLease(
+            lease_pb2.VerifyLeaseRequest(
+                task_id=task.id, worker_id="w", lease_token=task.lease_token, server="crm"
+            )
+        )
+    assert credential.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+    [step] = await journal(engine, task.id)
+    assert step.state == external_task_pb2.STEP_STATE_OUTCOME_UNKNOWN
+    history = await engine.processes.GetHistory(process_pb2.GetHistoryRequest(instance_id=started.id))
+    types = [e.type for e in history.events]
+    assert types.index("DEADLINE_PASSED") < types.index("USER_TASK_CREATED")
+    [unknown] = [plain(e.data) for e in history.events if e.type == "STEP_OUTCOME_UNKNOWN"]
+    assert (unknown["sequence"], unknown["tool_ref"]) == (1, "crm/create_ticket")

@@ -18,17 +18,28 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from abada_engine.definitions.catalog import DefinitionCatalog
+from abada_engine.definitions.catalog import Definition, DefinitionCatalog
 from abada_engine.definitions.model import Node, Process
 from abada_engine.ids import new_id
 from abada_engine.runtime.flow.navigator import HistoryEntry, advance
-from abada_engine.runtime.flow.tokens import advance_move, apply_move
+from abada_engine.runtime.flow.tokens import advance_move, apply_move, history_record, write_history
+from abada_engine.store import approvals as approval_store
+from abada_engine.store import incidents as incident_store
+from abada_engine.store import journal_steps as step_store
 from abada_engine.store import messages as message_store
 from abada_engine.store import timers as timer_store
 from abada_engine.store.messages import MessageRow, NewMessage, WaitingReceive
 from abada_engine.store.moves import TokenMove, move_tokens
-from abada_engine.store.states import OPEN_TASK_STATES, TaskState, TimerKind
+from abada_engine.store.states import (
+    OPEN_TASK_STATES,
+    ApprovalState,
+    StepKind,
+    StepState,
+    TaskState,
+    TimerKind,
+)
 
+_WITHDRAWN = "the node's deadline passed and withdrew the task"
 # How many due times one round claims: one transaction, one statement for all their moves.
 FIRE_BATCH = 500
 
@@ -56,6 +67,7 @@ class Waits:
         async with self._engine.begin() as conn:
             due = await timer_store.claim_due(conn, limit)
             moves: list[TokenMove] = []
+            fired: list[tuple[timer_store.DueTimer, Definition]] = []
             moving: set[uuid.UUID] = set()
             for timer in due:
                 # One move per instance per statement; a second due time of the same wait (a receive's
@@ -67,8 +79,25 @@ class Waits:
                 moving.add(timer.instance_id)
                 definition = await self._catalog.get(timer.definition_id)
                 moves.append(_fired_move(definition.process, timer))
+                fired.append((timer, definition))
             if moves:
-                await move_tokens(conn, moves)
+                written = await move_tokens(conn, moves)
+                withdrawn = [
+                    (timer, definition)
+                    for (timer, definition), applied in zip(fired, written, strict=True)
+                    if applied and timer.kind == TimerKind.DEADLINE
+                ]
+                for timer, _ in withdrawn:
+                    # What held the task for a person ends with it: its pending approvals, its incident.
+                    if timer.task_state == TaskState.AWAITING_APPROVAL:
+                        await approval_store.close_pending_of_task(
+                            conn, timer.task_id, ApprovalState.CANCELED, _WITHDRAWN
+                        )
+                    if timer.task_state == TaskState.INCIDENT:
+                        await incident_store.close_open_of_task(conn, timer.task_id, "DEADLINE_PASSED")
+                agents = [(t, d) for t, d in withdrawn if d.process.node(t.node_id).type == "agent"]
+                if agents:
+                    await _writes_caught_in_flight(conn, agents)
         if self.record_lateness:
             self.lateness += [(t.fired_at - t.due_at).total_seconds() for t in due]
         return len(due)
@@ -164,6 +193,36 @@ class Waits:
                 only_if_open=True,
             ),
         )
+
+
+async def _writes_caught_in_flight(
+    conn: AsyncConnection, withdrawn: list[tuple[timer_store.DueTimer, Definition]]
+) -> None:
+    """An agent task withdrawn by its deadline with a write sent and no answer: the write may have
+    happened, and nothing will re-send it; the step becomes OUTCOME_UNKNOWN, said in the history."""
+    journals = await step_store.steps_of(conn, [timer.task_id for timer, _ in withdrawn])
+    records = []
+    for timer, definition in withdrawn:
+        writes = {b.ref for b in definition.bindings_for(timer.node_id) if b.policy == "write"}
+        for step in journals.get(timer.task_id, []):
+            if step.kind != StepKind.TOOL_CALL or step.state != StepState.STARTED or step.abandoned:
+                continue
+            if step.tool_ref not in writes:
+                continue
+            await step_store.mark_outcome_unknown(conn, timer.task_id, step.sequence)
+            entry = HistoryEntry(
+                "STEP_OUTCOME_UNKNOWN",
+                timer.node_id,
+                {
+                    "sequence": step.sequence,
+                    "attempt": step.attempt,
+                    "tool_ref": step.tool_ref,
+                    "why": "the node's deadline withdrew the task while this write was in flight",
+                },
+            )
+            records.append(history_record(timer.instance_id, entry, timer.task_id))
+    if records:
+        await write_history(conn, records)
 
 
 def received_variables(node: Node, variables: dict[str, Any]) -> dict[str, Any]:
