@@ -8,7 +8,8 @@ from typing import Any
 
 import grpc
 import pytest
-from abada.engine.v1 import external_task_pb2, lease_pb2, lease_pb2_grpc, process_pb2
+from abada.engine.v1 import external_task_pb2, lease_pb2, lease_pb2_grpc, process_pb2, process_pb2_grpc
+from bearer import BearerToken
 from engine_helpers import (
     append,
     complete,
@@ -291,3 +292,25 @@ async def test_a_deadline_mid_turn_withdraws_the_agent_task_and_its_write_become
     assert types.index("DEADLINE_PASSED") < types.index("USER_TASK_CREATED")
     [unknown] = [plain(e.data) for e in history.events if e.type == "STEP_OUTCOME_UNKNOWN"]
     assert (unknown["sequence"], unknown["tool_ref"]) == (1, "crm/create_ticket")
+
+
+async def test_a_publisher_publishes_only_the_messages_it_is_named_for(engine, engine_tokens):
+    await deploy(engine, FLOWS)
+    waiting = await start(engine, "reply", ticket={"id": "T-5"})
+    async with grpc.aio.insecure_channel(
+        engine.address, interceptors=[BearerToken(engine_tokens.publisher)]
+    ) as channel:
+        helpdesk = process_pb2_grpc.ProcessServiceStub(channel)
+        answer = await helpdesk.PublishMessage(
+            process_pb2.PublishMessageRequest(name="customer_reply", correlation_key="T-5")
+        )
+        assert answer.instance_id == waiting.id
+        with pytest.raises(grpc.aio.AioRpcError) as other_name:
+            await helpdesk.PublishMessage(
+                process_pb2.PublishMessageRequest(name="payment", correlation_key="O-1")
+            )
+        assert other_name.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert error_info(other_name.value).reason == "MESSAGE_NOT_ALLOWED"
+        with pytest.raises(grpc.aio.AioRpcError) as starting:
+            await helpdesk.StartInstance(process_pb2.StartInstanceRequest(process_id="reply"))
+        assert error_info(starting.value).reason == "ROLE_REQUIRED"
