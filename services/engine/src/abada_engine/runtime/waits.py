@@ -12,6 +12,7 @@ matches within it; a `message_id` answers a re-publication within the ttl with t
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +42,8 @@ from abada_engine.store.states import (
 
 _WITHDRAWN = "the node's deadline passed and withdrew the task"
 # How many due times one round claims: one transaction, one statement for all their moves.
-FIRE_BATCH = 500
+FIRE_BATCH = 200
+_YIELD_EVERY = 25
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,11 @@ class Waits:
             moves: list[TokenMove] = []
             fired: list[tuple[timer_store.DueTimer, Definition]] = []
             moving: set[uuid.UUID] = set()
-            for timer in due:
+            for index, timer in enumerate(due):
+                if index % _YIELD_EVERY == _YIELD_EVERY - 1:
+                    # Deciding the moves is Python on the event loop: let the calls it serves in between
+                    # (a FetchAndLock, a Complete) run, rather than wait for the whole batch.
+                    await asyncio.sleep(0)
                 # One move per instance per statement; a second due time of the same wait (a receive's
                 # timeout and its deadline together) finds the task gone once the first moved it.
                 if not timer.instance_active or timer.task_state not in OPEN_TASK_STATES:
