@@ -60,9 +60,6 @@ class Waits:
     def __init__(self, engine: AsyncEngine, catalog: DefinitionCatalog) -> None:
         self._engine = engine
         self._catalog = catalog
-        # How late each fired due time was, in seconds (the bench and the tests read them).
-        self.lateness: list[float] = []
-        self.record_lateness = False
 
     async def fire_due(self, limit: int = FIRE_BATCH) -> int:
         """Fire up to `limit` passed due times; how many were claimed."""
@@ -104,8 +101,6 @@ class Waits:
                 agents = [(t, d) for t, d in withdrawn if d.process.node(t.node_id).type == "agent"]
                 if agents:
                     await _writes_caught_in_flight(conn, agents)
-        if self.record_lateness:
-            self.lateness += [(t.fired_at - t.due_at).total_seconds() for t in due]
         return len(due)
 
     async def next_due(self) -> tuple[float | None, float]:
