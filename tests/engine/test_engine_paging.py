@@ -9,7 +9,7 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import grpc
@@ -28,6 +28,7 @@ from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
 from engine_helpers import GREET, complete, deploy, error_info, fetch, start
+from google.protobuf import timestamp_pb2
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -56,6 +57,46 @@ async def _walk_instances(
         if not token:
             return seen
         await between()
+
+
+async def test_instances_are_listed_by_when_they_started_and_pages_keep_the_range(engine):
+    await deploy(engine, GREET)
+    early = [(await start(engine, "greet")).id for _ in range(5)]
+    await asyncio.sleep(0.05)
+    between = datetime.now(UTC)
+    await asyncio.sleep(0.05)
+    late = [(await start(engine, "greet")).id for _ in range(7)]
+
+    def stamp(moment: datetime) -> timestamp_pb2.Timestamp:
+        value = timestamp_pb2.Timestamp()
+        value.FromDatetime(moment)
+        return value
+
+    async def nothing() -> None:
+        return None
+
+    assert set(await _walk_instances(engine, 2, nothing, created_before=stamp(between))) == set(early)
+    assert await _walk_instances(engine, 3, nothing, created_after=stamp(between)) == late[::-1]
+    assert (
+        await _walk_instances(engine, 3, nothing, created_after=stamp(between), created_before=stamp(between))
+        == []
+    )
+    # A token is bound to its range: sent with another, it is refused.
+    first = await engine.processes.ListInstances(
+        process_pb2.ListInstancesRequest(page_size=2, created_after=stamp(between))
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await engine.processes.ListInstances(
+            process_pb2.ListInstancesRequest(page_size=2, page_token=first.next_page_token)
+        )
+    assert error_info(caught.value).reason == "PAGE_TOKEN_INVALID"
+    # A time no calendar holds is refused naming the field.
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await engine.processes.ListInstances(
+            process_pb2.ListInstancesRequest(created_before=timestamp_pb2.Timestamp(seconds=10**13))
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(caught.value).metadata["field"] == "created_before"
 
 
 async def test_walking_instances_sees_each_once_while_instances_start_and_finish(engine):
@@ -313,6 +354,7 @@ async def test_every_listing_query_reads_one_page_from_an_index_at_volume(engine
     deep: tuple[datetime, uuid.UUID] = keys["deep"]
     after_task: tuple[datetime, uuid.UUID] = keys["task"]
     limit = PAGE + 1
+    hour = timedelta(hours=1)
     listings: dict[str, Callable[[Any], Awaitable[Any]]] = {
         "instances": lambda c: instance_store.listed(c, limit=limit),
         "instances, deep": lambda c: instance_store.listed(c, limit=limit, after_key=deep),
@@ -335,6 +377,15 @@ async def test_every_listing_query_reads_one_page_from_an_index_at_volume(engine
             c, process_id="a", state="COMPLETED", limit=limit, after_key=deep
         ),
         "a business key's instances": lambda c: instance_store.listed(c, business_key="key-77", limit=limit),
+        "instances of an hour, deep": lambda c: instance_store.listed(
+            c, limit=limit, after_key=deep, created_after=deep[0] - hour, created_before=deep[0] + hour
+        ),
+        "one process's completed instances of an hour, deep": lambda c: instance_store.listed(
+            c, process_id="a", state="COMPLETED", limit=limit, after_key=deep, created_after=deep[0] - hour
+        ),
+        "completed instances before a time": lambda c: instance_store.listed(
+            c, state="COMPLETED", limit=limit, created_before=deep[0]
+        ),
         "one instance": lambda c: instance_store.listed(c, instance_id=deep[1], limit=1),
         "queued tasks": lambda c: task_store.open_external_tasks(c, None, None, limit),
         "queued tasks, after": lambda c: task_store.open_external_tasks(c, None, None, limit, after_task),

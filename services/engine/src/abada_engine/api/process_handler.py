@@ -16,7 +16,7 @@ from abada_engine.paging import MAX_LISTED, PageTokens, listing
 from abada_engine.runtime.instances import MAX_VARIABLES_BYTES, Instances
 
 from . import messages
-from .convert import from_struct, optional_uuid, parse_uuid, storable, storable_text
+from .convert import from_struct, optional_time, optional_uuid, parse_uuid, storable, storable_text
 from .errors import translates_errors
 from .guard import Guard
 
@@ -74,16 +74,29 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
         self, request: process_pb2.ListInstancesRequest, context: grpc.aio.ServicerContext
     ) -> process_pb2.ListInstancesResponse:
         state = messages.INSTANCE_STATE_NAMES.get(request.state, "")
+        created_after = optional_time(request, "created_after")
+        created_before = optional_time(request, "created_before")
         page = self._pages.page(
             request.page_size,
             request.page_token,
             listing(
-                "instances", process_id=request.process_id, state=state, business_key=request.business_key
+                "instances",
+                process_id=request.process_id,
+                state=state,
+                business_key=request.business_key,
+                created_after=created_after,
+                created_before=created_before,
             ),
             (datetime, uuid.UUID),
         )
         found = await self._instances.list(
-            request.process_id, state, request.business_key, limit=page.size + 1, after_key=page.after
+            request.process_id,
+            state,
+            request.business_key,
+            limit=page.size + 1,
+            after_key=page.after,
+            created_after=created_after,
+            created_before=created_before,
         )
         shown = found[: page.size]
         return process_pb2.ListInstancesResponse(

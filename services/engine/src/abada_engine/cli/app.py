@@ -38,7 +38,7 @@ from .dev import dev
 from .errors import FAILURE, CliError, invalid_input
 from .global_options import HELP_OPTIONS, hoist
 from .help_text import COMMON_EXIT_CODES, epilog
-from .inputs import json_object, variables
+from .inputs import json_object, rfc3339, variables
 from .output import OutputFormat, data_of, emit
 from .paging import follow
 from .render import compact_json, message_dict
@@ -363,10 +363,25 @@ def instances(
     state: Annotated[InstanceStateChoice | None, typer.Option(help="Only instances in this state.")] = None,
     limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 100,
     business_key: Annotated[str | None, typer.Option(help="Only instances with this business key.")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Only instances started at or after this time (RFC 3339, 2026-12-04T09:00:00Z)."),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Only instances started before this time (RFC 3339).")
+    ] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Every instance, whatever --limit says.")] = False,
 ) -> None:
     """List instances, newest first, following the engine's pages up to --limit (or --all)."""
     client = _client(ctx)
+    time_range = {
+        field: rfc3339(value, option)
+        for field, option, value in (
+            ("created_after", "--since", since),
+            ("created_before", "--until", until),
+        )
+        if value
+    }
     found, page_token = follow(
         lambda size, token: client.call(
             client.processes.ListInstances,
@@ -376,6 +391,7 @@ def instances(
                 business_key=business_key or "",
                 page_size=size,
                 page_token=token,
+                **time_range,
             ),
         ),
         lambda response: response.instances,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
+
+from google.protobuf import timestamp_pb2
 
 from .errors import invalid_input
 
@@ -52,3 +55,17 @@ def variables(assignments: Sequence[str], vars_json: str | None) -> dict[str, An
             raise invalid_input(f"--var {assignment!r}: expected KEY=VALUE")
         values[key] = typed_value(raw, key)
     return values
+
+
+def rfc3339(text: str, option: str) -> timestamp_pb2.Timestamp:
+    """An RFC 3339 time (`2026-12-04T09:00:00Z`, `2026-12-04T10:00:00+01:00`); one without a zone is
+    refused rather than guessed."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise invalid_input(f"{option} {text!r}: not an RFC 3339 time (like 2026-12-04T09:00:00Z)") from None
+    if moment.tzinfo is None:
+        raise invalid_input(f"{option} {text!r}: give the zone too (Z for UTC, or +01:00)")
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp

@@ -214,6 +214,8 @@ class Instances:
         business_key: str = "",
         limit: int = 100,
         after_key: tuple[datetime, uuid.UUID] | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
     ) -> list[InstanceView]:
         async with self._reads.connect() as conn:
             rows = await instance_store.listed(
@@ -223,6 +225,8 @@ class Instances:
                 business_key=business_key,
                 limit=limit,
                 after_key=after_key,
+                created_after=created_after,
+                created_before=created_before,
             )
         return [_view(r) for r in rows]
 
