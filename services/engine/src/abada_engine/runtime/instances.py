@@ -216,6 +216,9 @@ class Instances:
         business_key: str = "",
         limit: int = 100,
         after_key: tuple[datetime, uuid.UUID] | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        variables_holding: dict[str, Any] | None = None,
         waiting_for: TaskKind | None = None,
     ) -> list[InstanceView]:
         """Instances newest first; with `waiting_for` (TIMER or RECEIVE), only those waiting on one."""
@@ -227,6 +230,9 @@ class Instances:
                 business_key=business_key,
                 limit=limit,
                 after_key=after_key,
+                created_after=created_after,
+                created_before=created_before,
+                variables_holding=variables_holding,
                 waiting_for=waiting_for,
             )
         return [_view(r) for r in rows]
