@@ -10,22 +10,9 @@ import json
 import pathlib
 import signal
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 
-import pytest
 from dev_support import ABADA, ROOT, abada_dev, clean_environment, sourced
-
-
-@pytest.fixture
-def workdir() -> Iterator[pathlib.Path]:
-    """A project directory outside pytest's own temporary tree: the embedded PostgreSQL runs as another
-    user and needs to traverse every parent, which pytest keeps private (and, in parallel runs,
-    makes private again while another worker is starting)."""
-    with tempfile.TemporaryDirectory(prefix="abada-dev-test-") as path:
-        yield pathlib.Path(path)
-
 
 BUNDLE = ROOT / "examples" / "support-triage.yaml"
 
