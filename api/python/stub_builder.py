@@ -13,6 +13,13 @@ import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 STAMP = ".generated"
+# The vendored google.api annotations (http rules) under proto/: an include path, never generated here
+# (their Python modules come from googleapis-common-protos, which the stubs import).
+THIRD_PARTY = "third_party"
+
+
+def _ours(protos: pathlib.Path) -> list[pathlib.Path]:
+    return [p for p in protos.rglob("*.proto") if p.relative_to(protos).parts[0] != THIRD_PARTY]
 
 
 def proto_dir(project: pathlib.Path = HERE) -> pathlib.Path | None:
@@ -27,7 +34,7 @@ def packages(project: pathlib.Path = HERE) -> list[str]:
     """The Python packages the stubs make: one per directory holding protos, and their parents."""
     protos = proto_dir(project)
     if protos is not None:
-        found = {p.parent.relative_to(protos) for p in protos.rglob("*.proto")}
+        found = {p.parent.relative_to(protos) for p in _ours(protos)}
     else:  # no protos, only stubs generated before (an sdist of them)
         found = {p.parent.relative_to(project) for p in (project / "abada").rglob("*_pb2.py")}
     names: set[str] = set()
@@ -50,11 +57,12 @@ def generate(protos: pathlib.Path, out_dir: pathlib.Path) -> None:
     import grpc_tools
     from grpc_tools import protoc
 
-    sources = sorted(str(p.relative_to(protos)) for p in protos.rglob("*.proto"))
+    sources = sorted(str(p.relative_to(protos)) for p in _ours(protos))
     well_known = pathlib.Path(grpc_tools.__file__).parent / "_proto"
     args = [
         "grpc_tools.protoc",
         f"-I{protos}",
+        f"-I{protos / THIRD_PARTY}",
         f"-I{well_known}",
         f"--python_out={out_dir}",
         f"--pyi_out={out_dir}",
