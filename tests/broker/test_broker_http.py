@@ -43,6 +43,13 @@ processes:
 """
 
 
+SCENARIO_STEP = """{
+  "workerId": "agent-worker-1", "attempt": 1, "sequence": 4,
+  "kind": "TOOL_CALL", "state": "STARTED", "toolRef": "crm/create_ticket",
+  "request": { "callId": "call_2", "arguments": { "customerId": "C-42", "subject": "Parcel not received", "priority": "high" } }
+}"""
+
+
 @pytest.fixture(autouse=True)
 def deployable(deploy_credentials, crm) -> None:
     deploy_credentials.write_text(yaml.safe_dump({CRM_CREDENTIAL: crm.token}))
@@ -230,14 +237,8 @@ async def test_the_scenario_requests_verbatim_with_a_lease_token_are_answered_as
     ):
         body = {"workerId": WORKER, "attempt": 1, "sequence": sequence, "kind": kind, "state": state}
         _ok(await worker.post(steps, json=body | extra, headers=lease))
-    verbatim = (
-        """{
-  "workerId": "%s", "attempt": 1, "sequence": 4,
-  "kind": "TOOL_CALL", "state": "STARTED", "toolRef": "crm/create_ticket",
-  "request": { "callId": "call_2", "arguments": { "customerId": "C-42", "subject": "Parcel not received", "priority": "high" } }
-}"""
-        % WORKER
-    )
+    # The scenario's body as it is written; only its worker id is this worker's.
+    verbatim = SCENARIO_STEP.replace("agent-worker-1", WORKER)
     answer = await worker.post(steps, content=verbatim, headers=lease | {"Content-Type": "application/json"})
     body = _ok(answer)
     assert body["idempotencyKey"].startswith("abada-")

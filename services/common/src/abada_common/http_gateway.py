@@ -29,8 +29,10 @@ from google.api import annotations_pb2, http_pb2
 from google.protobuf import descriptor, json_format, message, message_factory
 from google.protobuf.descriptor import FieldDescriptor
 from google.rpc import error_details_pb2, status_pb2
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import request_response
 
 from . import rpc_status
 from .errors import Category
@@ -394,6 +396,11 @@ class Gateway:
 
     def methods(self) -> list[str]:
         return sorted({route.http_method for route in self._routes})
+
+    def install(self, app: Starlette) -> None:
+        """Answer every request `app`'s own routes do not, so that a path no Starlette pattern matches
+        (a newline in an id, say) still gets a JSON refusal, never a text page."""
+        app.router.default = request_response(self.handle)
 
     async def handle(self, request: Request) -> Response:
         """The Starlette endpoint: route `request` to its RPC and answer it."""

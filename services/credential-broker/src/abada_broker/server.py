@@ -277,12 +277,8 @@ def _http_server(settings: BrokerSettings, servicer: CredentialServicer) -> Http
     async def openapi_json(_: Request) -> Response:
         return JSONResponse(document)
 
-    app = Starlette(
-        routes=[
-            Route("/v1/openapi.json", openapi_json),
-            Route("/v1/{rest:path}", gateway.handle, methods=gateway.methods()),
-        ]
-    )
+    app = Starlette(routes=[Route("/v1/openapi.json", openapi_json)])
+    gateway.install(app)
     tls = None
     if settings.tls_cert_file is not None and settings.tls_key_file is not None:
         tls = HttpTls(settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file)

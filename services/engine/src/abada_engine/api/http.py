@@ -94,16 +94,15 @@ def build_app(
         Route("/metrics", prometheus),
         Route("/healthz", healthz),
     ]
-    if servicers is not None:
-        # The same limit as the gRPC port's largest message.
-        gateway = Gateway(servicers, SERVICE_DESCRIPTORS, max_body_bytes=GRPC_MAX_MESSAGE_BYTES)
-        document = openapi.document(SERVICE_DESCRIPTORS, title="Abada engine")
+    if servicers is None:
+        return Starlette(routes=routes)
+    # The same limit as the gRPC port's largest message.
+    gateway = Gateway(servicers, SERVICE_DESCRIPTORS, max_body_bytes=GRPC_MAX_MESSAGE_BYTES)
+    document = openapi.document(SERVICE_DESCRIPTORS, title="Abada engine")
 
-        async def openapi_json(_: Request) -> Response:
-            return JSONResponse(document)
+    async def openapi_json(_: Request) -> Response:
+        return JSONResponse(document)
 
-        routes += [
-            Route("/v1/openapi.json", openapi_json),
-            Route("/v1/{rest:path}", gateway.handle, methods=gateway.methods()),
-        ]
-    return Starlette(routes=routes)
+    app = Starlette(routes=[*routes, Route("/v1/openapi.json", openapi_json)])
+    gateway.install(app)
+    return app
