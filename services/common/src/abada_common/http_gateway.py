@@ -17,6 +17,7 @@ JSON (`code`, `message`, `details` with `@type`), `Retry-After` when it carries 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import urllib.parse
@@ -36,6 +37,8 @@ from starlette.routing import request_response
 
 from . import rpc_status
 from .errors import Category
+
+log = logging.getLogger(__name__)
 
 # The HTTP status grpc-gateway answers for each gRPC code.
 HTTP_STATUS: dict[grpc.StatusCode, int] = {
@@ -457,6 +460,14 @@ class Gateway:
             answer = await handler(call, context)
         except HttpAbort as aborted:
             return _refusal(aborted.status)
+        except Exception:
+            # What gRPC answers UNKNOWN for a servicer that raised: logged, and a JSON refusal.
+            log.exception("unexpected error in %s over HTTP", route.method.full_name)
+            return _refusal(
+                rpc_status.status_message(
+                    Category.INTERNAL, "INTERNAL", "internal error; see the service log"
+                )
+            )
         if context.code is not None and context.code != grpc.StatusCode.OK:
             return _refusal(status_pb2.Status(code=context.code.value[0], message=context.details or ""))
         body = json_format.MessageToDict(answer)
