@@ -25,7 +25,13 @@ class HttpServer:
     def __init__(self, app: ASGIApp, address: str, tls: HttpTls | None = None) -> None:
         host, _, port = address.rpartition(":")
         config = uvicorn.Config(
-            app, host=host or "127.0.0.1", port=int(port), log_level="warning", lifespan="off"
+            app,
+            host=host or "127.0.0.1",
+            port=int(port),
+            log_level="warning",
+            lifespan="off",
+            # A client that keeps its connection open must not hold a stopping service for ever.
+            timeout_graceful_shutdown=5,
         )
         if tls is not None:
             config.ssl_certfile = str(tls.cert_file)
