@@ -176,3 +176,21 @@ async def test_iterating_instances_follows_the_page_tokens(sdk_client):
     keyed = [i.id async for i in sdk_client.iter_instances(business_key="K-1", page_size=2)]
     assert keyed == started[1::2][::-1]
     assert [i.id for i in await sdk_client.list_instances("review", limit=3)] == started[::-1][:3]
+
+
+async def test_a_start_with_a_request_id_sent_again_is_the_first_start(sdk_client):
+    await sdk_client.deploy(BUNDLE)
+    first = await sdk_client.start("review", {"amount": 1}, request_id="delivery-9")
+    again = await sdk_client.start("review", {"amount": 2}, request_id="delivery-9")
+    assert not first.already_started
+    assert again.already_started
+    assert again.id == first.id
+    assert again.started.variables == {"amount": 1}
+
+
+async def test_instances_are_listed_by_a_variables_value(sdk_client):
+    await sdk_client.deploy(BUNDLE)
+    alice = await sdk_client.start("review", {"customerId": "C-42"})
+    await sdk_client.start("review", {"customerId": "C-43"})
+    found = await sdk_client.list_instances("review", where={"customerId": "C-42"})
+    assert [i.id for i in found] == [alice.id]

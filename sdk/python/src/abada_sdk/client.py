@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
@@ -52,9 +53,11 @@ _MAX_POLL_SECONDS = 1.0
 class InstanceHandle:
     """A started instance: its first snapshot, and `await handle.result()` for how it ended."""
 
-    def __init__(self, client: AsyncEngineClient, started: Instance) -> None:
+    def __init__(self, client: AsyncEngineClient, started: Instance, already_started: bool = False) -> None:
         self._client = client
         self.started = started
+        # The start's request_id matched an earlier start: this is that start's instance.
+        self.already_started = already_started
 
     @property
     def id(self) -> str:
@@ -188,6 +191,7 @@ class AsyncEngineClient:
         *,
         business_key: str = "",
         version: int = 0,
+        request_id: str = "",
         wait: Literal[False] = False,
         timeout: float | None = None,
     ) -> InstanceHandle: ...
@@ -200,6 +204,7 @@ class AsyncEngineClient:
         *,
         business_key: str = "",
         version: int = 0,
+        request_id: str = "",
         wait: Literal[True],
         timeout: float | None = None,
     ) -> Instance: ...
@@ -211,10 +216,14 @@ class AsyncEngineClient:
         *,
         business_key: str = "",
         version: int = 0,
+        request_id: str = "",
         wait: bool = False,
         timeout: float | None = None,
     ) -> InstanceHandle | Instance:
-        """Starts an instance (latest version unless `version`). With `wait=True`, returns it completed."""
+        """Starts an instance (latest version unless `version`). With `wait=True`, returns it completed.
+
+        A `request_id` makes the start idempotent for a day: sent again, it starts nothing and answers
+        the first start's instance (a re-sent webhook starts one instance)."""
         reply = await self.call(
             lambda: self._processes.StartInstance,
             process_pb2.StartInstanceRequest(
@@ -222,9 +231,10 @@ class AsyncEngineClient:
                 version=version,
                 variables=to_struct(variables),
                 business_key=business_key,
+                request_id=request_id,
             ),
         )
-        handle = InstanceHandle(self, Instance.from_proto(reply.instance))
+        handle = InstanceHandle(self, Instance.from_proto(reply.instance), reply.already_started)
         return await handle.result(timeout) if wait else handle
 
     async def get(self, instance_id: str) -> Instance:
@@ -246,11 +256,20 @@ class AsyncEngineClient:
         limit: int = 100,
         *,
         business_key: str = "",
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        where: dict[str, Any] | None = None,
     ) -> list[Instance]:
         """The newest `limit` instances that match; `iter_instances` walks them all."""
         found: list[Instance] = []
         async for instance in self.iter_instances(
-            process_id, state, business_key=business_key, page_size=min(limit, _PAGE_SIZE)
+            process_id,
+            state,
+            business_key=business_key,
+            created_after=created_after,
+            created_before=created_before,
+            where=where,
+            page_size=min(limit, _PAGE_SIZE),
         ):
             found.append(instance)
             if len(found) == limit:
@@ -263,14 +282,25 @@ class AsyncEngineClient:
         state: InstanceState | None = None,
         *,
         business_key: str = "",
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        where: dict[str, Any] | None = None,
         page_size: int = _PAGE_SIZE,
     ) -> AsyncIterator[Instance]:
-        """Every instance that matches, newest first, read page by page as the caller goes."""
+        """Every instance that matches, newest first, read page by page as the caller goes; with
+        `created_after` (inclusive) and `created_before`, only those started in that range; with
+        `where` ({"customerId": "C-42"}), only those whose top-level variables equal those values."""
         request = process_pb2.ListInstancesRequest(
             process_id=process_id,
             state=state.to_proto() if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
             business_key=business_key,
         )
+        if created_after is not None:
+            request.created_after.FromDatetime(created_after)
+        if created_before is not None:
+            request.created_before.FromDatetime(created_before)
+        for name, value in (where or {}).items():
+            request.variables.add(name=name).value.CopyFrom(to_struct({name: value}).fields[name])
         async for instance in self.pages(
             lambda: self._processes.ListInstances, request, "instances", page_size
         ):

@@ -38,7 +38,7 @@ from .dev import dev
 from .errors import FAILURE, CliError, invalid_input
 from .global_options import HELP_OPTIONS, hoist
 from .help_text import COMMON_EXIT_CODES, epilog
-from .inputs import json_object, variables
+from .inputs import json_object, rfc3339, to_value, variables
 from .output import OutputFormat, data_of, emit
 from .paging import follow
 from .render import compact_json, message_dict
@@ -270,6 +270,10 @@ def start(
     vars_json: VarsJsonOption = None,
     version: Annotated[int, typer.Option(min=0, help="The definition version; 0 means the latest.")] = 0,
     business_key: Annotated[str | None, typer.Option(help="Your own reference for this instance.")] = None,
+    request_id: Annotated[
+        str | None,
+        typer.Option(help="Start once: the same id again within a day answers the first start's instance."),
+    ] = None,
     wait: Annotated[
         bool,
         typer.Option("--wait", help="Wait until the instance ends (or an incident holds it); print how."),
@@ -287,11 +291,16 @@ def start(
     response = client.call(
         client.processes.StartInstance,
         process_pb2.StartInstanceRequest(
-            process_id=process, version=version, variables=to_struct(values), business_key=business_key or ""
+            process_id=process,
+            version=version,
+            variables=to_struct(values),
+            business_key=business_key or "",
+            request_id=request_id or "",
         ),
     )
     if not wait:
-        _emit(ctx, response, "started\n" + views.started(response.instance))
+        said = "already started (same --request-id)" if response.already_started else "started"
+        _emit(ctx, response, said + "\n" + views.started(response.instance))
         return
     if _for_people(ctx):
         typer.echo(f"started {response.instance.id}; waiting for it to end…", err=True)
@@ -354,21 +363,45 @@ def instances(
     state: Annotated[InstanceStateChoice | None, typer.Option(help="Only instances in this state.")] = None,
     limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 100,
     business_key: Annotated[str | None, typer.Option(help="Only instances with this business key.")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Only instances started at or after this time (RFC 3339, 2026-12-04T09:00:00Z)."),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Only instances started before this time (RFC 3339).")
+    ] = None,
+    where: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--where",
+            metavar="NAME=VALUE",
+            help="Only instances whose variable NAME equals VALUE (typed as --var is); repeatable.",
+        ),
+    ] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Every instance, whatever --limit says.")] = False,
 ) -> None:
     """List instances, newest first, following the engine's pages up to --limit (or --all)."""
     client = _client(ctx)
+    wanted = process_pb2.ListInstancesRequest(
+        process_id=process or "",
+        state=_INSTANCE_STATES[state] if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
+        business_key=business_key or "",
+    )
+    if since:
+        wanted.created_after.CopyFrom(rfc3339(since, "--since"))
+    if until:
+        wanted.created_before.CopyFrom(rfc3339(until, "--until"))
+    for name, value in variables(where or [], None, option="--where").items():
+        wanted.variables.add(name=name).value.CopyFrom(to_value(value))
+
+    def page(size: int, token: str) -> process_pb2.ListInstancesResponse:
+        request = process_pb2.ListInstancesRequest()
+        request.CopyFrom(wanted)
+        request.page_size, request.page_token = size, token
+        return client.call(client.processes.ListInstances, request)
+
     found, page_token = follow(
-        lambda size, token: client.call(
-            client.processes.ListInstances,
-            process_pb2.ListInstancesRequest(
-                process_id=process or "",
-                state=_INSTANCE_STATES[state] if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
-                business_key=business_key or "",
-                page_size=size,
-                page_token=token,
-            ),
-        ),
+        page,
         lambda response: response.instances,
         _MAX_PAGE_SIZE,
         None if show_all else limit,

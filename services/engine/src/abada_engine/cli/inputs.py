@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
+
+from abada_common.struct_codec import to_struct
+from google.protobuf import struct_pb2, timestamp_pb2
 
 from .errors import invalid_input
 
@@ -43,12 +47,31 @@ def json_object(text: str, option: str) -> dict[str, Any]:
     return value
 
 
-def variables(assignments: Sequence[str], vars_json: str | None) -> dict[str, Any]:
-    """`--vars-json` first, then every `--var KEY=VALUE` on top of it, in order."""
+def variables(assignments: Sequence[str], vars_json: str | None, option: str = "--var") -> dict[str, Any]:
+    """`--vars-json` first, then every `--var KEY=VALUE` (or `option`) on top of it, in order."""
     values = json_object(vars_json, "--vars-json") if vars_json else {}
     for assignment in assignments:
         key, separator, raw = assignment.partition("=")
         if not separator or not key:
-            raise invalid_input(f"--var {assignment!r}: expected KEY=VALUE")
+            raise invalid_input(f"{option} {assignment!r}: expected KEY=VALUE")
         values[key] = typed_value(raw, key)
     return values
+
+
+def to_value(value: Any) -> struct_pb2.Value:
+    """A plain JSON value as a protobuf Value."""
+    return to_struct({"v": value}).fields["v"]
+
+
+def rfc3339(text: str, option: str) -> timestamp_pb2.Timestamp:
+    """An RFC 3339 time (`2026-12-04T09:00:00Z`, `2026-12-04T10:00:00+01:00`); one without a zone is
+    refused rather than guessed."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise invalid_input(f"{option} {text!r}: not an RFC 3339 time (like 2026-12-04T09:00:00Z)") from None
+    if moment.tzinfo is None:
+        raise invalid_input(f"{option} {text!r}: give the zone too (Z for UTC, or +01:00)")
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp
