@@ -89,12 +89,18 @@ async def test_openapi_is_served_with_the_security_scheme_and_every_error(engine
 
 async def test_short_enum_names_query_parameters_and_the_scenario_body(engine, engine_http, engine_tokens):
     await deploy(engine, GREET)
-    instance = await start(engine, "greet")
+    instance = await start(engine, "greet", customerId="C-42")
+    await start(engine, "greet", customerId="C-7")
     async with _client(engine_http, engine_tokens.operator) as client:
+        # Filters a query cannot carry (a list of messages) go in a POST body, on the rule's second path.
+        search = await client.post(
+            "/v1/instances:search", json={"variables": [{"name": "customerId", "value": "C-42"}]}
+        )
+        assert [i["id"] for i in search.json()["instances"]] == [instance.id], search.text
         for state in ("ACTIVE", "INSTANCE_STATE_ACTIVE"):
             listed = await client.get("/v1/instances", params={"processId": "greet", "state": state})
             assert listed.status_code == 200, listed.text
-            assert [i["id"] for i in listed.json()["instances"]] == [instance.id]
+            assert instance.id in [i["id"] for i in listed.json()["instances"]]
         # snake_case names are taken too, as grpc-gateway takes them.
         done = await client.get("/v1/instances", params={"process_id": "greet", "state": "COMPLETED"})
         assert done.status_code == 200 and done.json().get("instances", []) == []
