@@ -7,6 +7,8 @@ real process with ABADA_BROKER_HTTP_ADDRESS set, reading the CRM's token from a 
 
 from __future__ import annotations
 
+import json
+import pathlib
 from typing import Any
 
 import httpx2
@@ -14,6 +16,7 @@ import pytest
 import yaml
 from broker_support import CRM_CREDENTIAL, POOL
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKER = f"{POOL}/http-worker"
 TRIAGE = """
 tool_servers:
@@ -261,3 +264,18 @@ async def test_the_scenario_requests_verbatim_with_a_lease_token_are_answered_as
         headers=lease | {"Authorization": ""},
     )
     assert anonymous.status_code == 401 and anonymous.headers["WWW-Authenticate"] == "Bearer"
+
+
+async def test_the_broker_serves_its_own_openapi_document(broker):
+    assert broker.http_url is not None
+    async with httpx2.AsyncClient(base_url=broker.http_url, timeout=10) as client:
+        served = (await client.get("/v1/openapi.json")).json()
+        nowhere = await client.get("/v1/instances")
+    checked_in = json.loads((ROOT / "api" / "openapi" / "broker.openapi.json").read_text())
+    assert served == checked_in
+    assert set(served["paths"]) == {
+        "/v1/external-tasks/{task_id}/tool-credentials/{server}",
+        "/v1/deploy-credentials/{credential}:issue",
+    }
+    # The engine's paths are not the broker's: a JSON refusal, as for any unknown path.
+    assert nowhere.status_code == 404 and nowhere.json()["code"] == 5
