@@ -305,3 +305,15 @@ async def test_schemathesis_finds_no_server_error_and_no_answer_outside_the_docu
     # Every operation of the document was tried, within the time budget.
     tested = re.search(r"Tested:\s+(\d+)", text)
     assert tested is not None and int(tested.group(1)) == len(bindings(SERVICE_DESCRIPTORS)), text[-3000:]
+
+
+async def test_the_path_wins_over_the_same_field_in_the_body(engine, engine_http, engine_tokens):
+    await deploy(engine, GREET)
+    instance = await start(engine, "greet")
+    async with _client(engine_http, engine_tokens.operator) as client:
+        canceled = await client.post(
+            f"/v1/instances/{instance.id}:cancel", json={"instanceId": "not-this-one", "reason": "duplicate"}
+        )
+    assert canceled.status_code == 200, canceled.text
+    assert canceled.json()["instance"]["id"] == instance.id
+    assert canceled.json()["instance"]["state"] == "INSTANCE_STATE_CANCELED"

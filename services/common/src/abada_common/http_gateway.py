@@ -506,6 +506,10 @@ class Gateway:
                 )
                 _set_path(data, name, value)
         for name, value in params.items():
+            # The path wins over the same field in the body, whichever spelling the body used.
+            found = input_type.fields_by_name.get(name)
+            if found is not None and found.json_name != name:
+                data.pop(found.json_name, None)
             _set_path(data, name, value)
         token = request.headers.get(LEASE_TOKEN_HEADER)
         if token is not None and "lease_token" in input_type.fields_by_name:
