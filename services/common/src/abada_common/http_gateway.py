@@ -387,18 +387,13 @@ class Gateway:
     servicers: Mapping[str, Any]  # service full name -> servicer object
     services: Sequence[descriptor.ServiceDescriptor]
     max_body_bytes: int = 4 * 1024 * 1024
+    # The client certificate's common name where the listener can tell it (none does yet: uvicorn
+    # does not hand the peer certificate to the app), so a certificate can name the caller as on gRPC.
     peer_common_name: Callable[[Request], str | None] = field(default=lambda request: None)
     _routes: list[Binding] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         self._routes = bindings(self.services)
-
-    @property
-    def routes(self) -> list[Binding]:
-        return list(self._routes)
-
-    def methods(self) -> list[str]:
-        return sorted({route.http_method for route in self._routes})
 
     def install(self, app: Starlette) -> None:
         """Answer every request `app`'s own routes do not, so that a path no Starlette pattern matches
