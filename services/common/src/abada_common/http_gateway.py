@@ -211,6 +211,8 @@ def bindings(services: Iterable[descriptor.ServiceDescriptor]) -> list[Binding]:
     found: list[Binding] = []
     for service in services:
         for method in service.methods:
+            if method.client_streaming or method.server_streaming:
+                continue  # one JSON body in, one out: a stream has no such answer here
             for index, rule in enumerate(http_rules(method)):
                 verb = rule.WhichOneof("pattern")
                 if verb is None:
