@@ -7,12 +7,17 @@ The engine is the suite's, its HTTP side over the same servicers (tests/conftest
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import importlib
 import json
+import os
 import pathlib
 import pkgutil
 import random
 import re
+import secrets
+import socket
 import subprocess
 import sys
 from typing import Any
@@ -317,3 +322,58 @@ async def test_the_path_wins_over_the_same_field_in_the_body(engine, engine_http
     assert canceled.status_code == 200, canceled.text
     assert canceled.json()["instance"]["id"] == instance.id
     assert canceled.json()["instance"]["state"] == "INSTANCE_STATE_CANCELED"
+
+
+async def test_an_engine_with_the_http_api_off_serves_only_health_and_figures(database_url, tmp_path):
+    """ABADA_HTTP_API=0, for where tokens must not cross the network on the plaintext HTTP port; and
+    the real `abada-engine serve` otherwise serves the API there (its default)."""
+    token = secrets.token_urlsafe(24)
+    callers = tmp_path / "callers.yaml"
+    callers.write_text(
+        "callers:\n  - identity: ops\n    roles: [operator]\n"
+        f"    token_sha256: {hashlib.sha256(token.encode()).hexdigest()}\n"
+    )
+
+    async def answers(api: str) -> tuple[int, int, int]:
+        http = f"127.0.0.1:{_free_port()}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ABADA_")}
+        env.update(
+            ABADA_DATABASE_URL=database_url,
+            ABADA_GRPC_ADDRESS=f"127.0.0.1:{_free_port()}",
+            ABADA_HTTP_ADDRESS=http,
+            ABADA_HTTP_API=api,
+            ABADA_AUTH_TOKENS_FILE=str(callers),
+            ABADA_JOURNAL_KEYS="k:" + base64.b64encode(os.urandom(32)).decode(),
+            ABADA_IDEMPOTENCY_SECRET=secrets.token_urlsafe(32),
+            ABADA_STATE_DIR=str(tmp_path / f"state-{api}"),
+            ABADA_LOG_LEVEL="WARNING",
+        )
+        engine = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "abada_engine.main", "serve", env=env
+        )
+        try:
+            async with httpx2.AsyncClient(
+                base_url=f"http://{http}", headers={"Authorization": f"Bearer {token}"}, timeout=5
+            ) as client:
+                for _ in range(600):
+                    try:
+                        health = await client.get("/healthz")
+                        break
+                    except httpx2.TransportError:
+                        assert engine.returncode is None, "the engine exited"
+                        await asyncio.sleep(0.1)
+                listed = await client.get("/v1/instances")
+                document = await client.get("/v1/openapi.json")
+            return health.status_code, listed.status_code, document.status_code
+        finally:
+            engine.terminate()
+            await engine.wait()
+
+    assert await answers("0") == (200, 404, 404)
+    assert await answers("1") == (200, 200, 200)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -80,7 +80,12 @@ async def serve(settings: EngineSettings) -> None:
     extra: list[subprocess.Popen[bytes]] = []
     if not settings.extra_process:
         http = HttpServer(
-            build_app(QueueStats(db), registry, database=core.database, servicers=running.servicers),
+            build_app(
+                QueueStats(db),
+                registry,
+                database=core.database,
+                servicers=running.servicers if settings.http_api else None,
+            ),
             settings.http_address,
         )
         await http.start()
