@@ -16,6 +16,7 @@ STAMP = ".generated"
 # The vendored google.api annotations (http rules) under proto/: an include path, never generated here
 # (their Python modules come from googleapis-common-protos, which the stubs import).
 THIRD_PARTY = "third_party"
+DESCRIPTOR_SET = "descriptors.binpb"
 
 
 def _ours(protos: pathlib.Path) -> list[pathlib.Path]:
@@ -67,12 +68,17 @@ def generate(protos: pathlib.Path, out_dir: pathlib.Path) -> None:
         f"--python_out={out_dir}",
         f"--pyi_out={out_dir}",
         f"--grpc_python_out={out_dir}",
+        # The protos' comments, which the generated modules leave out: the OpenAPI documents of the
+        # HTTP side describe every operation and field with them (abada_common.openapi).
+        f"--descriptor_set_out={out_dir / 'abada' / DESCRIPTOR_SET}",
+        "--include_source_info",
     ]
     # Typed service stubs where mypy-protobuf is installed (the repository's .venv); optional elsewhere.
     mypy_grpc = pathlib.Path(sys.executable).parent / "protoc-gen-mypy_grpc"
     found = str(mypy_grpc) if mypy_grpc.exists() else shutil.which("protoc-gen-mypy_grpc")
     if found:
         args += [f"--plugin=protoc-gen-mypy_grpc={found}", f"--mypy_grpc_out={out_dir}"]
+    (out_dir / "abada").mkdir(parents=True, exist_ok=True)
     if protoc.main([*args, *sources]) != 0:
         raise RuntimeError(f"protoc failed on the protos in {protos}")
     # Regular packages (not namespace ones) so imports and editable installs behave alike.

@@ -9,10 +9,12 @@ the gateway also takes), the bearer-token security scheme, and every refusal as 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+import importlib.resources
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from google.protobuf import descriptor
+from google.protobuf import descriptor, descriptor_pb2
 from google.protobuf.descriptor import FieldDescriptor
 
 from .http_gateway import LEASE_TOKEN_HEADER, Binding, bindings
@@ -74,6 +76,67 @@ STATUS_SCHEMA: dict[str, Any] = {
 }
 
 
+# Written beside the generated stubs by their builder (api/python/stub_builder.py), with the comments.
+DESCRIPTOR_SET = "descriptors.binpb"
+
+
+@functools.cache
+def comments() -> dict[str, str]:
+    """The protos' leading comments by full name (`abada.engine.v1.ExternalTaskService.AppendStep`,
+    `abada.engine.v1.AppendStepRequest.lease_token`); empty where the stubs were built without them."""
+    try:
+        raw = (importlib.resources.files("abada") / DESCRIPTOR_SET).read_bytes()
+    except (OSError, ModuleNotFoundError):
+        return {}
+    found: dict[str, str] = {}
+    for file in descriptor_pb2.FileDescriptorSet.FromString(raw).file:
+        _FileComments(file, found).collect()
+    return found
+
+
+class _FileComments:
+    """One file's comments into `found`, by the paths SourceCodeInfo gives each declaration."""
+
+    def __init__(self, file: descriptor_pb2.FileDescriptorProto, found: dict[str, str]) -> None:
+        self._file = file
+        self._found = found
+        self._text = {
+            tuple(location.path): location.leading_comments
+            for location in file.source_code_info.location
+            if location.leading_comments.strip()
+        }
+
+    def collect(self) -> None:
+        package = self._file.package
+        for index, service in enumerate(self._file.service):
+            self._note([6, index], f"{package}.{service.name}")
+            for number, method in enumerate(service.method):
+                self._note([6, index, 2, number], f"{package}.{service.name}.{method.name}")
+        for index, proto in enumerate(self._file.message_type):
+            self._message(proto, [4, index], f"{package}.{proto.name}")
+        for index, enum in enumerate(self._file.enum_type):
+            self._note([5, index], f"{package}.{enum.name}")
+
+    def _note(self, path: Sequence[int], name: str) -> None:
+        comment = self._text.get(tuple(path))
+        if comment:
+            self._found[name] = "\n".join(line.strip() for line in comment.strip().splitlines())
+
+    def _message(self, proto: descriptor_pb2.DescriptorProto, path: list[int], name: str) -> None:
+        self._note(path, name)
+        for index, field in enumerate(proto.field):
+            self._note([*path, 2, index], f"{name}.{field.name}")
+        for index, nested in enumerate(proto.nested_type):
+            self._message(nested, [*path, 3, index], f"{name}.{nested.name}")
+        for index, enum in enumerate(proto.enum_type):
+            self._note([*path, 4, index], f"{name}.{enum.name}")
+
+
+def _described(schema: dict[str, Any], name: str) -> dict[str, Any]:
+    comment = comments().get(name)
+    return {**schema, "description": comment} if comment else schema
+
+
 def _ref(name: str) -> dict[str, Any]:
     return {"$ref": f"#/components/schemas/{name}"}
 
@@ -88,10 +151,11 @@ class _Schemas:
             first = names[0] if names else ""
             prefix = first[: -len("UNSPECIFIED")] if first.endswith("_UNSPECIFIED") else ""
             short = [name[len(prefix) :] for name in names[1:] if prefix and name.startswith(prefix)]
+            own = comments().get(enum.full_name, "")
             self.schemas[enum.full_name] = {
                 "type": "string",
                 "enum": names + short,
-                "description": "By name; requests may leave out the prefix "
+                "description": (own + "\n" if own else "") + "By name; requests may leave out the prefix "
                 f"({prefix or 'none'}) as in the short names listed.",
             }
         return _ref(enum.full_name)
@@ -105,9 +169,14 @@ class _Schemas:
                 return _ref(message_type.full_name)
             self.schemas[message_type.full_name] = {}  # placeholder: a message may contain itself
         properties = {
-            field.json_name: self.field(field) for field in message_type.fields if field.name not in left_out
+            field.json_name: _described(self.field(field), field.full_name)
+            for field in message_type.fields
+            if field.name not in left_out
         }
-        schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+        schema: dict[str, Any] = _described(
+            {"type": "object", "properties": properties, "additionalProperties": False},
+            message_type.full_name,
+        )
         if left_out:
             return schema
         self.schemas[message_type.full_name] = schema
@@ -175,6 +244,7 @@ def _operation(schemas: _Schemas, binding: Binding) -> dict[str, Any]:
         "operationId": binding.operation_id,
         "tags": [method.containing_service.name],
         "summary": f"{method.containing_service.full_name}.{method.name}",
+        **({"description": comments()[method.full_name]} if method.full_name in comments() else {}),
         "parameters": parameters,
         "responses": {
             "200": {
