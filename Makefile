@@ -25,7 +25,7 @@ $(STAMP): requirements-dev.txt services/common/pyproject.toml sdk/python/pyproje
 
 venv: $(STAMP)
 
-$(GEN_STAMP): $(PROTOS)
+$(GEN_STAMP): $(PROTOS) api/python/stub_builder.py
 	@rm -rf api/python/abada
 	@$(STEP) "gRPC stubs from proto/ (api/python/abada)" $(PY) scripts/gen_protos.py
 	@touch $(GEN_STAMP)

@@ -47,7 +47,7 @@ def packages(project: pathlib.Path = HERE) -> list[str]:
 
 def up_to_date(out_dir: pathlib.Path, protos: pathlib.Path) -> bool:
     stamp = out_dir / "abada" / STAMP
-    if not stamp.exists():
+    if not stamp.exists() or not (out_dir / "abada" / DESCRIPTOR_SET).exists():
         return False
     built = stamp.stat().st_mtime
     return all(p.stat().st_mtime <= built for p in protos.rglob("*.proto"))
