@@ -257,6 +257,8 @@ async def test_malformed_requests_to_every_operation_are_4xx_and_the_engine_stay
                     {"content": b"{"},
                     {"content": rng.randbytes(64)},
                     {"content": b"{" * 5000},
+                    {"content": b'{"variables": {"x": NaN}, "request": {"y": -Infinity}, "attempt": 1e999}'},
+                    {"content": '{"workerId": "\\ud800", "reason": "\u0000"}'.encode()},
                     {"content": b'{"a": 1, "a": 2}'},
                 ]
             for attempt in attempts:
