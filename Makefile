@@ -42,12 +42,15 @@ lint: venv proto
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# Test files run in this many processes (pytest-xdist), each file's tests in one of them.
+TEST_PROCESSES ?= 2
+
 test: venv proto
 	@$(STEP) "buf lint" $(VENV)/bin/buf lint
 	@$(STEP) "ruff check" $(VENV)/bin/ruff check .
 	@$(STEP) "ruff format --check" $(VENV)/bin/ruff format --check .
 	@$(STEP) "mypy (types)" $(VENV)/bin/mypy
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_PROCESSES) --dist loadfile
 
 # The stubs and the SDK as wheels (dist/), for `pip install` where there is no clone: abada-api's
 # build runs protoc itself (api/python/setup.py).

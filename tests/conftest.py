@@ -39,6 +39,10 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Output in the tests goes to pipes and is read as such: a terminal size from the runner (pytest-xdist's
+# workers set COLUMNS=80) would fit the CLI's tables to it in some processes and not in others.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 # Two keys, so every test exercises a ring where the primary is not the only key.
 UNKEYED_WRITE_GRACE_SECONDS = 5.0
 TEST_JOURNAL_KEYS = KeyRing.parse(
