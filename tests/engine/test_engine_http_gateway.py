@@ -276,7 +276,7 @@ async def test_malformed_requests_to_every_operation_are_4xx_and_the_engine_stay
 
 @pytest.mark.timeout(120)
 async def test_schemathesis_finds_no_server_error_and_no_answer_outside_the_document(
-    engine, engine_http, engine_tokens
+    engine, engine_http, engine_tokens, tmp_path
 ):
     await deploy(engine, GREET)
     await start(engine, "greet")
@@ -305,6 +305,8 @@ async def test_schemathesis_finds_no_server_error_and_no_answer_outside_the_docu
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "SCHEMATHESIS_TELEMETRY": "false"},
+        # Its cache (.schemathesis/) goes here, not into the working tree.
+        cwd=tmp_path,
     )
     output, _ = await asyncio.wait_for(process.communicate(), timeout=100)
     text = output.decode(errors="replace")
