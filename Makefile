@@ -25,12 +25,14 @@ $(STAMP): requirements-dev.txt services/common/pyproject.toml sdk/python/pyproje
 
 venv: $(STAMP)
 
-$(GEN_STAMP): $(PROTOS)
+$(GEN_STAMP): $(PROTOS) api/python/stub_builder.py
 	@rm -rf api/python/abada
 	@$(STEP) "gRPC stubs from proto/ (api/python/abada)" $(PY) scripts/gen_protos.py
 	@touch $(GEN_STAMP)
 
+# The OpenAPI documents of the HTTP side (api/openapi/) follow the protos' HTTP rules.
 proto: $(STAMP) $(GEN_STAMP)
+	@$(STEP) "OpenAPI documents from the HTTP rules (api/openapi)" $(PY) scripts/gen_openapi.py
 
 # mypy reads mypy.ini: the services, the SDK and abada-common, strict on abada-common and the
 # engine's store; its cache (.mypy_cache) makes a second run take seconds.
