@@ -1,6 +1,8 @@
 """Abada's Python SDK: a typed engine client (AsyncEngineClient, EngineClient) and a task Worker."""
 
-from .client import AsyncEngineClient, InstanceHandle
+from . import requests
+from .client import AsyncEngineClient, InstanceHandle, Stubs
+from .connection import Connection
 from .errors import (
     AbadaError,
     AlreadyExists,
@@ -39,6 +41,7 @@ __all__ = [
     "Approval",
     "ApprovalState",
     "AsyncEngineClient",
+    "Connection",
     "Definition",
     "Deployment",
     "EngineClient",
@@ -56,6 +59,7 @@ __all__ = [
     "NotFound",
     "PermissionDenied",
     "Resolution",
+    "Stubs",
     "SyncInstanceHandle",
     "Task",
     "TaskFailed",
@@ -63,4 +67,5 @@ __all__ = [
     "UserTask",
     "Worker",
     "__version__",
+    "requests",
 ]

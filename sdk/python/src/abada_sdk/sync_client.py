@@ -9,10 +9,14 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Coroutine
-from typing import Any, Literal, TypeVar, overload
+from collections.abc import Callable, Coroutine
+from typing import Any, Literal, TypeVar, Unpack, overload
 
-from .client import AsyncEngineClient, InstanceHandle
+import grpc
+from abada.engine.v1 import dependency_pb2, incident_pb2, queue_pb2
+
+from .client import AsyncEngineClient, InstanceHandle, Stubs
+from .connection import Connection, ConnectionOptions
 from .models import (
     Approval,
     ApprovalState,
@@ -28,6 +32,7 @@ from .models import (
 )
 
 Result = TypeVar("Result")
+Reply = TypeVar("Reply")
 
 
 class _LoopThread:
@@ -69,22 +74,10 @@ class EngineClient:
         self,
         address: str | None = None,
         *,
-        token: str | None = None,
-        token_file: str | os.PathLike[str] | None = None,
-        tls_ca: str | os.PathLike[str] | None = None,
-        tls_cert: str | os.PathLike[str] | None = None,
-        tls_key: str | os.PathLike[str] | None = None,
-        timeout: float = 30.0,
+        connection: Connection | None = None,
+        **options: Unpack[ConnectionOptions],
     ) -> None:
-        self._async = AsyncEngineClient(
-            address,
-            token=token,
-            token_file=token_file,
-            tls_ca=tls_ca,
-            tls_cert=tls_cert,
-            tls_key=tls_key,
-            timeout=timeout,
-        )
+        self._async = AsyncEngineClient(address, connection=connection, **options)
         self.connection = self._async.connection
         self._runner = _LoopThread()
 
@@ -97,6 +90,17 @@ class EngineClient:
     def close(self) -> None:
         self._runner.run(self._async.close())
         self._runner.stop()
+
+    def call(
+        self,
+        method: Callable[[Stubs], grpc.aio.UnaryUnaryMultiCallable[Any, Reply]],
+        request: Any,
+        timeout: float | None = None,
+    ) -> Reply:
+        """One RPC the typed methods do not cover, answered with the engine's own reply message:
+        `client.call(lambda stubs: stubs.queue.ListTasks, request)`. A refusal raises an AbadaError."""
+        # The stubs are reached inside the coroutine: the channel must be opened on the loop's thread.
+        return self._runner.run(self._async.call(lambda: method(self._async.stubs), request, timeout))
 
     def deploy(self, bundle: str | os.PathLike[str], *, source_name: str | None = None) -> Deployment:
         return self._runner.run(self._async.deploy(bundle, source_name=source_name))
@@ -215,3 +219,24 @@ class EngineClient:
 
     def journal(self, task_id: str) -> list[JournalStep]:
         return self._runner.run(self._async.journal(task_id))
+
+    def resolve_incidents(
+        self,
+        type: str,
+        resolution: Resolution,
+        *,
+        dependency: dependency_pb2.Dependency | None = None,
+        process_id: str = "",
+        comment: str = "",
+    ) -> incident_pb2.ResolveIncidentsResponse:
+        return self._runner.run(
+            self._async.resolve_incidents(
+                type, resolution, dependency=dependency, process_id=process_id, comment=comment
+            )
+        )
+
+    def topics(self) -> queue_pb2.ListTopicsResponse:
+        return self._runner.run(self._async.topics())
+
+    def dependencies(self) -> list[dependency_pb2.DependencyStatus]:
+        return self._runner.run(self._async.dependencies())
