@@ -20,17 +20,18 @@ def to_struct(values: dict[str, Any] | None) -> struct_pb2.Struct:
 
 def from_struct(message: struct_pb2.Struct) -> dict[str, Any]:
     """A Struct as JSON values; whole numbers come back as ints (Struct carries every number as a double)."""
-    values: dict[str, Any] = _whole_numbers(json_format.MessageToDict(message))
+    values: dict[str, Any] = plain_numbers(json_format.MessageToDict(message))
     return values
 
 
-def _whole_numbers(value: Any) -> Any:
+def plain_numbers(value: Any) -> Any:
+    """Struct holds every number as a double: `3.0` back as `3`, as the user wrote it, at any depth."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, dict):
-        return {key: _whole_numbers(item) for key, item in value.items()}
+        return {key: plain_numbers(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_whole_numbers(item) for item in value]
+        return [plain_numbers(item) for item in value]
     return value
 
 
