@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from abada.engine.v1 import process_pb2
 from abada_engine.cli.render import plain_numbers
 from cli_support import abada
@@ -206,3 +208,49 @@ async def test_instances_all_ignores_the_limit_and_business_key_filters(engine):
     assert len(everything.json()["instances"]) == 3
     keyed = await abada(engine.address, "instances", "--business-key", "order-1", "--json")
     assert [i["businessKey"] for i in keyed.json()["instances"]] == ["order-1"]
+
+
+async def test_start_with_a_request_id_sent_twice_starts_one_instance(engine):
+    await deploy(engine, NOTIFY)
+    first = await abada(engine.address, "start", "notify", "--request-id", "hook-1", "-o", "json")
+    assert first.exit_code == 0, first.stderr
+    again = await abada(engine.address, "start", "notify", "--request-id", "hook-1")
+    assert again.exit_code == 0, again.stderr
+    assert again.stdout.startswith("already started (same --request-id)")
+    assert card(again.stdout)["instance"] == json.loads(first.stdout)["instance"]["id"]
+    listed = await engine.processes.ListInstances(process_pb2.ListInstancesRequest(process_id="notify"))
+    assert len(listed.instances) == 1
+
+
+async def test_instances_since_and_until_a_time(engine):
+    await deploy(engine, NOTIFY)
+    early = (await start(engine, "notify")).id
+    listed = await engine.processes.ListInstances(process_pb2.ListInstancesRequest(process_id="notify"))
+    started_at = listed.instances[0].create_time.ToDatetime().isoformat() + "Z"
+    late = (await start(engine, "notify")).id
+    since = await abada(
+        engine.address, "instances", "--process", "notify", "--until", started_at, "-o", "json"
+    )
+    assert since.exit_code == 0, since.stderr
+    assert [i["id"] for i in json.loads(since.stdout)["instances"]] == []
+    after = await abada(
+        engine.address, "instances", "--process", "notify", "--since", started_at, "-o", "json"
+    )
+    assert [i["id"] for i in json.loads(after.stdout)["instances"]] == [late, early]
+    zoneless = await abada(engine.address, "instances", "--since", "2026-12-04T09:00:00")
+    assert zoneless.exit_code != 0
+    assert "--since '2026-12-04T09:00:00': give the zone too" in zoneless.stderr
+
+
+async def test_instances_where_a_variable_has_a_value(engine):
+    await deploy(engine, NOTIFY)
+    alice = (await start(engine, "notify", customerId="C-42", vip=True)).id
+    await start(engine, "notify", customerId="C-43", vip=True)
+    found = await abada(
+        engine.address, "instances", "--where", "customerId=C-42", "--where", "vip=true", "-o", "json"
+    )
+    assert found.exit_code == 0, found.stderr
+    assert [i["id"] for i in json.loads(found.stdout)["instances"]] == [alice]
+    malformed = await abada(engine.address, "instances", "--where", "customerId")
+    assert malformed.exit_code != 0
+    assert "--where 'customerId': expected KEY=VALUE" in malformed.stderr

@@ -113,3 +113,19 @@ def test_iso_durations_read_as_seconds(text: str, seconds: float) -> None:
 @pytest.mark.parametrize("text", ["P", "PT", "P1DT", "10s", "P1M2", "P1Y"])
 def test_what_is_no_iso_duration_reads_as_none(text: str) -> None:
     assert iso_duration_seconds(text) is None
+
+
+def test_unique_business_key_is_a_yes_or_no_that_travels_with_the_version() -> None:
+    [process] = parse_bundle(
+        TRIAGE.replace("    start: triage\n", "    start: triage\n    unique_business_key: true\n")
+    ).processes
+    assert process.unique_business_key
+    assert type(process).from_json(process.to_json()).unique_business_key
+    [plain] = parse_bundle(TRIAGE).processes
+    # Off by default, and then absent from the frozen spec, so earlier versions keep their digest.
+    assert not plain.unique_business_key
+    assert "unique_business_key" not in plain.to_json()
+    problem = refused(
+        TRIAGE.replace("    start: triage\n", '    start: triage\n    unique_business_key: "yes"\n')
+    )
+    assert "processes[0].unique_business_key: must be true or false" in str(problem.problems[0])

@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Unpack, overload
 
@@ -81,9 +82,11 @@ class Stubs:
 class InstanceHandle:
     """A started instance: its first snapshot, and `await handle.result()` for how it ended."""
 
-    def __init__(self, client: AsyncEngineClient, started: Instance) -> None:
+    def __init__(self, client: AsyncEngineClient, started: Instance, already_started: bool = False) -> None:
         self._client = client
         self.started = started
+        # The start's request_id matched an earlier start: this is that start's instance.
+        self.already_started = already_started
 
     @property
     def id(self) -> str:
@@ -206,6 +209,7 @@ class AsyncEngineClient:
         *,
         business_key: str = "",
         version: int = 0,
+        request_id: str = "",
         wait: Literal[False] = False,
         timeout: float | None = None,
     ) -> InstanceHandle: ...
@@ -218,6 +222,7 @@ class AsyncEngineClient:
         *,
         business_key: str = "",
         version: int = 0,
+        request_id: str = "",
         wait: Literal[True],
         timeout: float | None = None,
     ) -> Instance: ...
@@ -229,15 +234,21 @@ class AsyncEngineClient:
         *,
         business_key: str = "",
         version: int = 0,
+        request_id: str = "",
         wait: bool = False,
         timeout: float | None = None,
     ) -> InstanceHandle | Instance:
-        """Starts an instance (latest version unless `version`). With `wait=True`, returns it completed."""
+        """Starts an instance (latest version unless `version`). With `wait=True`, returns it completed.
+
+        A `request_id` makes the start idempotent for a day: sent again, it starts nothing and answers
+        the first start's instance (a re-sent webhook starts one instance)."""
         reply = await self.call(
             lambda: self.stubs.processes.StartInstance,
-            requests.start_instance(process_id, variables, business_key=business_key, version=version),
+            requests.start_instance(
+                process_id, variables, business_key=business_key, version=version, request_id=request_id
+            ),
         )
-        handle = InstanceHandle(self, Instance.from_proto(reply.instance))
+        handle = InstanceHandle(self, Instance.from_proto(reply.instance), reply.already_started)
         return await handle.result(timeout) if wait else handle
 
     async def get(self, instance_id: str) -> Instance:
@@ -259,11 +270,20 @@ class AsyncEngineClient:
         limit: int = 100,
         *,
         business_key: str = "",
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        where: dict[str, Any] | None = None,
     ) -> list[Instance]:
         """The newest `limit` instances that match; `iter_instances` walks them all."""
         found: list[Instance] = []
         async for instance in self.iter_instances(
-            process_id, state, business_key=business_key, page_size=min(limit, _PAGE_SIZE)
+            process_id,
+            state,
+            business_key=business_key,
+            created_after=created_after,
+            created_before=created_before,
+            where=where,
+            page_size=min(limit, _PAGE_SIZE),
         ):
             found.append(instance)
             if len(found) == limit:
@@ -276,10 +296,22 @@ class AsyncEngineClient:
         state: InstanceState | None = None,
         *,
         business_key: str = "",
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        where: dict[str, Any] | None = None,
         page_size: int = _PAGE_SIZE,
     ) -> AsyncIterator[Instance]:
-        """Every instance that matches, newest first, read page by page as the caller goes."""
-        request = requests.list_instances(process_id, state, business_key=business_key)
+        """Every instance that matches, newest first, read page by page as the caller goes; with
+        `created_after` (inclusive) and `created_before`, only those started in that range; with
+        `where` ({"customerId": "C-42"}), only those whose top-level variables equal those values."""
+        request = requests.list_instances(
+            process_id,
+            state,
+            business_key=business_key,
+            created_after=created_after,
+            created_before=created_before,
+            where=where,
+        )
         async for instance in self.pages(
             lambda: self.stubs.processes.ListInstances, request, "instances", page_size
         ):

@@ -7,6 +7,7 @@ only when given (an empty Struct would mean "the tool returned {}").
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from abada.engine.v1 import (
@@ -30,21 +31,44 @@ def list_definitions(process_id: str = "") -> definition_pb2.ListDefinitionsRequ
 
 
 def start_instance(
-    process_id: str, variables: dict[str, Any] | None = None, *, business_key: str = "", version: int = 0
+    process_id: str,
+    variables: dict[str, Any] | None = None,
+    *,
+    business_key: str = "",
+    version: int = 0,
+    request_id: str = "",
 ) -> process_pb2.StartInstanceRequest:
     return process_pb2.StartInstanceRequest(
-        process_id=process_id, version=version, variables=to_struct(variables), business_key=business_key
+        process_id=process_id,
+        version=version,
+        variables=to_struct(variables),
+        business_key=business_key,
+        request_id=request_id,
     )
 
 
 def list_instances(
-    process_id: str = "", state: InstanceState | None = None, *, business_key: str = ""
+    process_id: str = "",
+    state: InstanceState | None = None,
+    *,
+    business_key: str = "",
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    where: dict[str, Any] | None = None,
 ) -> process_pb2.ListInstancesRequest:
-    return process_pb2.ListInstancesRequest(
+    """`where` ({"customerId": "C-42"}): only instances whose top-level variables equal those values."""
+    request = process_pb2.ListInstancesRequest(
         process_id=process_id,
         state=state.to_proto() if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
         business_key=business_key,
     )
+    if created_after is not None:
+        request.created_after.FromDatetime(created_after)
+    if created_before is not None:
+        request.created_before.FromDatetime(created_before)
+    for name, value in (where or {}).items():
+        request.variables.add(name=name).value.CopyFrom(to_struct({name: value}).fields[name])
+    return request
 
 
 def incident_states(include_resolved: bool) -> list[incident_pb2.IncidentState]:

@@ -43,6 +43,7 @@ class SyncInstanceHandle:
         self._runner = runner
         self._handle = handle
         self.started = handle.started
+        self.already_started = handle.already_started
 
     @property
     def id(self) -> str:
@@ -111,6 +112,7 @@ class EngineClient:
         *,
         business_key: str = "",
         version: int = 0,
+        request_id: str = "",
         wait: Literal[False] = False,
         timeout: float | None = None,
     ) -> SyncInstanceHandle: ...
@@ -123,6 +125,7 @@ class EngineClient:
         *,
         business_key: str = "",
         version: int = 0,
+        request_id: str = "",
         wait: Literal[True],
         timeout: float | None = None,
     ) -> Instance: ...
@@ -134,11 +137,14 @@ class EngineClient:
         *,
         business_key: str = "",
         version: int = 0,
+        request_id: str = "",
         wait: bool = False,
         timeout: float | None = None,
     ) -> SyncInstanceHandle | Instance:
         handle = self._runner.run(
-            self._async.start(process_id, variables, business_key=business_key, version=version)
+            self._async.start(
+                process_id, variables, business_key=business_key, version=version, request_id=request_id
+            )
         )
         synced = SyncInstanceHandle(self._runner, handle)
         return synced.result(timeout) if wait else synced

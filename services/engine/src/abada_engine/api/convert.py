@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_common import struct_codec
 from abada_common.struct_codec import to_struct as to_struct  # the handlers' Struct codec
 from google.protobuf import struct_pb2, timestamp_pb2
+from google.protobuf.message import Message
 
 from abada_engine.errors import invalid
 
@@ -47,6 +48,11 @@ def from_struct(message: struct_pb2.Struct, field: str = "") -> dict[str, Any]:
         ) from None
 
 
+def from_value(message: struct_pb2.Value, field: str) -> Any:
+    """One Struct Value as a plain value (see `from_struct`), refused naming `field` as it does."""
+    return from_struct(struct_pb2.Struct(fields={"v": message}), field)["v"]
+
+
 def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     if value is None:
         return None
@@ -66,3 +72,16 @@ def parse_uuid(value: str, field: str) -> uuid.UUID:
 
 def optional_uuid(value: str, field: str) -> uuid.UUID | None:
     return parse_uuid(value, field) if value else None
+
+
+def optional_time(request: Message, field: str) -> datetime | None:
+    """The request's Timestamp `field` as an aware UTC time, or None when it is not set."""
+    if not request.HasField(field):
+        return None
+    value: timestamp_pb2.Timestamp = getattr(request, field)
+    try:
+        return value.ToDatetime(tzinfo=UTC)
+    except (ValueError, OverflowError):
+        raise invalid(
+            ErrorReason.INVALID_ARGUMENT, field, "is not a time between years 1 and 9999 (UTC)"
+        ) from None

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
 from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_common.telemetry import inject_traceparent
+from google.protobuf import struct_pb2
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
@@ -23,7 +24,7 @@ from abada_engine.runtime.flow.contract import Verdict
 from abada_engine.runtime.instances import MAX_VARIABLES_BYTES
 from abada_engine.runtime.journal import Journal, StepRequest
 from abada_engine.runtime.leases import Leases, Subscription, check_fetch
-from abada_engine.runtime.offload import large_value_turn
+from abada_engine.runtime.offload import LARGE_VALUE_BYTES, large_value_turn, run_cpu_work
 from abada_engine.store.states import WORKER_STEP_STATES
 
 from . import messages
@@ -332,10 +333,11 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
     ) -> external_task_pb2.CompleteResponse:
         # Worker (and so model) data that conditions and the output schema will read: bounded like Start's,
         # and a large one worked on only in its turn (`large_value_turn`).
-        async with large_value_turn(request.variables.ByteSize()):
-            variables = storable(
-                from_struct(request.variables, "variables"), "variables", MAX_VARIABLES_BYTES
-            )
+        size = request.variables.ByteSize()
+        async with large_value_turn(size):
+            # Reading a large value (tens of milliseconds for thousands of objects) runs on the bounded
+            # executor: on the event loop it would hold every other caller's call for that long.
+            variables = await run_cpu_work(size >= LARGE_VALUE_BYTES, _stored_variables, request.variables)
             result = await self._completions.complete(
                 parse_uuid(request.task_id, "task_id"),
                 request.worker_id,
@@ -343,6 +345,7 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
                 variables,
                 _metadata(request.metadata),
                 request.invalid_output_reason,
+                large_output=size >= LARGE_VALUE_BYTES,
             )
         return external_task_pb2.CompleteResponse(
             outcome=_OUTCOMES.get(
@@ -422,3 +425,8 @@ class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
             incident_id=str(decision.incident_id) if decision.incident_id else "",
             probe=decision.probe,
         )
+
+
+def _stored_variables(variables: struct_pb2.Struct) -> dict[str, Any]:
+    """A completion's variables as the engine stores them, refused when too large or unstorable."""
+    return storable(from_struct(variables, "variables"), "variables", MAX_VARIABLES_BYTES)

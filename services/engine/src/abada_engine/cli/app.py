@@ -32,7 +32,7 @@ from .dev import dev
 from .errors import FAILURE, CliError, invalid_input
 from .global_options import HELP_OPTIONS, hoist
 from .help_text import COMMON_EXIT_CODES, epilog
-from .inputs import json_object, variables
+from .inputs import json_object, rfc3339, variables
 from .output import OutputFormat, data_of, emit
 from .paging import follow
 from .render import compact_json, message_dict
@@ -274,6 +274,10 @@ def start(
     vars_json: VarsJsonOption = None,
     version: Annotated[int, typer.Option(min=0, help="The definition version; 0 means the latest.")] = 0,
     business_key: Annotated[str | None, typer.Option(help="Your own reference for this instance.")] = None,
+    request_id: Annotated[
+        str | None,
+        typer.Option(help="Start once: the same id again within a day answers the first start's instance."),
+    ] = None,
     wait: Annotated[
         bool,
         typer.Option("--wait", help="Wait until the instance ends (or an incident holds it); print how."),
@@ -290,10 +294,13 @@ def start(
     client = _client(ctx)
     response = client.call(
         lambda s: s.processes.StartInstance,
-        requests.start_instance(process, values, business_key=business_key or "", version=version),
+        requests.start_instance(
+            process, values, business_key=business_key or "", version=version, request_id=request_id or ""
+        ),
     )
     if not wait:
-        _emit(ctx, response, "started\n" + views.started(response.instance))
+        said = "already started (same --request-id)" if response.already_started else "started"
+        _emit(ctx, response, said + "\n" + views.started(response.instance))
         return
     if _for_people(ctx):
         typer.echo(f"started {response.instance.id}; waiting for it to end…", err=True)
@@ -355,6 +362,21 @@ def instances(
     state: Annotated[InstanceStateChoice | None, typer.Option(help="Only instances in this state.")] = None,
     limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 100,
     business_key: Annotated[str | None, typer.Option(help="Only instances with this business key.")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Only instances started at or after this time (RFC 3339, 2026-12-04T09:00:00Z)."),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Only instances started before this time (RFC 3339).")
+    ] = None,
+    where: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--where",
+            metavar="NAME=VALUE",
+            help="Only instances whose variable NAME equals VALUE (typed as --var is); repeatable.",
+        ),
+    ] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Every instance, whatever --limit says.")] = False,
 ) -> None:
     """List instances, newest first, following the engine's pages up to --limit (or --all)."""
@@ -362,7 +384,12 @@ def instances(
         ctx,
         lambda s: s.processes.ListInstances,
         requests.list_instances(
-            process or "", InstanceState(state.upper()) if state else None, business_key=business_key or ""
+            process or "",
+            InstanceState(state.upper()) if state else None,
+            business_key=business_key or "",
+            created_after=rfc3339(since, "--since") if since else None,
+            created_before=rfc3339(until, "--until") if until else None,
+            where=variables(where or [], None, option="--where"),
         ),
         lambda response: response.instances,
         _MAX_PAGE_SIZE,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from .errors import invalid_input
@@ -43,12 +44,24 @@ def json_object(text: str, option: str) -> dict[str, Any]:
     return value
 
 
-def variables(assignments: Sequence[str], vars_json: str | None) -> dict[str, Any]:
-    """`--vars-json` first, then every `--var KEY=VALUE` on top of it, in order."""
+def variables(assignments: Sequence[str], vars_json: str | None, option: str = "--var") -> dict[str, Any]:
+    """`--vars-json` first, then every `--var KEY=VALUE` (or `option`) on top of it, in order."""
     values = json_object(vars_json, "--vars-json") if vars_json else {}
     for assignment in assignments:
         key, separator, raw = assignment.partition("=")
         if not separator or not key:
-            raise invalid_input(f"--var {assignment!r}: expected KEY=VALUE")
+            raise invalid_input(f"{option} {assignment!r}: expected KEY=VALUE")
         values[key] = typed_value(raw, key)
     return values
+
+
+def rfc3339(text: str, option: str) -> datetime:
+    """An RFC 3339 time (`2026-12-04T09:00:00Z`, `2026-12-04T10:00:00+01:00`); one without a zone is
+    refused rather than guessed."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise invalid_input(f"{option} {text!r}: not an RFC 3339 time (like 2026-12-04T09:00:00Z)") from None
+    if moment.tzinfo is None:
+        raise invalid_input(f"{option} {text!r}: give the zone too (Z for UTC, or +01:00)")
+    return moment

@@ -48,6 +48,15 @@ instances = Table(
     Column("ended_at", DateTime(timezone=True)),
 )
 
+# A start's request_id, so the same start sent again within a day answers the first instance (0009).
+start_requests = Table(
+    "start_requests",
+    metadata,
+    Column("request_id", Text, primary_key=True),
+    Column("instance_id", Uuid, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
 tasks = Table(
     "tasks",
     metadata,

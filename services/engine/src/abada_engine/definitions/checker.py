@@ -72,6 +72,14 @@ class Checker:
             return default
         return value
 
+    def flag(self, data: dict[str, Any], key: str, path: tuple[str | int, ...]) -> bool:
+        """A yes/no setting, false when absent."""
+        value = data.get(key, False)
+        if not isinstance(value, bool):
+            self.report((*path, key), f"must be true or false, not {kind(value)}")
+            return False
+        return value
+
     def optional_integer(
         self, data: dict[str, Any], key: str, path: tuple[str | int, ...], minimum: int = 1
     ) -> int | None:

@@ -213,6 +213,8 @@ class Process:
     max_cost_usd: float | None = None
     # `inputs:`: a JSON Schema the variables of StartInstance must meet; None accepts any.
     input_schema: dict[str, Any] | None = None
+    # `unique_business_key: true`: one active instance per business key; a second start is refused.
+    unique_business_key: bool = False
 
     def node(self, node_id: str) -> Node:
         return self.nodes[node_id]
@@ -234,6 +236,8 @@ class Process:
             data["limits"] = {"max_cost_usd": self.max_cost_usd}
         if self.input_schema is not None:
             data["inputs"] = self.input_schema
+        if self.unique_business_key:
+            data["unique_business_key"] = True
         return data
 
     @staticmethod
@@ -247,6 +251,7 @@ class Process:
             models={m.name: m for m in models},
             max_cost_usd=data.get("limits", {}).get("max_cost_usd"),
             input_schema=data.get("inputs"),
+            unique_business_key=bool(data.get("unique_business_key", False)),
         )
 
 

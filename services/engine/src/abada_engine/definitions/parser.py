@@ -56,7 +56,7 @@ _PRICE_KEYS = {"input_per_million_usd", "output_per_million_usd"}
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}$")
 _SERVER_KEYS = {"name", "transport", "url", "credential", "tools"}
 _TOOL_KEYS = {"policy", "idempotency", "input_schema_sha256", "approval"}
-_PROCESS_KEYS = {"id", "start", "nodes", "limits", "inputs"}
+_PROCESS_KEYS = {"id", "start", "nodes", "limits", "inputs", "unique_business_key"}
 _PROCESS_LIMIT_KEYS = {"max_cost_usd"}
 _LIMIT_KEYS = {"max_model_calls", "max_tool_calls", "max_tokens", "max_cost_usd"}
 
@@ -250,6 +250,7 @@ def _check_process(
     process_limits = checker.mapping(data.get("limits", {}), limits_path, _PROCESS_LIMIT_KEYS)
     max_cost_usd = checker.amount(process_limits, "max_cost_usd", limits_path, positive=True)
     input_schema = _check_input_schema(checker, data.get("inputs"), (*path, "inputs"))
+    unique_business_key = checker.flag(data, "unique_business_key", path)
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         checker.report((*path, "nodes"), "must be a non-empty list of nodes")
@@ -293,7 +294,7 @@ def _check_process(
                 f"needs prices: model {node.model!r} is not a profile in models:",
             )
     used = {node.model: models[node.model] for node in nodes.values() if node.model in models}
-    return Process(process_id, start, nodes, used, max_cost_usd, input_schema)
+    return Process(process_id, start, nodes, used, max_cost_usd, input_schema, unique_business_key)
 
 
 def _targets(node: Node, path: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], str]]:

@@ -131,12 +131,15 @@ class Completions:
         variables: dict[str, Any],
         metadata: AttemptMetadata,
         invalid_output_reason: str = "",
+        *,
+        large_output: bool = False,
     ) -> CompleteResult:
         """Judge the output and move the token, in one statement that re-checks the lease itself.
 
         The task's instance as it was when this replica handed the task out is usually remembered, so
         no read is needed; the write is guarded by the instance row's version, and anything that
         changed it (or a Complete on another replica's lease) takes the careful path: read, then write.
+        A `large_output` is judged on the bounded executor straight away, without an inline attempt.
         """
         # Remembered only for the worker that holds this very token: nobody else's Complete gets as
         # far as validating its output (a cost) on memory, nor takes the holder's fast path away.
@@ -144,7 +147,7 @@ class Completions:
         if snapshot is not None:
             try:
                 done = await self._judge_and_move(
-                    snapshot, worker_id, lease_token, variables, metadata, invalid_output_reason
+                    snapshot, worker_id, lease_token, variables, metadata, invalid_output_reason, large_output
                 )
             except EngineError:
                 done = None  # say nothing before the lease is proven: the careful path decides
@@ -153,7 +156,7 @@ class Completions:
         async with self._hot.connect() as conn:
             held = await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
         done = await self._judge_and_move(
-            held, worker_id, lease_token, variables, metadata, invalid_output_reason
+            held, worker_id, lease_token, variables, metadata, invalid_output_reason, large_output
         )
         if done is None:
             # The lease or the instance changed between the read and the write; say how.
@@ -187,6 +190,7 @@ class Completions:
         variables: dict[str, Any],
         metadata: AttemptMetadata,
         invalid_output_reason: str,
+        large_output: bool,
     ) -> CompleteResult | None:
         task_id = held.task_id
         definition = await self._catalog.get(held.definition_id)
@@ -200,7 +204,7 @@ class Completions:
         # one in the bounded executor (`offload`).
         decision = await run_cpu_check(
             judging_can_take_long(node),
-            JUDGED_INLINE_STEPS,
+            0 if large_output else JUDGED_INLINE_STEPS,
             judge,
             node,
             variables,

@@ -7,6 +7,7 @@ import builtins  # builtins.list: annotations after the class's own `list` metho
 import logging
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -37,7 +38,7 @@ from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.hand_written import HotPath
 from abada_engine.store.instances import ListedInstance
-from abada_engine.store.moves import NewInstance, StartToWrite, start_instances
+from abada_engine.store.moves import NewInstance, StartToWrite, start_instance_once, start_instances
 from abada_engine.store.states import InstanceState, TaskKind, TaskState
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,13 @@ async def _check_inputs(process: Process, version: int, variables: dict[str, Any
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Started:
+    instance: InstanceView
+    # The start's request id matched an earlier start, whose instance this is.
+    already_started: bool = False
+
+
 class Instances:
     def __init__(self, engine: AsyncEngine, catalog: DefinitionCatalog, hot: HotPath | None = None) -> None:
         self._engine = engine
@@ -83,8 +91,16 @@ class Instances:
             return await start_instances(conn, list(starts))
 
     async def start(
-        self, process_id: str, version: int, variables: dict[str, Any], business_key: str = ""
-    ) -> InstanceView:
+        self,
+        process_id: str,
+        version: int,
+        variables: dict[str, Any],
+        business_key: str = "",
+        request_id: str = "",
+    ) -> Started:
+        """Start an instance of the process's `version` (0: the latest). With a `request_id` seen within a
+        day nothing starts and the first start's instance is answered; a process with
+        `unique_business_key` refuses a key an active instance holds (ALREADY_EXISTS)."""
         if not process_id:
             raise invalid(ErrorReason.INVALID_ARGUMENT, "process_id", "is required")
         # The latest version as this replica remembers it, re-checked by the write itself: one
@@ -98,16 +114,31 @@ class Instances:
                 {"definition_id": str(definition.id), "version": definition.version, "variables": variables},
             )
             process = definition.process
+            if process.unique_business_key and not business_key:
+                raise invalid(
+                    ErrorReason.INVALID_ARGUMENT,
+                    "business_key",
+                    f"is required: {process_id} v{definition.version} takes one active instance per key",
+                )
             await _check_inputs(process, definition.version, variables)
             moved = await run_cpu_work(
                 evaluates_conditions(process, process.start), advance, process, variables, process.start
             )
             new = NewInstance(
-                instance_id, definition.id, definition.process_id, definition.version, variables, business_key
+                instance_id,
+                definition.id,
+                definition.process_id,
+                definition.version,
+                variables,
+                business_key,
             )
-            created_at = await self._starts.submit(
-                StartToWrite(new, start_move(instance_id, moved, [started]), must_be_latest=not version)
-            )
+            write = StartToWrite(new, start_move(instance_id, moved, [started]), must_be_latest=not version)
+            if request_id or process.unique_business_key:
+                created_at = await self._start_once(write, request_id, process.unique_business_key)
+                if isinstance(created_at, InstanceView):
+                    return Started(created_at, already_started=True)
+            else:
+                created_at = await self._starts.submit(write)
             if created_at is not None:
                 break
             definition = await self._catalog.find(process_id)
@@ -129,19 +160,45 @@ class Instances:
                 "business_key": business_key,
             },
         )
-        return InstanceView(
-            id=instance_id,
-            definition_id=definition.id,
-            process_id=definition.process_id,
-            version=definition.version,
-            state=InstanceState.COMPLETED if moved.completed else InstanceState.ACTIVE,
-            variables=variables,
-            current_node_id=moved.current_node_id,
-            business_key=business_key,
-            created_at=created_at,
-            ended_at=None,
-            open_incidents=1 if moved.incident else 0,
+        return Started(
+            InstanceView(
+                id=instance_id,
+                definition_id=definition.id,
+                process_id=definition.process_id,
+                version=definition.version,
+                state=InstanceState.COMPLETED if moved.completed else InstanceState.ACTIVE,
+                variables=variables,
+                current_node_id=moved.current_node_id,
+                business_key=business_key,
+                created_at=created_at,
+                ended_at=None,
+                open_incidents=1 if moved.incident else 0,
+            )
         )
+
+    async def _start_once(
+        self, write: StartToWrite, request_id: str, unique_business_key: bool
+    ) -> datetime | InstanceView | None:
+        """A start that must happen once, in a transaction of its own (outside the group commit: a
+        refusal must not fail the starts batched with it). Answers when it was created, the earlier
+        start's instance, or None when a newer version was deployed meanwhile."""
+        async with self._engine.begin() as conn:
+            outcome = await start_instance_once(conn, write, request_id, unique_business_key)
+            if outcome.created_at is None:
+                await conn.rollback()
+        if outcome.started_before is not None:
+            return await self.get(outcome.started_before)
+        if outcome.key_held_by is not None:
+            instance = write.instance
+            raise EngineError(
+                Category.ALREADY_EXISTS,
+                ErrorReason.BUSINESS_KEY_ACTIVE,
+                f"{instance.process_id} already has an active instance ({outcome.key_held_by}) with "
+                f"business key {instance.business_key!r}",
+                field="business_key",
+                metadata={"instance_id": str(outcome.key_held_by)},
+            )
+        return outcome.created_at
 
     async def get(self, instance_id: uuid.UUID) -> InstanceView:
         async with self._reads.connect() as conn:
@@ -157,6 +214,9 @@ class Instances:
         business_key: str = "",
         limit: int = 100,
         after_key: tuple[datetime, uuid.UUID] | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        variables_holding: dict[str, Any] | None = None,
     ) -> list[InstanceView]:
         async with self._reads.connect() as conn:
             rows = await instance_store.listed(
@@ -166,6 +226,9 @@ class Instances:
                 business_key=business_key,
                 limit=limit,
                 after_key=after_key,
+                created_after=created_after,
+                created_before=created_before,
+                variables_holding=variables_holding,
             )
         return [_view(r) for r in rows]
 

@@ -84,8 +84,8 @@ async def run_cpu_check(
     can_take_long: bool, inline_steps: int, work: Callable[P, R], *args: P.args, **kwargs: P.kwargs
 ) -> R:
     """As `run_cpu_work`, but work that can take long is first tried inline on `inline_steps` steps
-    (the work must be free of side effects: it may be run again in the executor)."""
-    if can_take_long:
+    (the work must be free of side effects: it may be run again in the executor); 0 skips that try."""
+    if can_take_long and inline_steps > 0:
         try:
             return _run_inline(inline_steps, work, *args, **kwargs)
         except _TooMuchForInline:

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import delete, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from abada_engine.db.database import dumps
+from abada_engine.db.schema import instances, start_requests
 
 from .hand_written import Executor, HandWritten
 from .history import HistoryRecord
-from .states import IncidentState, InstanceState, TaskKind, TaskState
+from .states import IncidentState, InstanceState, TaskKind, TaskState, is_
 from .tasks import TASK_CHANNEL
 
 
@@ -319,3 +324,73 @@ async def start_instances(conn: Executor, starts: list[StartToWrite]) -> list[da
     )
     created = {str(row["id"]): row["created_at"] for row in rows}
     return [created.get(str(start.instance.id)) for start in starts]
+
+
+# A start's request id is remembered this long: the same start sent again within it answers the first.
+START_REQUEST_MEMORY = timedelta(days=1)
+
+
+# The first key of the transaction locks that keep a unique business key's check and write together
+# (the second is the key's hash); the number is this engine's own.
+_UNIQUE_KEY_LOCKS = 0x0ABADA02
+
+
+@dataclass(frozen=True, slots=True)
+class StartOnce:
+    """How a start that must happen once went: exactly one field is set, or none when a newer version
+    was deployed meanwhile (as `start_instances` answers None)."""
+
+    created_at: datetime | None = None
+    # The request id was seen within a day: the instance its first start created.
+    started_before: uuid.UUID | None = None
+    # The business key is held by this active instance of the process.
+    key_held_by: uuid.UUID | None = None
+
+
+async def start_instance_once(
+    conn: AsyncConnection, start: StartToWrite, request_id: str, unique_business_key: bool
+) -> StartOnce:
+    """Start one instance in `conn`'s transaction, unless its `request_id` (when set) was seen within
+    `START_REQUEST_MEMORY`, or, with `unique_business_key`, an active instance of the process holds
+    its business key.
+
+    The request id is claimed first: a concurrent start with the same id waits on the claim and then
+    reads the winner's instance. Starts with one unique key take turns on a transaction lock of that
+    key, so the check and the write are one step. When the instance is not written, the caller rolls
+    back, and the claim goes with it."""
+    instance = start.instance
+    if request_id:
+        await conn.execute(
+            delete(start_requests).where(
+                start_requests.c.request_id == request_id,
+                start_requests.c.created_at < func.now() - START_REQUEST_MEMORY,
+            )
+        )
+        claimed = await conn.execute(
+            pg_insert(start_requests)
+            .values(request_id=request_id, instance_id=instance.id, created_at=func.now())
+            .on_conflict_do_nothing()
+            .returning(start_requests.c.request_id)
+        )
+        if claimed.first() is None:
+            earlier = await conn.scalar(
+                select(start_requests.c.instance_id).where(start_requests.c.request_id == request_id)
+            )
+            return StartOnce(started_before=earlier)
+    if unique_business_key:
+        # A process id has no "/" (it is an identifier), so the pair reads back one way.
+        key = f"{instance.process_id}/{instance.business_key}"
+        await conn.execute(select(func.pg_advisory_xact_lock(_UNIQUE_KEY_LOCKS, func.hashtext(key))))
+        holder = await conn.scalar(
+            select(instances.c.id)
+            .where(
+                instances.c.business_key == instance.business_key,
+                instances.c.process_id == instance.process_id,
+                is_(instances.c.state, InstanceState.ACTIVE),
+            )
+            .limit(1)
+        )
+        if holder is not None:
+            return StartOnce(key_held_by=holder)
+    (created_at,) = await start_instances(conn, [start])
+    return StartOnce(created_at=created_at)

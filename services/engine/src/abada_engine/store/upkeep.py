@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, text
+from datetime import timedelta
+
+from sqlalchemy import bindparam, delete, func, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Text
+
+from abada_engine.db.schema import start_requests
 
 # One replica at a time vacuums (a session advisory lock; the number is this engine's own).
 _UPKEEP_LOCK = 0x61626164_0001
@@ -41,3 +45,16 @@ async def vacuum(conn: AsyncConnection, table: str) -> None:
     """VACUUM (ANALYZE) one of the engine's own hot tables (`VACUUMABLE`); `conn` must be in
     autocommit: VACUUM runs outside any transaction."""
     await conn.execute(_VACUUM[table])
+
+
+async def forget_start_requests(conn: AsyncConnection, older_than: timedelta, limit: int = 10_000) -> int:
+    """Delete up to `limit` remembered start request ids older than `older_than`, oldest first; answers
+    how many went (a short statement each round, however many piled up)."""
+    oldest = (
+        select(start_requests.c.request_id)
+        .where(start_requests.c.created_at < func.now() - older_than)
+        .order_by(start_requests.c.created_at)
+        .limit(limit)
+    )
+    gone = await conn.execute(delete(start_requests).where(start_requests.c.request_id.in_(oldest)))
+    return gone.rowcount or 0

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.store import upkeep as upkeep_store
+from abada_engine.store.moves import START_REQUEST_MEMORY
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class QueueUpkeep:
                         await upkeep_store.vacuum(conn, table)
                         log.debug("vacuumed %s (%d dead rows)", table, count)
                         vacuumed += 1
+                # Request ids of starts are remembered for a day; the older ones are let go here.
+                await upkeep_store.forget_start_requests(conn, START_REQUEST_MEMORY)
                 return vacuumed
             finally:
                 await upkeep_store.unlock(conn)
