@@ -1,6 +1,5 @@
 """Abada's Python SDK: a typed engine client (AsyncEngineClient, EngineClient) and a task Worker."""
 
-from . import requests
 from .client import AsyncEngineClient, InstanceHandle, Stubs
 from .connection import Connection
 from .errors import (
@@ -67,5 +66,4 @@ __all__ = [
     "UserTask",
     "Worker",
     "__version__",
-    "requests",
 ]
