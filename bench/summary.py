@@ -1,7 +1,8 @@
 """`make bench`: every benchmark against its target, with the peer measured in the same run, as one table.
 
 Each benchmark runs --runs times (default 3) and the table shows the median; a few minutes in all,
-and then once the volume row (volume.py): filling ABADA_BENCH_VOLUME finished instances (default
+then once the timers rows (timers.py: 100,000 timers due within a minute on 2 replicas, about four
+minutes), and then once the volume row (volume.py): filling ABADA_BENCH_VOLUME finished instances (default
 1,000,000; half an hour or so on a small machine) and every figure beside them.
 
     python bench/summary.py --runs 3
@@ -13,12 +14,14 @@ import argparse
 import sys
 
 import append_step
+import http_append_step
 import many_in_flight
 import provider_outage
 import quota_admission
 import schema_stall
 import start_instance
 import task_cycle
+import timers
 import volume
 from common import median
 
@@ -32,12 +35,15 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=10_000, help="many in flight: the high level")
     args = parser.parse_args()
     cycles, appends, flights, quotas, starts, stalls = [], [], [], [], [], []
+    over_http: list[dict[str, float]] = []
     for run in range(1, args.runs + 1):
         print(f"== run {run} of {args.runs}")
         cycles.append(task_cycle.measure(args.instances, 8, 16))
         task_cycle.report(cycles[-1], args.instances, 8, 16)
         appends.append(append_step.measure(8, 200))
         append_step.report(appends[-1], 8)
+        over_http.append(http_append_step.measure(8, 200))
+        http_append_step.report(over_http[-1], 8)
         levels = [100, args.in_flight]
         flights.append(many_in_flight.measure(levels, 1000))
         many_in_flight.report(flights[-1], levels)
@@ -53,6 +59,11 @@ def main() -> None:
     print("== a 30 s provider outage with 1,000 instances in flight (provider_outage.py)")
     outage = provider_outage.measure(1000, 30.0)
     provider_outage.report(outage, 1000)
+
+    # Once: 100,000 timers take a minute to come due, after the minute or so it takes to set them.
+    print("== 100,000 timers due within one minute on 2 replicas (timers.py)")
+    fired = timers.measure(100_000, 60.0)
+    timers.report(fired, 100_000, 60.0)
 
     # Once: filling ABADA_BENCH_VOLUME finished instances (default 1,000,000) takes a while.
     size = volume.volume_from_env()
@@ -91,6 +102,13 @@ def main() -> None:
             f"{m(appends, 'batched_ratio'):.2f}x",
             ">= 0.5x",
             m(appends, "batched_ratio") >= 0.5,
+        ),
+        (
+            "AppendStep over HTTP/JSON / over gRPC, same engine and run (8 tasks)",
+            f"{m(over_http, 'http_rate'):,.0f}/s vs {m(over_http, 'grpc_rate'):,.0f}/s = {m(over_http, 'ratio'):.2f}x "
+            f"(engine CPU {m(over_http, 'cpu_http') * 1e6:,.0f} vs {m(over_http, 'cpu_grpc') * 1e6:,.0f} us a call)",
+            ">= 0.7x",
+            m(over_http, "ratio") >= 0.7,
         ),
         (
             f"FetchAndLock p50 at {high:,} / at {low} in flight",
@@ -155,6 +173,19 @@ def main() -> None:
             f"alone {m(stalls, 'alone_p99') * 1000:.2f} ms (p50 {m(stalls, 'alone_p50') * 1000:.2f})",
             "< 100 ms",
             m(stalls, "p99") < 0.100,
+        ),
+        (
+            "100,000 timers due within 1 min, 2 replicas: p99 lateness (timers.py)",
+            f"{fired['late_p99'] * 1000:.0f} ms (p50 {fired['late_p50'] * 1000:.0f}; "
+            f"{fired['fired']:,.0f} fired, {fired['fired_twice']:.0f} twice)",
+            "<= 1 s",
+            fired["late_p99"] <= 1.0 and fired["fired"] == fired["timers"] and fired["fired_twice"] == 0,
+        ),
+        (
+            "  FetchAndLock p99 while they fire / without them",
+            f"{fired['fetch_p99'] * 1000:.2f} / {fired['peer_fetch_p99'] * 1000:.2f} ms = {fired['fetch_ratio']:.2f}x",
+            "<= 1.5x",
+            fired["fetch_ratio"] <= 1.5,
         ),
         (
             "context: raw single-row commits, 8 connections",

@@ -40,6 +40,10 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Output in the tests goes to pipes and is read as such: a terminal size from the runner (pytest-xdist's
+# workers set COLUMNS=80) would fit the CLI's tables to it in some processes and not in others.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 # Two keys, so every test exercises a ring where the primary is not the only key.
 UNKEYED_WRITE_GRACE_SECONDS = 5.0
 TEST_JOURNAL_KEYS = KeyRing.parse(
@@ -155,11 +159,15 @@ class EngineTokens:
     worker_pool: str  # identity "agent-pool": worker ids "agent-pool/...", topic abada:agent only
     callers_file: pathlib.Path
     approver: str = ""  # identity "carol": role approver only
+    publisher: str = ""  # identity "helpdesk": role publisher, message customer_reply only
 
 
 @pytest.fixture(scope="session")
 def engine_tokens(tmp_path_factory: pytest.TempPathFactory) -> EngineTokens:
-    tokens = {name: secrets.token_urlsafe(24) for name in ("suite", "operator", "broker", "pool", "approver")}
+    tokens = {
+        name: secrets.token_urlsafe(24)
+        for name in ("suite", "operator", "broker", "pool", "approver", "publisher")
+    }
     callers = [
         {
             "identity": "test-suite",
@@ -170,6 +178,12 @@ def engine_tokens(tmp_path_factory: pytest.TempPathFactory) -> EngineTokens:
         },
         {"identity": "ops", "roles": ["operator"], "token_sha256": token_sha256(tokens["operator"])},
         {"identity": "carol", "roles": ["approver"], "token_sha256": token_sha256(tokens["approver"])},
+        {
+            "identity": "helpdesk",
+            "roles": ["publisher"],
+            "messages": ["customer_reply"],
+            "token_sha256": token_sha256(tokens["publisher"]),
+        },
         {"identity": "abada-broker", "roles": ["broker"], "token_sha256": token_sha256(tokens["broker"])},
         {
             "identity": "agent-pool",
@@ -181,7 +195,13 @@ def engine_tokens(tmp_path_factory: pytest.TempPathFactory) -> EngineTokens:
     path = tmp_path_factory.mktemp("auth") / "callers.yaml"
     path.write_text(yaml.safe_dump({"callers": callers}))
     return EngineTokens(
-        tokens["suite"], tokens["operator"], tokens["broker"], tokens["pool"], path, tokens["approver"]
+        tokens["suite"],
+        tokens["operator"],
+        tokens["broker"],
+        tokens["pool"],
+        path,
+        tokens["approver"],
+        tokens["publisher"],
     )
 
 
@@ -225,7 +245,7 @@ async def empty_tables(db: AsyncEngine) -> None:
                 await conn.execute(
                     text(
                         "TRUNCATE approvals, tasks, instances, definitions, journal_steps, incidents, history, model_quota_usage, "
-                        "model_quota_calls, model_quota_waiters, dependencies "
+                        "model_quota_calls, model_quota_waiters, dependencies, timers, messages "
                         "RESTART IDENTITY CASCADE"
                     )
                 )
@@ -269,3 +289,23 @@ async def engine(
         incidents=incident_pb2_grpc.IncidentServiceStub(channel),
         approvals=approval_pb2_grpc.ApprovalServiceStub(channel),
     )
+
+
+@pytest.fixture(scope="session")
+async def engine_http(
+    engine_server: RunningServer, engine_core: EngineCore, engine_tokens: EngineTokens
+) -> AsyncIterator[str]:
+    """The engine's HTTP side over the session's engine: every RPC as HTTP/JSON; its base URL."""
+    from abada_engine.api.http import HttpServer, build_app
+    from abada_engine.runtime.queue_stats import QueueStats
+
+    app = build_app(
+        QueueStats(engine_core.db),
+        CallerRegistry(engine_tokens.callers_file),
+        database=engine_core.database,
+        servicers=engine_server.servicers,
+    )
+    server = HttpServer(app, "127.0.0.1:0")
+    await server.start()
+    yield f"http://127.0.0.1:{server.port}"
+    await server.stop()

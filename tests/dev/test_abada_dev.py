@@ -38,6 +38,18 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _waiting_for_reply(workdir: pathlib.Path, instance_id: str, timeout: float = 90) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = sourced(workdir, f"abada show {instance_id} -o json")
+        assert shown.returncode == 0, shown.stderr
+        instance = json.loads(shown.stdout)["instance"]
+        if instance.get("currentNodeId") == "customer_reply" or time.monotonic() > deadline:
+            assert instance.get("currentNodeId") == "customer_reply", instance
+            return instance
+        time.sleep(0.5)
+
+
 def _stop(process: subprocess.Popen[str], workdir: pathlib.Path) -> None:
     """Ctrl-C: every service, and the embedded PostgreSQL, is gone afterwards."""
     services = _children(process.pid)
@@ -54,53 +66,63 @@ def _stop(process: subprocess.Popen[str], workdir: pathlib.Path) -> None:
     assert not (workdir / ".abada/dev/dev.pid").exists()
 
 
-def test_abada_dev_runs_alice_triage_keeps_data_and_stops_on_ctrl_c(tmp_path: pathlib.Path) -> None:
-    with abada_dev(tmp_path) as dev:
+def test_abada_dev_runs_alice_triage_keeps_data_and_stops_on_ctrl_c(workdir: pathlib.Path) -> None:
+    with abada_dev(workdir) as dev:
         env = dict(
             line.removeprefix("export ").split("=", 1)
-            for line in (tmp_path / ".abada/dev/env").read_text().splitlines()
+            for line in (workdir / ".abada/dev/env").read_text().splitlines()
             if line.startswith("export ")
         )
         assert {"ABADA_ENGINE_ADDRESS", "ABADA_TOKEN_FILE", "ABADA_WORKER_TOKEN_FILE"} <= env.keys()
         # --any-ports moved the CRM off the port the bundle names; the env file says where it is.
-        bundle = tmp_path / "support-triage.yaml"
+        bundle = workdir / "support-triage.yaml"
         bundle.write_text(BUNDLE.read_text().replace("http://127.0.0.1:8765/mcp", env["ABADA_DEV_CRM_URL"]))
-        deployed = sourced(tmp_path, f"abada deploy {bundle.name}")
+        deployed = sourced(workdir, f"abada deploy {bundle.name}")
         assert deployed.returncode == 0, deployed.stderr
         started = sourced(
-            tmp_path,
-            "abada start support_triage --var customerId=C-42 "
-            "--var message='My parcel never arrived' --wait --timeout 90 -o json",
+            workdir,
+            "abada start support_triage --var customerId=C-42 --var message='My parcel never arrived' -o json",
         )
         assert started.returncode == 0, started.stdout + started.stderr
-        instance = json.loads(started.stdout)["instance"]
+        instance_id = json.loads(started.stdout)["instance"]["id"]
+        # After notifying Alice the instance waits for her reply, correlated on her ticket id.
+        waiting = _waiting_for_reply(workdir, instance_id)
+        assert waiting["variables"]["triage"]["priority"] == "high"
+        assert waiting["variables"]["notification"]["to"] == "C-42"
+        ticket = waiting["variables"]["triage"]["ticketId"]
+        published = sourced(
+            workdir, f"abada publish customer_reply --correlation-key {ticket} --var text=thanks -o json"
+        )
+        assert published.returncode == 0, published.stderr
+        assert json.loads(published.stdout)["instanceId"] == instance_id
+        shown = sourced(workdir, f"abada show {instance_id} -o json")
+        instance = json.loads(shown.stdout)["instance"]
         assert instance["currentNodeId"] == "done"
-        assert instance["variables"]["triage"]["priority"] == "high"
-        assert instance["variables"]["notification"]["to"] == "C-42"
-        _stop(dev, tmp_path)
+        assert instance["variables"]["reply"] == {"text": "thanks"}
+        _stop(dev, workdir)
 
-    with abada_dev(tmp_path) as dev:
-        listed = sourced(tmp_path, "abada instances -o json")
+    with abada_dev(workdir) as dev:
+        listed = sourced(workdir, "abada instances -o json")
         assert listed.returncode == 0, listed.stderr
         assert [i["id"] for i in json.loads(listed.stdout)["instances"]] == [instance["id"]]
-        _stop(dev, tmp_path)
+        _stop(dev, workdir)
 
-    with abada_dev(tmp_path, "--fresh") as dev:
-        listed = sourced(tmp_path, "abada instances -o json")
+    with abada_dev(workdir, "--fresh") as dev:
+        listed = sourced(workdir, "abada instances -o json")
         assert listed.returncode == 0, listed.stderr
         assert json.loads(listed.stdout).get("instances", []) == []
-        _stop(dev, tmp_path)
+        _stop(dev, workdir)
 
 
-def test_a_second_abada_dev_on_the_same_state_is_refused(tmp_path: pathlib.Path) -> None:
-    with abada_dev(tmp_path) as dev:
+def test_a_second_abada_dev_on_the_same_state_is_refused(workdir: pathlib.Path) -> None:
+    with abada_dev(workdir) as dev:
         second = subprocess.run(
             [str(ABADA), "dev", "--any-ports"],
-            cwd=tmp_path,
+            cwd=workdir,
             env=clean_environment(),
             capture_output=True,
             text=True,
         )
         assert second.returncode == 2
         assert f"already running from .abada/dev (pid {dev.pid})" in second.stderr
-        _stop(dev, tmp_path)
+        _stop(dev, workdir)

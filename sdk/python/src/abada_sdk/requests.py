@@ -7,7 +7,7 @@ only when given (an empty Struct would mean "the tool returned {}").
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from abada.engine.v1 import (
@@ -55,12 +55,15 @@ def list_instances(
     created_after: datetime | None = None,
     created_before: datetime | None = None,
     where: dict[str, Any] | None = None,
+    waiting_for: process_pb2.WaitingFor = process_pb2.WAITING_FOR_UNSPECIFIED,
 ) -> process_pb2.ListInstancesRequest:
-    """`where` ({"customerId": "C-42"}): only instances whose top-level variables equal those values."""
+    """`where` ({"customerId": "C-42"}): only instances whose top-level variables equal those values;
+    `waiting_for` (WAITING_FOR_TIMER or WAITING_FOR_MESSAGE): only active ones waiting on that."""
     request = process_pb2.ListInstancesRequest(
         process_id=process_id,
         state=state.to_proto() if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
         business_key=business_key,
+        waiting_for=waiting_for,
     )
     if created_after is not None:
         request.created_after.FromDatetime(created_after)
@@ -68,6 +71,23 @@ def list_instances(
         request.created_before.FromDatetime(created_before)
     for name, value in (where or {}).items():
         request.variables.add(name=name).value.CopyFrom(to_struct({name: value}).fields[name])
+    return request
+
+
+def publish_message(
+    name: str,
+    correlation_key: str,
+    variables: dict[str, Any] | None = None,
+    *,
+    ttl: timedelta = timedelta(0),
+    message_id: str = "",
+) -> process_pb2.PublishMessageRequest:
+    """A message for the oldest instance waiting for `name` with this `correlation_key`, or buffered for
+    `ttl`; a `message_id` sent again within the ttl answers the first publication."""
+    request = process_pb2.PublishMessageRequest(
+        name=name, correlation_key=correlation_key, variables=to_struct(variables), message_id=message_id
+    )
+    request.ttl.FromTimedelta(ttl)
     return request
 
 

@@ -79,7 +79,15 @@ async def serve(settings: EngineSettings) -> None:
     http = None
     extra: list[subprocess.Popen[bytes]] = []
     if not settings.extra_process:
-        http = HttpServer(build_app(QueueStats(db), registry, database=core.database), settings.http_address)
+        http = HttpServer(
+            build_app(
+                QueueStats(db),
+                registry,
+                database=core.database,
+                servicers=running.servicers if settings.http_api else None,
+            ),
+            settings.http_address,
+        )
         await http.start()
         extra = _start_extra_processes(settings, url, running.port)
     stop = asyncio.Event()

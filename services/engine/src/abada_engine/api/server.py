@@ -44,16 +44,19 @@ from .queue_handler import QueueHandler
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAMES = (
-    definition_pb2.DESCRIPTOR.services_by_name["DefinitionService"].full_name,
-    process_pb2.DESCRIPTOR.services_by_name["ProcessService"].full_name,
-    external_task_pb2.DESCRIPTOR.services_by_name["ExternalTaskService"].full_name,
-    incident_pb2.DESCRIPTOR.services_by_name["IncidentService"].full_name,
-    lease_pb2.DESCRIPTOR.services_by_name["LeaseService"].full_name,
-    queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
-    approval_pb2.DESCRIPTOR.services_by_name["ApprovalService"].full_name,
-    dependency_pb2.DESCRIPTOR.services_by_name["DependencyService"].full_name,
+# The largest request either port takes (the HTTP side's body limit too).
+GRPC_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+SERVICE_DESCRIPTORS = (
+    definition_pb2.DESCRIPTOR.services_by_name["DefinitionService"],
+    process_pb2.DESCRIPTOR.services_by_name["ProcessService"],
+    external_task_pb2.DESCRIPTOR.services_by_name["ExternalTaskService"],
+    incident_pb2.DESCRIPTOR.services_by_name["IncidentService"],
+    lease_pb2.DESCRIPTOR.services_by_name["LeaseService"],
+    queue_pb2.DESCRIPTOR.services_by_name["QueueService"],
+    approval_pb2.DESCRIPTOR.services_by_name["ApprovalService"],
+    dependency_pb2.DESCRIPTOR.services_by_name["DependencyService"],
 )
+SERVICE_NAMES = tuple(service.full_name for service in SERVICE_DESCRIPTORS)
 
 
 @dataclass
@@ -61,6 +64,8 @@ class RunningServer:
     server: grpc.aio.Server
     port: int
     health: health.HealthServicer
+    # The servicers by service name: the HTTP gateway calls the very same objects.
+    servicers: dict[str, Any]
 
     async def stop(self, grace: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()
@@ -86,46 +91,12 @@ async def start_grpc_server(
     shared_port: bool = False,
 ) -> RunningServer:
     """`shared_port`: several engine processes listen on one port (SO_REUSEPORT)."""
-    options: list[tuple[str, int]] = [("grpc.max_receive_message_length", 8 * 1024 * 1024)]
+    options: list[tuple[str, int]] = [("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)]
     if shared_port:
         options.append(("grpc.so_reuseport", 1))
     server = grpc.aio.server(options=options)
-    # Each servicer with its registration function; the pairs differ in type, so they are Any here.
-    handlers: tuple[tuple[Callable[[Any, grpc.aio.Server], None], Any], ...] = (
-        (
-            definition_pb2_grpc.add_DefinitionServiceServicer_to_server,
-            DefinitionHandler(core.catalog, core.page_tokens),
-        ),
-        (
-            process_pb2_grpc.add_ProcessServiceServicer_to_server,
-            ProcessHandler(core.instances, core.page_tokens),
-        ),
-        (
-            external_task_pb2_grpc.add_ExternalTaskServiceServicer_to_server,
-            ExternalTaskHandler(
-                core.leases, core.completions, core.journal, core.approvals, core.dependencies
-            ),
-        ),
-        (dependency_pb2_grpc.add_DependencyServiceServicer_to_server, DependencyHandler(core.dependencies)),
-        (
-            approval_pb2_grpc.add_ApprovalServiceServicer_to_server,
-            ApprovalHandler(core.approvals, core.page_tokens),
-        ),
-        (
-            incident_pb2_grpc.add_IncidentServiceServicer_to_server,
-            IncidentHandler(core.incidents, core.page_tokens),
-        ),
-        (lease_pb2_grpc.add_LeaseServiceServicer_to_server, LeaseHandler(core.leases)),
-        (
-            queue_pb2_grpc.add_QueueServiceServicer_to_server,
-            QueueHandler(QueueStats(core.db), core.page_tokens),
-        ),
-    )
+    handlers = _servicers(core, guard)
     for add, handler in handlers:
-        # Health and reflection stay open: probes carry no credentials.
-        handler.guard = guard
-        # A request that finds PostgreSQL gone turns health NOT_SERVING at once (see db/watch.py).
-        handler.database = core.database
         add(handler, server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -152,4 +123,47 @@ async def start_grpc_server(
         port = server.add_secure_port(address, credentials)
     await server.start()
     log.info("engine gRPC listening", extra={"address": address, "port": port})
-    return RunningServer(server, port, health_servicer)
+    servicers = {handler.SERVICE: handler for _, handler in handlers}
+    return RunningServer(server, port, health_servicer, servicers)
+
+
+def _servicers(
+    core: EngineCore, guard: Guard | None
+) -> tuple[tuple[Callable[[Any, grpc.aio.Server], None], Any], ...]:
+    # Each servicer with its registration function; the pairs differ in type, so they are Any here.
+    handlers: tuple[tuple[Callable[[Any, grpc.aio.Server], None], Any], ...] = (
+        (
+            definition_pb2_grpc.add_DefinitionServiceServicer_to_server,
+            DefinitionHandler(core.catalog, core.page_tokens),
+        ),
+        (
+            process_pb2_grpc.add_ProcessServiceServicer_to_server,
+            ProcessHandler(core.instances, core.page_tokens, core.waits),
+        ),
+        (
+            external_task_pb2_grpc.add_ExternalTaskServiceServicer_to_server,
+            ExternalTaskHandler(
+                core.leases, core.completions, core.journal, core.approvals, core.dependencies
+            ),
+        ),
+        (dependency_pb2_grpc.add_DependencyServiceServicer_to_server, DependencyHandler(core.dependencies)),
+        (
+            approval_pb2_grpc.add_ApprovalServiceServicer_to_server,
+            ApprovalHandler(core.approvals, core.page_tokens),
+        ),
+        (
+            incident_pb2_grpc.add_IncidentServiceServicer_to_server,
+            IncidentHandler(core.incidents, core.page_tokens),
+        ),
+        (lease_pb2_grpc.add_LeaseServiceServicer_to_server, LeaseHandler(core.leases)),
+        (
+            queue_pb2_grpc.add_QueueServiceServicer_to_server,
+            QueueHandler(QueueStats(core.db), core.page_tokens),
+        ),
+    )
+    for _, handler in handlers:
+        # Health and reflection stay open: probes carry no credentials.
+        handler.guard = guard
+        # A request that finds PostgreSQL gone turns health NOT_SERVING at once (see db/watch.py).
+        handler.database = core.database
+    return handlers

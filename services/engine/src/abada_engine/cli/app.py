@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import enum
 import itertools
 import time
@@ -26,6 +27,8 @@ from abada_sdk.client import Stubs
 from abada_sdk.connection import DEFAULT_ADDRESS, DEFAULT_TIMEOUT_SECONDS
 from google.protobuf.message import Message
 from typer.core import TyperGroup
+
+from abada_engine.definitions.durations import iso_duration_seconds
 
 from . import views
 from .dev import dev
@@ -105,6 +108,17 @@ class InstanceStateChoice(enum.StrEnum):
     active = "active"
     completed = "completed"
     canceled = "canceled"
+
+
+class WaitingForChoice(enum.StrEnum):
+    timer = "timer"
+    message = "message"
+
+
+_WAITING_FOR = {
+    WaitingForChoice.timer: process_pb2.WAITING_FOR_TIMER,
+    WaitingForChoice.message: process_pb2.WAITING_FOR_MESSAGE,
+}
 
 
 def _choose_token(ctx: typer.Context, token: str | None, token_file: Path | None) -> tuple[str | None, str]:
@@ -378,6 +392,10 @@ def instances(
         ),
     ] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Every instance, whatever --limit says.")] = False,
+    waiting_for: Annotated[
+        WaitingForChoice | None,
+        typer.Option(help="Only active instances waiting on a timer, or on a message (a receive)."),
+    ] = None,
 ) -> None:
     """List instances, newest first, following the engine's pages up to --limit (or --all)."""
     found, page_token = _pages(
@@ -390,6 +408,7 @@ def instances(
             created_after=rfc3339(since, "--since") if since else None,
             created_before=rfc3339(until, "--until") if until else None,
             where=variables(where or [], None, option="--where"),
+            waiting_for=_WAITING_FOR[waiting_for] if waiting_for else process_pb2.WAITING_FOR_UNSPECIFIED,
         ),
         lambda response: response.instances,
         _MAX_PAGE_SIZE,
@@ -788,6 +807,46 @@ def reject(
         raise invalid_input("--reason must say why: the model reads it")
     response = _client(ctx).call(lambda s: s.approvals.DecideApproval, requests.reject(approval, reason))
     _emit(ctx, response, "rejected\n" + views.approval_card(response.approval))
+
+
+@app.command()
+def publish(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The message's name, as a receive node's `message:` names it.")],
+    correlation_key: Annotated[
+        str, typer.Option(help="The key a waiting receive's correlation_key must equal.")
+    ],
+    var: VarOption = None,
+    vars_json: VarsJsonOption = None,
+    ttl: Annotated[
+        str,
+        typer.Option(help="How long it waits for a receive when none waits now (ISO-8601, e.g. PT1H)."),
+    ] = "PT0S",
+    message_id: Annotated[
+        str | None,
+        typer.Option(help="Publish once: the same id again within the ttl answers the first publication."),
+    ] = None,
+) -> None:
+    """Publish a message to the oldest instance waiting for it, or buffer it for --ttl."""
+    _publish(ctx, name, correlation_key, variables(var or [], vars_json), ttl, message_id)
+
+
+def _publish(
+    ctx: typer.Context,
+    name: str,
+    correlation_key: str,
+    values: dict[str, Any],
+    ttl: str,
+    message_id: str | None,
+) -> None:
+    seconds = 0.0 if ttl in ("PT0S", "0") else iso_duration_seconds(ttl)
+    if seconds is None:
+        raise invalid_input(f"--ttl {ttl!r}: not an ISO-8601 duration (for example PT1H, P2D)")
+    request = requests.publish_message(
+        name, correlation_key, values, ttl=datetime.timedelta(seconds=seconds), message_id=message_id or ""
+    )
+    response = _client(ctx).call(lambda s: s.processes.PublishMessage, request)
+    _emit(ctx, response, views.publication(response))
 
 
 def main() -> None:
