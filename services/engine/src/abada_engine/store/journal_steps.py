@@ -16,6 +16,7 @@ from abada_engine.db.schema import journal_steps
 
 from .hand_written import Executor, HandWritten, typed
 from .states import StepKind, StepState, TaskState
+from .tasks import LeaseRow
 
 
 @dataclass(slots=True)
@@ -42,23 +43,11 @@ class StepRow:
 
 
 @dataclass(slots=True)
-class AppendContext:
-    """What a careful append decides on: the lease row, the journal's counts for the limits, and the
-    step already at the requested sequence (its `taken_sequence` is None if the sequence is free)."""
+class AppendContext(LeaseRow):
+    """What a careful append decides on: the lease row (checked as `read_lease`'s is), the journal's
+    counts for the limits, and the step already at the requested sequence (its `taken_sequence` is
+    None if the sequence is free)."""
 
-    id: uuid.UUID
-    instance_id: uuid.UUID
-    node_id: str
-    state: str
-    attempt: int
-    retries_left: int
-    lease_owner: str | None
-    lease_token_hash: bytes | None
-    lease_expires_at: datetime | None
-    live: bool | None
-    definition_id: uuid.UUID
-    variables: dict[str, Any]
-    instance_state: str
     steps: int
     model_calls: int
     tool_calls: int
@@ -75,7 +64,6 @@ class AppendContext:
     input_tokens: int | None
     output_tokens: int | None
     abandoned: bool | None
-    instance_xmin: str | None
 
 
 _STEP_COLUMNS = (
