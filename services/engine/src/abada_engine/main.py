@@ -18,12 +18,14 @@ from typing import Any
 
 from abada_common.logs import JsonFormatter, configure_logging
 from abada_common.telemetry import configure_tracing
+from abada_sdk.connection import Connection
 
 from .api.guard import Guard
 from .api.http import HttpServer, build_app
 from .api.server import ServerTls, start_grpc_server
 from .auth import CallerRegistry, write_dev_callers
 from .config import EXTRA_PROCESS, EngineSettings, SettingsError
+from .console import Engine, build_console
 from .core import EngineCore
 from .db.database import create_engine
 from .db.embedded import start_embedded_postgres
@@ -79,7 +81,11 @@ async def serve(settings: EngineSettings) -> None:
     http = None
     extra: list[subprocess.Popen[bytes]] = []
     if not settings.extra_process:
-        http = HttpServer(build_app(QueueStats(db), registry, database=core.database), settings.http_address)
+        console = _console(settings, running.port, idempotency.secret)
+        http = HttpServer(
+            build_app(QueueStats(db), registry, database=core.database, console=console),
+            settings.http_address,
+        )
         await http.start()
         extra = _start_extra_processes(settings, url, running.port)
     stop = asyncio.Event()
@@ -170,6 +176,17 @@ def _callers_file(settings: EngineSettings) -> pathlib.Path:
         directory,
     )
     return registry
+
+
+def _console(settings: EngineSettings, grpc_port: int, secret: bytes) -> Any:
+    """The web console, calling this engine's gRPC port over loopback; its session cookies are sealed
+    with a key derived from the idempotency secret, which every replica shares."""
+    if _server_tls(settings) is not None:
+        log.warning("the web console is off: it dials gRPC over loopback without TLS")
+        return None
+    host = settings.grpc_address.rpartition(":")[0]
+    host = "127.0.0.1" if host in ("", "0.0.0.0", "[::]", "::") else host
+    return build_console(Engine(Connection(address=f"{host}:{grpc_port}")), secret)
 
 
 def _server_tls(settings: EngineSettings) -> ServerTls | None:

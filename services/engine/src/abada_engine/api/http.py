@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from abada_engine import metrics
 from abada_engine.auth import CallerRegistry
@@ -32,6 +32,7 @@ def build_app(
     registry: CallerRegistry,
     metrics_max_age_seconds: float = METRICS_MAX_AGE_SECONDS,
     database: DatabaseWatch | None = None,
+    console: Starlette | None = None,
 ) -> Starlette:
     figures = metrics.CachedFigures(stats, metrics_max_age_seconds)
 
@@ -81,13 +82,15 @@ def build_app(
             return JSONResponse({"status": "unavailable", "reason": "DATABASE_UNAVAILABLE"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    return Starlette(
-        routes=[
-            Route("/v1/topics/{topic:path}/stats", topic_stats),
-            Route("/metrics", prometheus),
-            Route("/healthz", healthz),
-        ]
-    )
+    routes: list[Route | Mount] = [
+        Route("/v1/topics/{topic:path}/stats", topic_stats),
+        Route("/metrics", prometheus),
+        Route("/healthz", healthz),
+    ]
+    if console is not None:
+        # The web console (abada_engine.console), which calls the engine's gRPC API like any client.
+        routes.append(Mount("/console", console))
+    return Starlette(routes=routes)
 
 
 class HttpServer:

@@ -1,0 +1,181 @@
+"""Forms generated from a JSON Schema (a tool's arguments, a user task's output), and their answers
+read back and checked against the same schema before anything is sent to the engine."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+PREFIX = "field."
+
+
+@dataclass
+class Field:
+    name: str
+    # text, textarea, integer, number, boolean, select or json (anything else, edited as JSON).
+    kind: str
+    value: str
+    required: bool
+    description: str = ""
+    options: list[str] = field(default_factory=list)
+    error: str = ""
+    # The original value as the form shows it, to mark what a person changed.
+    original: str = ""
+
+    @property
+    def input_name(self) -> str:
+        return PREFIX + self.name
+
+    @property
+    def input_id(self) -> str:
+        return "f-" + "".join(c if c.isalnum() else "-" for c in self.name)
+
+
+def inferred_schema(values: dict[str, Any]) -> dict[str, Any]:
+    """A schema that keeps each proposed argument's JSON type: what a form can check when the tool's
+    own input schema is not at hand."""
+    properties: dict[str, Any] = {}
+    for name, value in values.items():
+        if isinstance(value, bool):
+            properties[name] = {"type": "boolean"}
+        elif isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+            properties[name] = {"type": "integer"}
+        elif isinstance(value, float):
+            properties[name] = {"type": "number"}
+        elif isinstance(value, str):
+            properties[name] = {"type": "string"}
+        elif isinstance(value, list):
+            properties[name] = {"type": "array"}
+        elif isinstance(value, dict):
+            properties[name] = {"type": "object"}
+        else:
+            properties[name] = {}
+    return {"type": "object", "properties": properties, "required": sorted(values)}
+
+
+def _kind(schema: dict[str, Any]) -> str:
+    if "enum" in schema and all(isinstance(o, str) for o in schema["enum"]):
+        return "select"
+    kind = schema.get("type")
+    if kind == "string":
+        return (
+            "textarea" if schema.get("maxLength", 0) > 200 or schema.get("format") == "textarea" else "text"
+        )
+    if kind in ("integer", "number", "boolean"):
+        return str(kind)
+    return "json"
+
+
+def _shown(kind: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if kind in ("text", "textarea", "select"):
+        return value if isinstance(value, str) else json.dumps(value)
+    if kind == "boolean":
+        return "true" if value is True else ""
+    if kind == "integer" and isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if kind in ("integer", "number"):
+        return str(value)
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def fields_for(schema: dict[str, Any], values: dict[str, Any]) -> list[Field]:
+    """One field per property of the schema (then any value it does not name), filled with `values`."""
+    properties: dict[str, Any] = dict(schema.get("properties") or {})
+    for extra in values:
+        properties.setdefault(extra, {})
+    required = set(schema.get("required") or [])
+    result = []
+    for name, sub in properties.items():
+        sub = sub if isinstance(sub, dict) else {}
+        kind = _kind(sub)
+        shown = _shown(kind, values.get(name, sub.get("default")))
+        result.append(
+            Field(
+                name,
+                kind,
+                shown,
+                name in required,
+                str(sub.get("description", "")),
+                [str(o) for o in sub.get("enum", [])],
+                original=_shown(kind, values.get(name)),
+            )
+        )
+    return result
+
+
+def read_answers(fields: list[Field], form: dict[str, str]) -> tuple[dict[str, Any], bool]:
+    """The values the form sent, typed as the fields say; sets each field's value (and error when it
+    cannot be read). Answers whether every field could be read."""
+    answers: dict[str, Any] = {}
+    readable = True
+    for f in fields:
+        raw = form.get(f.input_name, "")
+        f.value = "true" if f.kind == "boolean" and raw else raw
+        f.error = ""
+        if f.kind == "boolean":
+            answers[f.name] = bool(raw)
+            continue
+        if raw.strip() == "" and f.kind != "text" and f.kind != "textarea":
+            continue  # left empty: absent (the schema says whether that may be)
+        if raw == "" and not f.required:
+            continue
+        try:
+            answers[f.name] = _typed(f.kind, raw)
+        except ValueError as error:
+            f.error = str(error)
+            readable = False
+    return answers, readable
+
+
+def _typed(kind: str, raw: str) -> Any:
+    if kind == "integer":
+        try:
+            return int(raw.strip())
+        except ValueError:
+            raise ValueError("a whole number") from None
+    if kind == "number":
+        try:
+            number = float(raw.strip())
+        except ValueError:
+            raise ValueError("a number") from None
+        if not math.isfinite(number):
+            raise ValueError("a finite number")
+        return number
+    if kind == "json":
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"not JSON: {error.msg} (line {error.lineno})") from None
+    return raw
+
+
+def check(schema: dict[str, Any], answers: dict[str, Any], fields: list[Field]) -> list[str]:
+    """Checks `answers` against `schema`; puts each problem on its field and answers those no field
+    holds (for the top of the form)."""
+    try:
+        validator = Draft202012Validator(schema)
+    except SchemaError:
+        return ["the schema of this form is not valid JSON Schema; ask whoever deployed the process"]
+    by_name = {f.name: f for f in fields}
+    general: list[str] = []
+    for error in sorted(validator.iter_errors(answers), key=lambda e: list(e.absolute_path)):
+        path = list(error.absolute_path)
+        target = by_name.get(str(path[0])) if path else None
+        if target is None and error.validator == "required":
+            missing = str(error.message).split("'")[1] if "'" in error.message else ""
+            target = by_name.get(missing)
+            message = "required"
+        else:
+            message = error.message
+        if target is not None:
+            target.error = target.error or message
+        else:
+            general.append(message)
+    return general
