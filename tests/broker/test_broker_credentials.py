@@ -180,15 +180,20 @@ async def test_callers_without_a_known_token_or_the_worker_role_are_refused(engi
     assert (error_info(error).reason, error_info(error).metadata["role"]) == ("MISSING_ROLE", "worker")
 
 
+# Parameters are the same in every collection (parallel runs compare them): a fixed, well-formed id.
+SOME_TASK = "0193a3c4-0000-7000-8000-000000000001"
+
+
 @pytest.mark.parametrize(
     ("task_id", "worker_id", "lease_token", "server", "field"),
     [
         ("", WORKER, "token", "crm", "task_id"),
         ("not-a-uuid", WORKER, "token", "crm", "task_id"),
-        (str(uuid.uuid4()), WORKER, "token", "", "server"),
-        (str(uuid.uuid4()), "", "token", "crm", "worker_id"),
-        (str(uuid.uuid4()), WORKER, "", "crm", "lease_token"),
+        (SOME_TASK, WORKER, "token", "", "server"),
+        (SOME_TASK, "", "token", "crm", "worker_id"),
+        (SOME_TASK, WORKER, "", "crm", "lease_token"),
     ],
+    ids=["no task_id", "task_id not an id", "no server", "no worker_id", "no lease_token"],
 )
 async def test_malformed_requests_are_invalid_arguments_naming_the_field(
     broker, dev_tokens, task_id, worker_id, lease_token, server, field

@@ -240,3 +240,17 @@ async def test_instances_since_and_until_a_time(engine):
     zoneless = await abada(engine.address, "instances", "--since", "2026-12-04T09:00:00")
     assert zoneless.exit_code != 0
     assert "--since '2026-12-04T09:00:00': give the zone too" in zoneless.stderr
+
+
+async def test_instances_where_a_variable_has_a_value(engine):
+    await deploy(engine, NOTIFY)
+    alice = (await start(engine, "notify", customerId="C-42", vip=True)).id
+    await start(engine, "notify", customerId="C-43", vip=True)
+    found = await abada(
+        engine.address, "instances", "--where", "customerId=C-42", "--where", "vip=true", "-o", "json"
+    )
+    assert found.exit_code == 0, found.stderr
+    assert [i["id"] for i in json.loads(found.stdout)["instances"]] == [alice]
+    malformed = await abada(engine.address, "instances", "--where", "customerId")
+    assert malformed.exit_code != 0
+    assert "--where 'customerId': expected KEY=VALUE" in malformed.stderr

@@ -27,7 +27,7 @@ from abada_engine.store import definitions as definition_store
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
-from engine_helpers import GREET, complete, deploy, error_info, fetch, start
+from engine_helpers import GREET, complete, deploy, error_info, fetch, start, struct
 from google.protobuf import timestamp_pb2
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -97,6 +97,48 @@ async def test_instances_are_listed_by_when_they_started_and_pages_keep_the_rang
         )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(caught.value).metadata["field"] == "created_before"
+
+
+async def test_instances_are_found_by_their_variables_values(engine):
+    await deploy(engine, GREET)
+    alice = [(await start(engine, "greet", customerId="C-42", tier=2)).id for _ in range(3)]
+    await start(engine, "greet", customerId="C-43", tier=2)
+    await start(engine, "greet", customerId="C-420")
+    await start(engine, "greet", customer={"customerId": "C-42"})
+
+    def where(**values: Any) -> list[process_pb2.VariableEquals]:
+        return [
+            process_pb2.VariableEquals(name=n, value=struct({"v": v}).fields["v"]) for n, v in values.items()
+        ]
+
+    async def nothing() -> None:
+        return None
+
+    assert await _walk_instances(engine, 2, nothing, variables=where(customerId="C-42")) == alice[::-1]
+    # Numbers compare as JSON numbers: 2.0 finds 2; the string "2" does not.
+    assert len(await _walk_instances(engine, 10, nothing, variables=where(customerId="C-42", tier=2.0))) == 3
+    assert await _walk_instances(engine, 10, nothing, variables=where(tier="2")) == []
+    assert len(await _walk_instances(engine, 10, nothing, variables=where(tier=2))) == 4
+    # A page token is bound to the values it was asked with.
+    first = await engine.processes.ListInstances(
+        process_pb2.ListInstancesRequest(page_size=1, variables=where(customerId="C-42"))
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await engine.processes.ListInstances(
+            process_pb2.ListInstancesRequest(
+                page_size=1, page_token=first.next_page_token, variables=where(customerId="C-43")
+            )
+        )
+    assert error_info(caught.value).reason == "PAGE_TOKEN_INVALID"
+    for bad, field in (
+        ([process_pb2.VariableEquals(name="customerId")], "variables[0].value"),
+        (where(**{"": 1}), "variables[0].name"),
+        (where(**{f"v{n}": n for n in range(11)}), "variables"),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await engine.processes.ListInstances(process_pb2.ListInstancesRequest(variables=bad))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(caught.value).metadata["field"] == field
 
 
 async def test_walking_instances_sees_each_once_while_instances_start_and_finish(engine):
@@ -287,7 +329,8 @@ async def _fill(db: AsyncEngine) -> dict[str, Any]:
                                    business_key, created_at, ended_at)
             SELECT gen_random_uuid(), d.id, d.process_id, 1,
                    CASE WHEN n <= {ACTIVE} THEN 'ACTIVE' WHEN n % 50 = 0 THEN 'CANCELED' ELSE 'COMPLETED' END,
-                   '{{}}', 'done', 'key-' || n, now() - n * interval '1 second', now()
+                   jsonb_build_object('customerId', 'C-' || (n % 1000), 'n', n), 'done', 'key-' || n,
+                   now() - n * interval '1 second', now()
             FROM generate_series(1, {INSTANCES}) n
             JOIN definitions d ON d.process_id = CASE WHEN n % 2 = 0 THEN 'a' ELSE 'b' END""",
         """INSERT INTO tasks (id, instance_id, node_id, kind, topic, state, payload, attempt, retries_left, due_at,
@@ -382,6 +425,12 @@ async def test_every_listing_query_reads_one_page_from_an_index_at_volume(engine
         ),
         "one process's completed instances of an hour, deep": lambda c: instance_store.listed(
             c, process_id="a", state="COMPLETED", limit=limit, after_key=deep, created_after=deep[0] - hour
+        ),
+        "instances with a variable's value": lambda c: instance_store.listed(
+            c, limit=limit, variables_holding={"customerId": "C-77"}
+        ),
+        "one process's instances with two variables' values": lambda c: instance_store.listed(
+            c, process_id="b", limit=limit, variables_holding={"customerId": "C-77", "n": 77}
         ),
         "completed instances before a time": lambda c: instance_store.listed(
             c, state="COMPLETED", limit=limit, created_before=deep[0]

@@ -186,3 +186,11 @@ async def test_a_start_with_a_request_id_sent_again_is_the_first_start(sdk_clien
     assert again.already_started
     assert again.id == first.id
     assert again.started.variables == {"amount": 1}
+
+
+async def test_instances_are_listed_by_a_variables_value(sdk_client):
+    await sdk_client.deploy(BUNDLE)
+    alice = await sdk_client.start("review", {"customerId": "C-42"})
+    await sdk_client.start("review", {"customerId": "C-43"})
+    found = await sdk_client.list_instances("review", where={"customerId": "C-42"})
+    assert [i.id for i in found] == [alice.id]

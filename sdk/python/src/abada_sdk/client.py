@@ -258,6 +258,7 @@ class AsyncEngineClient:
         business_key: str = "",
         created_after: datetime | None = None,
         created_before: datetime | None = None,
+        where: dict[str, Any] | None = None,
     ) -> list[Instance]:
         """The newest `limit` instances that match; `iter_instances` walks them all."""
         found: list[Instance] = []
@@ -267,6 +268,7 @@ class AsyncEngineClient:
             business_key=business_key,
             created_after=created_after,
             created_before=created_before,
+            where=where,
             page_size=min(limit, _PAGE_SIZE),
         ):
             found.append(instance)
@@ -282,10 +284,12 @@ class AsyncEngineClient:
         business_key: str = "",
         created_after: datetime | None = None,
         created_before: datetime | None = None,
+        where: dict[str, Any] | None = None,
         page_size: int = _PAGE_SIZE,
     ) -> AsyncIterator[Instance]:
         """Every instance that matches, newest first, read page by page as the caller goes; with
-        `created_after` (inclusive) and `created_before`, only those started in that range."""
+        `created_after` (inclusive) and `created_before`, only those started in that range; with
+        `where` ({"customerId": "C-42"}), only those whose top-level variables equal those values."""
         request = process_pb2.ListInstancesRequest(
             process_id=process_id,
             state=state.to_proto() if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
@@ -295,6 +299,8 @@ class AsyncEngineClient:
             request.created_after.FromDatetime(created_after)
         if created_before is not None:
             request.created_before.FromDatetime(created_before)
+        for name, value in (where or {}).items():
+            request.variables.add(name=name).value.CopyFrom(to_struct({name: value}).fields[name])
         async for instance in self.pages(
             lambda: self._processes.ListInstances, request, "instances", page_size
         ):

@@ -48,6 +48,11 @@ def from_struct(message: struct_pb2.Struct, field: str = "") -> dict[str, Any]:
         ) from None
 
 
+def from_value(message: struct_pb2.Value, field: str) -> Any:
+    """One Struct Value as a plain value (see `from_struct`), refused naming `field` as it does."""
+    return from_struct(struct_pb2.Struct(fields={"v": message}), field)["v"]
+
+
 def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     if value is None:
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
@@ -16,12 +17,41 @@ from abada_engine.paging import MAX_LISTED, PageTokens, listing
 from abada_engine.runtime.instances import MAX_VARIABLES_BYTES, Instances
 
 from . import messages
-from .convert import from_struct, optional_time, optional_uuid, parse_uuid, storable, storable_text
+from .convert import (
+    from_struct,
+    from_value,
+    optional_time,
+    optional_uuid,
+    parse_uuid,
+    storable,
+    storable_text,
+)
 from .errors import translates_errors
 from .guard import Guard
 
 # A request id is the caller's own key for one start (a webhook's delivery id, a UUID).
 MAX_REQUEST_ID_CHARS = 200
+
+
+# Variables a listing may match at once.
+MAX_VARIABLE_FILTERS = 10
+
+
+def _variables_holding(filters: Sequence[process_pb2.VariableEquals]) -> dict[str, Any]:
+    """`variables=[customerId = "C-42", ...]` as the object the instance's variables must contain."""
+    if len(filters) > MAX_VARIABLE_FILTERS:
+        raise invalid(ErrorReason.INVALID_ARGUMENT, "variables", f"at most {MAX_VARIABLE_FILTERS} at once")
+    holding: dict[str, Any] = {}
+    for index, wanted in enumerate(filters):
+        where = f"variables[{index}]"
+        if not wanted.name or len(wanted.name) > 200:
+            raise invalid(ErrorReason.INVALID_ARGUMENT, f"{where}.name", "must be 1 to 200 characters")
+        if not wanted.HasField("value") or wanted.value.WhichOneof("kind") is None:
+            raise invalid(ErrorReason.INVALID_ARGUMENT, f"{where}.value", "is required (null is a value)")
+        if wanted.name in holding:
+            raise invalid(ErrorReason.INVALID_ARGUMENT, f"{where}.name", f"{wanted.name!r} is given twice")
+        holding[storable_text(wanted.name, f"{where}.name")] = from_value(wanted.value, f"{where}.value")
+    return storable(holding, "variables", MAX_VARIABLES_BYTES)
 
 
 def _key(shown: Sequence[Any]) -> tuple[datetime, uuid.UUID]:
@@ -76,6 +106,7 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
         state = messages.INSTANCE_STATE_NAMES.get(request.state, "")
         created_after = optional_time(request, "created_after")
         created_before = optional_time(request, "created_before")
+        holding = _variables_holding(request.variables)
         page = self._pages.page(
             request.page_size,
             request.page_token,
@@ -86,6 +117,7 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
                 business_key=request.business_key,
                 created_after=created_after,
                 created_before=created_before,
+                variables=json.dumps(holding, sort_keys=True),
             ),
             (datetime, uuid.UUID),
         )
@@ -97,6 +129,7 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
             after_key=page.after,
             created_after=created_after,
             created_before=created_before,
+            variables_holding=holding,
         )
         shown = found[: page.size]
         return process_pb2.ListInstancesResponse(

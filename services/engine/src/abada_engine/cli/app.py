@@ -38,7 +38,7 @@ from .dev import dev
 from .errors import FAILURE, CliError, invalid_input
 from .global_options import HELP_OPTIONS, hoist
 from .help_text import COMMON_EXIT_CODES, epilog
-from .inputs import json_object, rfc3339, variables
+from .inputs import json_object, rfc3339, to_value, variables
 from .output import OutputFormat, data_of, emit
 from .paging import follow
 from .render import compact_json, message_dict
@@ -370,30 +370,38 @@ def instances(
     until: Annotated[
         str | None, typer.Option(help="Only instances started before this time (RFC 3339).")
     ] = None,
+    where: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--where",
+            metavar="NAME=VALUE",
+            help="Only instances whose variable NAME equals VALUE (typed as --var is); repeatable.",
+        ),
+    ] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Every instance, whatever --limit says.")] = False,
 ) -> None:
     """List instances, newest first, following the engine's pages up to --limit (or --all)."""
     client = _client(ctx)
-    time_range = {
-        field: rfc3339(value, option)
-        for field, option, value in (
-            ("created_after", "--since", since),
-            ("created_before", "--until", until),
-        )
-        if value
-    }
+    wanted = process_pb2.ListInstancesRequest(
+        process_id=process or "",
+        state=_INSTANCE_STATES[state] if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
+        business_key=business_key or "",
+    )
+    if since:
+        wanted.created_after.CopyFrom(rfc3339(since, "--since"))
+    if until:
+        wanted.created_before.CopyFrom(rfc3339(until, "--until"))
+    for name, value in variables(where or [], None, option="--where").items():
+        wanted.variables.add(name=name).value.CopyFrom(to_value(value))
+
+    def page(size: int, token: str) -> process_pb2.ListInstancesResponse:
+        request = process_pb2.ListInstancesRequest()
+        request.CopyFrom(wanted)
+        request.page_size, request.page_token = size, token
+        return client.call(client.processes.ListInstances, request)
+
     found, page_token = follow(
-        lambda size, token: client.call(
-            client.processes.ListInstances,
-            process_pb2.ListInstancesRequest(
-                process_id=process or "",
-                state=_INSTANCE_STATES[state] if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
-                business_key=business_key or "",
-                page_size=size,
-                page_token=token,
-                **time_range,
-            ),
-        ),
+        page,
         lambda response: response.instances,
         _MAX_PAGE_SIZE,
         None if show_all else limit,

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from google.protobuf import timestamp_pb2
+from abada_common.struct_codec import to_struct
+from google.protobuf import struct_pb2, timestamp_pb2
 
 from .errors import invalid_input
 
@@ -46,15 +47,20 @@ def json_object(text: str, option: str) -> dict[str, Any]:
     return value
 
 
-def variables(assignments: Sequence[str], vars_json: str | None) -> dict[str, Any]:
-    """`--vars-json` first, then every `--var KEY=VALUE` on top of it, in order."""
+def variables(assignments: Sequence[str], vars_json: str | None, option: str = "--var") -> dict[str, Any]:
+    """`--vars-json` first, then every `--var KEY=VALUE` (or `option`) on top of it, in order."""
     values = json_object(vars_json, "--vars-json") if vars_json else {}
     for assignment in assignments:
         key, separator, raw = assignment.partition("=")
         if not separator or not key:
-            raise invalid_input(f"--var {assignment!r}: expected KEY=VALUE")
+            raise invalid_input(f"{option} {assignment!r}: expected KEY=VALUE")
         values[key] = typed_value(raw, key)
     return values
+
+
+def to_value(value: Any) -> struct_pb2.Value:
+    """A plain JSON value as a protobuf Value."""
+    return to_struct({"v": value}).fields["v"]
 
 
 def rfc3339(text: str, option: str) -> timestamp_pb2.Timestamp:

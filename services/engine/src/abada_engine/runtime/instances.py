@@ -216,6 +216,7 @@ class Instances:
         after_key: tuple[datetime, uuid.UUID] | None = None,
         created_after: datetime | None = None,
         created_before: datetime | None = None,
+        variables_holding: dict[str, Any] | None = None,
     ) -> list[InstanceView]:
         async with self._reads.connect() as conn:
             rows = await instance_store.listed(
@@ -227,6 +228,7 @@ class Instances:
                 after_key=after_key,
                 created_after=created_after,
                 created_before=created_before,
+                variables_holding=variables_holding,
             )
         return [_view(r) for r in rows]
 

@@ -49,12 +49,16 @@ async def listed(
     after_key: tuple[datetime, uuid.UUID] | None = None,
     created_after: datetime | None = None,
     created_before: datetime | None = None,
+    variables_holding: dict[str, Any] | None = None,
 ) -> list[ListedInstance]:
     """Instances, newest first (by `created_at`, then id), each with its count of open incidents; after
     `after_key`, the last row of the page before. Each filter has an index that yields its rows in this
     order (migration 0008): active ones from a partial index, one process's from (process_id, created_at,
     id), a business key's from its own; states are inlined so a generic plan still sees the partial index.
-    A time range (`created_after` inclusive, `created_before` exclusive) bounds the same index's range."""
+    A time range (`created_after` inclusive, `created_before` exclusive) bounds the same index's range.
+    `variables_holding` (top-level names and the values they must equal) is a containment the GIN index
+    on the variables answers; the planner may instead walk the time-ordered index and filter, when the
+    value is common."""
     condition: ColumnElement[bool] = true()
     if instance_id is not None:
         condition = condition & (instances.c.id == instance_id)
@@ -64,6 +68,8 @@ async def listed(
         condition = condition & is_(instances.c.state, InstanceState(state))
     if business_key:
         condition = condition & (instances.c.business_key == business_key)
+    if variables_holding:
+        condition = condition & instances.c.variables.contains(variables_holding)
     if created_after is not None:
         condition = condition & (instances.c.created_at >= created_after)
     if created_before is not None:

@@ -1,4 +1,5 @@
-"""Starts that happen once: a start's request id, remembered for a day.
+"""Starts that happen once (a start's request id, remembered for a day), and instances found by a
+variable's value.
 
 Revision ID: 0009
 Revises: 0008
@@ -25,7 +26,11 @@ def upgrade() -> None:
     )
     # Queue upkeep lets the day-old ones go, oldest first.
     op.create_index("start_requests_created", "start_requests", ["created_at"])
+    # ListInstances(variables=[customerId = "C-42"]) is a containment (`variables @> ...`); jsonb_path_ops
+    # indexes each path-and-value pair once: smaller and quicker to update than the default GIN class.
+    op.execute("CREATE INDEX instances_variables ON instances USING gin (variables jsonb_path_ops)")
 
 
 def downgrade() -> None:
+    op.execute("DROP INDEX instances_variables")
     op.drop_table("start_requests")
