@@ -339,10 +339,8 @@ class Console:
             parsed = parse_variable(filters["variable"])
             if parsed is None:
                 problems.append("write a variable search as name = value, for instance customerId = C-42")
-            elif "variables" not in process_pb2.ListInstancesRequest.DESCRIPTOR.fields_by_name:
-                problems.append("this engine cannot search by variable value yet")
             else:
-                wanted = search.variables.add()  # type: ignore[attr-defined]
+                wanted = search.variables.add()
                 wanted.name = parsed[0]
                 json_format.ParseDict(parsed[1], wanted.value)
         found: list[process_pb2.Instance] = []
@@ -621,7 +619,7 @@ class Console:
             )
         resolve = incident_pb2.ResolveIncidentRequest(
             incident_id=request.path_params["incident_id"],
-            resolution=f"RESOLUTION_{resolution}",  # type: ignore[arg-type]
+            resolution=f"RESOLUTION_{resolution}",
             comment=comment,
         )
         if resolution == "HAPPENED":
