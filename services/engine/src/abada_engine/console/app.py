@@ -513,9 +513,12 @@ class Console:
 
     def _approval_form(self, approval: approval_pb2.Approval) -> tuple[dict[str, Any], list[forms.Field]]:
         proposed = from_struct(approval.arguments)
-        # The engine keeps a digest of the tool's input schema, not the schema: the form keeps each
-        # proposed argument's JSON type and requires every one of them.
-        schema = forms.inferred_schema(proposed)
+        # The tool's input schema as frozen at deploy; a version deployed before schemas were kept
+        # has none: then the form keeps each proposed argument's JSON type and requires every one.
+        if approval.HasField("input_schema"):
+            schema = from_struct(approval.input_schema)
+        else:
+            schema = forms.inferred_schema(proposed)
         return schema, forms.fields_for(schema, proposed)
 
     async def approval(self, request: Request) -> Response:

@@ -87,10 +87,14 @@ def _shown(kind: str, value: Any) -> str:
 
 def fields_for(schema: dict[str, Any], values: dict[str, Any]) -> list[Field]:
     """One field per property of the schema (then any value it does not name), filled with `values`."""
-    properties: dict[str, Any] = dict(schema.get("properties") or {})
+    declared: dict[str, Any] = dict(schema.get("properties") or {})
     for extra in values:
-        properties.setdefault(extra, {})
-    required = set(schema.get("required") or [])
+        declared.setdefault(extra, {})
+    # A stable order (a schema read back from a protobuf Struct has lost its own): the required
+    # properties as the schema lists them, then the others by name.
+    listed = [str(n) for n in schema.get("required") or [] if n in declared]
+    properties = {name: declared[name] for name in listed + sorted(set(declared) - set(listed))}
+    required = set(listed)
     result = []
     for name, sub in properties.items():
         sub = sub if isinstance(sub, dict) else {}

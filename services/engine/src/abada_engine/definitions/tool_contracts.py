@@ -145,7 +145,9 @@ class McpContractCheck:
                     f"sha256 {tool.input_schema_sha256}, server has {digest}",
                 )
             observed[(server.name, tool.name)] = ObservedTool(
-                digest, description_sha256(listed[tool.name].description)
+                digest,
+                description_sha256(listed[tool.name].description),
+                dict(listed[tool.name].input_schema),
             )
         return observed
 
