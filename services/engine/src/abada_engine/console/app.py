@@ -557,7 +557,14 @@ class Console:
             if not problems:
                 decided = (await self.call(session, lambda e: e.approvals.DecideApproval, decide)).approval
                 word = "approved" if decided.state == approval_pb2.APPROVAL_STATE_APPROVED else "rejected"
-                return RedirectResponse(self.url(request, f"/approvals?decided={word}"), status_code=303)
+                # Straight on to the next call waiting (the oldest), as a person working the inbox would.
+                waiting = await self.call(
+                    session,
+                    lambda e: e.approvals.ListApprovals,
+                    approval_pb2.ListApprovalsRequest(page_size=1),
+                )
+                following = f"/approvals/{waiting.approvals[0].id}" if waiting.approvals else "/approvals"
+                return RedirectResponse(self.url(request, f"{following}?decided={word}"), status_code=303)
             status = 422
         return self.render(
             request,
@@ -569,6 +576,7 @@ class Console:
             problems=problems,
             state=enum_name(approval_pb2.ApprovalState, approval.state, "APPROVAL_STATE_"),
             pending=approval.state == approval_pb2.APPROVAL_STATE_PENDING,
+            decided=request.query_params.get("decided", "") if request.method == "GET" else "",
         )
 
     # --- incidents
