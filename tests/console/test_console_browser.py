@@ -76,6 +76,12 @@ async def test_approver_decides_and_operator_reads_the_journal(  # type: ignore[
 
     [approval] = await until("the create_ticket call to wait for a person", pending)
 
+    # --- an operator looks at the queues while the task is parked for the decision
+    operator = await sign_in(browser, console_url, engine_tokens.operator)
+    await operator.goto(f"{console_url}/queues")
+    assert (await operator.inner_text("#awaiting")).startswith("1 tool call waiting")
+    await operator.screenshot(path=str(screenshots / "queues.png"), full_page=True)
+
     # --- the approver
     page = await sign_in(browser, console_url, engine_tokens.approver)
     assert page.url.endswith("/console/approvals")
@@ -141,7 +147,9 @@ async def test_approver_decides_and_operator_reads_the_journal(  # type: ignore[
     assert ticket["subject"] == EDITED_SUBJECT
 
     # --- the operator
-    page = await sign_in(browser, console_url, engine_tokens.operator)
+    await page.context.close()
+    page = operator
+    await page.goto(f"{console_url}/")
     assert page.url.endswith("/console/instances")
     await page.get_by_label("Variable equals").fill("customerId = C-42")
     await page.get_by_role("button", name="Search").click()
@@ -165,7 +173,7 @@ async def test_approver_decides_and_operator_reads_the_journal(  # type: ignore[
     assert EDITED_SUBJECT in journal
     await page.screenshot(path=str(screenshots / "instance.png"), full_page=True)
 
-    for name in ("incidents", "user-tasks", "queues"):
+    for name in ("incidents", "user-tasks"):
         response = await page.goto(f"{console_url}/{name}")
         assert response is not None and response.status == 200, name
         await page.screenshot(path=str(screenshots / f"{name}.png"), full_page=True)

@@ -773,6 +773,11 @@ class Console:
         dependencies = await self.call(
             session, lambda e: e.dependencies.ListDependencies, dependency_pb2.ListDependenciesRequest()
         )
+        # Tasks parked for a person's decision are in no topic's figures: say how many wait.
+        waiting = await self.call(
+            session, lambda e: e.approvals.ListApprovals, approval_pb2.ListApprovalsRequest(page_size=100)
+        )
+        awaiting = f"{len(waiting.approvals)}{'+' if waiting.next_page_token else ''}"
         topic = request.query_params.get("topic", "").strip()
         tasks = await self.call(
             session,
@@ -788,6 +793,7 @@ class Console:
             dependencies=list(dependencies.dependencies),
             tasks=list(tasks.tasks),
             topic=topic,
+            awaiting=awaiting,
             dependency_kind=lambda d: enum_name(dependency_pb2.DependencyKind, d.kind, "DEPENDENCY_KIND_"),
             dependency_state=lambda d: enum_name(
                 dependency_pb2.DependencyState, d.state, "DEPENDENCY_STATE_"

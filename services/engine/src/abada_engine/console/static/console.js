@@ -18,6 +18,16 @@ document.addEventListener("DOMContentLoaded", () => {
     const mark = () => input.closest(".field").classList.toggle("edited", input.value !== input.dataset.original);
     input.addEventListener("input", mark);
   });
+  // Lists that change on their own (the approvals inbox, the queues) reload every so often, unless
+  // the person is typing in a filter.
+  const refresh = document.querySelector("[data-refresh]");
+  if (refresh) {
+    const seconds = Number(refresh.dataset.refresh) || 30;
+    setInterval(() => {
+      const typing = document.activeElement && ["INPUT", "SELECT", "TEXTAREA"].includes(document.activeElement.tagName);
+      if (!typing && document.visibilityState === "visible") window.location.reload();
+    }, seconds * 1000);
+  }
   document.querySelectorAll("[data-copy]").forEach((code) => {
     code.setAttribute("tabindex", "0");
     code.setAttribute("title", "Click or press Enter to copy");
