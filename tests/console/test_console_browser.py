@@ -40,9 +40,15 @@ async def until(what: str, probe: Any, timeout: float = 30.0) -> Any:
         await asyncio.sleep(0.1)
 
 
+# Script errors and refused resources (a CSP violation, a missing file) of every page, to be none.
+PAGE_ERRORS: list[str] = []
+
+
 async def sign_in(browser: Any, console_url: str, token: str) -> Any:
     context = await browser.new_context(viewport={"width": 1280, "height": 900})
     page = await context.new_page()
+    page.on("pageerror", lambda error: PAGE_ERRORS.append(str(error)))
+    page.on("console", lambda message: PAGE_ERRORS.append(message.text) if message.type == "error" else None)
     await page.goto(f"{console_url}/login")
     await page.get_by_label("Caller token").fill(token)
     await page.get_by_role("button", name="Sign in").click()
@@ -178,3 +184,5 @@ async def test_approver_decides_and_operator_reads_the_journal(  # type: ignore[
         assert response is not None and response.status == 200, name
         await page.screenshot(path=str(screenshots / f"{name}.png"), full_page=True)
     await page.context.close()
+    # The refusals above (403, 422) are logged by the browser as failed loads; nothing else may be.
+    assert [e for e in PAGE_ERRORS if "status of 403" not in e and "status of 422" not in e] == []
