@@ -9,9 +9,11 @@ import contextlib
 import logging
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Coroutine
 from importlib import metadata
 from typing import Any
@@ -71,17 +73,24 @@ async def serve(settings: EngineSettings) -> None:
         hot_pool_size=max(2, settings.db_pool_size - cold),
     )
     registry = CallerRegistry(_callers_file(settings))
+    # The web console reaches this engine's gRPC API over a Unix socket in a private directory (0700):
+    # no TLS client certificate to hand it, and nothing off this machine (or of another user) gets in.
+    console_dir = None if settings.extra_process else pathlib.Path(tempfile.mkdtemp(prefix="abada-console-"))
+    console_socket = str(console_dir / "engine.sock") if console_dir is not None else None
     running = await start_grpc_server(
         core,
         settings.grpc_address,
         Guard(registry),
         _server_tls(settings),
         shared_port=settings.processes > 1,
+        local_socket=console_socket,
     )
     http = None
     extra: list[subprocess.Popen[bytes]] = []
+    console_engine = Engine(Connection(address=f"unix:{console_socket}"))
     if not settings.extra_process:
-        console = _console(settings, running.port, idempotency.secret)
+        # Session cookies are sealed with a key derived from the idempotency secret: every replica has it.
+        console = build_console(console_engine, idempotency.secret)
         http = HttpServer(
             build_app(QueueStats(db), registry, database=core.database, console=console),
             settings.http_address,
@@ -99,7 +108,10 @@ async def serve(settings: EngineSettings) -> None:
         process.terminate()
     if http is not None:
         await http.stop()
+    await console_engine.close()
     await running.stop()
+    if console_dir is not None:
+        shutil.rmtree(console_dir, ignore_errors=True)
     for process in extra:
         await asyncio.to_thread(process.wait)
     await core.close()
@@ -176,17 +188,6 @@ def _callers_file(settings: EngineSettings) -> pathlib.Path:
         directory,
     )
     return registry
-
-
-def _console(settings: EngineSettings, grpc_port: int, secret: bytes) -> Any:
-    """The web console, calling this engine's gRPC port over loopback; its session cookies are sealed
-    with a key derived from the idempotency secret, which every replica shares."""
-    if _server_tls(settings) is not None:
-        log.warning("the web console is off: it dials gRPC over loopback without TLS")
-        return None
-    host = settings.grpc_address.rpartition(":")[0]
-    host = "127.0.0.1" if host in ("", "0.0.0.0", "[::]", "::") else host
-    return build_console(Engine(Connection(address=f"{host}:{grpc_port}")), secret)
 
 
 def _server_tls(settings: EngineSettings) -> ServerTls | None:
