@@ -177,6 +177,7 @@ async def test_approver_decides_and_operator_reads_the_journal(  # type: ignore[
     assert ticket["idempotencyKey"] and ticket["idempotencyKey"] in journal
     assert "crm/create_ticket" in journal and "Model turn" in journal
     assert EDITED_SUBJECT in journal
+    assert "Approval: approved by carol" in journal
     await page.screenshot(path=str(screenshots / "instance.png"), full_page=True)
 
     for name in ("incidents", "user-tasks"):

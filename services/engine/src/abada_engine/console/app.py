@@ -415,7 +415,10 @@ class Console:
                     incident_pb2.ListIncidentsRequest(instance_id=instance_id, state=state),
                 )
             ).incidents
-        approvals = await self._approvals_of(session, instance)
+        waiting = any(
+            s.state == external_task_pb2.STEP_STATE_AWAITING_APPROVAL for j in journals for s in j["steps"]
+        )
+        approvals = await self._pending_approvals_of(session, instance) if waiting else []
         user_tasks = (
             await self.call(
                 session,
@@ -441,26 +444,20 @@ class Console:
             resolution_names=RESOLUTIONS,
         )
 
-    async def _approvals_of(
+    async def _pending_approvals_of(
         self, session: Session, instance: process_pb2.Instance
     ) -> list[approval_pb2.Approval]:
+        """The instance's calls still waiting for a decision (decided ones are in their journal step)."""
         found: list[approval_pb2.Approval] = []
-        for state in (
-            approval_pb2.APPROVAL_STATE_PENDING,
-            approval_pb2.APPROVAL_STATE_APPROVED,
-            approval_pb2.APPROVAL_STATE_REJECTED,
-            approval_pb2.APPROVAL_STATE_EXPIRED,
-            approval_pb2.APPROVAL_STATE_CANCELED,
-        ):
-            reply = await self.call(
-                session,
-                lambda e: e.approvals.ListApprovals,
-                approval_pb2.ListApprovalsRequest(
-                    process_id=instance.process_id, business_key=instance.business_key, state=state
-                ),
-            )
+        request = approval_pb2.ListApprovalsRequest(
+            process_id=instance.process_id, business_key=instance.business_key, page_size=1000
+        )
+        while True:
+            reply = await self.call(session, lambda e: e.approvals.ListApprovals, request)
             found += [a for a in reply.approvals if a.instance_id == instance.id]
-        return found
+            if not reply.next_page_token:
+                return found
+            request.page_token = reply.next_page_token
 
     async def cancel_instance(self, request: Request) -> Response:
         session = self.session(request, operator=True)
