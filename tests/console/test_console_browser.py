@@ -92,6 +92,9 @@ async def test_approver_decides_and_operator_reads_the_journal(  # type: ignore[
     page = await sign_in(browser, console_url, engine_tokens.approver)
     assert page.url.endswith("/console/approvals")
     await page.get_by_role("heading", name="Approvals").wait_for()
+    # The keyboard reaches the content first: a skip link, then the navigation.
+    await page.keyboard.press("Tab")
+    assert await page.evaluate("document.activeElement.textContent") == "Skip to content"
     await page.screenshot(path=str(screenshots / "approvals.png"), full_page=True)
 
     refused = await page.goto(f"{console_url}/instances")
