@@ -82,3 +82,22 @@ def test_without_a_schema_the_proposed_types_are_kept() -> None:
         "boolean",
         "object",
     ]
+
+
+def test_a_hostile_pattern_is_checked_in_linear_time() -> None:
+    # Python's re would backtrack for minutes on this; the engine's checker runs patterns on RE2.
+    schema = {"type": "object", "properties": {"subject": {"type": "string", "pattern": "^(a+)+$"}}}
+    fields = forms.fields_for(schema, {"subject": ""})
+    answers, _ = forms.read_answers(fields, {forms.PREFIX + "subject": "a" * 5000 + "!"})
+    assert forms.check(schema, answers, fields) == []
+    assert "does not match" in fields[0].error
+
+
+def test_a_schema_that_names_something_to_fetch_fetches_nothing() -> None:
+    schema = {"type": "object", "properties": {"subject": {"$ref": "http://127.0.0.1:9/schema.json"}}}
+    fields = forms.fields_for(schema, {"subject": "x"})
+    answers, readable = forms.read_answers(fields, {forms.PREFIX + "subject": '"x"'})
+    assert readable and answers == {"subject": "x"}
+    # Fails closed, without a network call.
+    [problem] = forms.check(schema, answers, fields)
+    assert "not resolved" in problem

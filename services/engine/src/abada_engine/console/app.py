@@ -3,6 +3,7 @@ signed-in person, and render Jinja2 templates (plain HTML, a little JavaScript, 
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import logging
@@ -544,7 +545,7 @@ class Console:
                 decide.decision = approval_pb2.APPROVAL_DECISION_APPROVE
                 answers, readable = forms.read_answers(fields, values)
                 if readable:
-                    problems += forms.check(schema, answers, fields)
+                    problems += await asyncio.to_thread(forms.check, schema, answers, fields)
                 if readable and not problems and answers != from_struct(approval.arguments):
                     decide.arguments.CopyFrom(to_struct(answers))
                 if not readable or any(f.error for f in fields):
@@ -728,7 +729,7 @@ class Console:
             if fields:
                 answers, readable = forms.read_answers(fields, values)
                 if readable:
-                    problems += forms.check(schema, answers, fields)
+                    problems += await asyncio.to_thread(forms.check, schema, answers, fields)
                 if not readable or any(f.error for f in fields):
                     problems.insert(0, "Some fields need fixing.")
                 to_write[variable] = answers

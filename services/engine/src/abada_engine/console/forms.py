@@ -8,10 +8,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonschema import Draft202012Validator
+import re2
 from jsonschema.exceptions import SchemaError
 
+from abada_engine.definitions.schemas import output_errors
+from abada_engine.definitions.work_budget import WorkBudget, spending
+
 PREFIX = "field."
+# What checking one form may cost: far more than a real tool's arguments need.
+CHECK_STEPS = 200_000
+CHECK_SECONDS = 0.5
 
 
 @dataclass
@@ -162,22 +168,29 @@ def _typed(kind: str, raw: str) -> Any:
 
 def check(schema: dict[str, Any], answers: dict[str, Any], fields: list[Field]) -> list[str]:
     """Checks `answers` against `schema`; puts each problem on its field and answers those no field
-    holds (for the top of the form)."""
-    try:
-        validator = Draft202012Validator(schema)
-    except SchemaError:
-        return ["the schema of this form is not valid JSON Schema; ask whoever deployed the process"]
+    holds (for the top of the form).
+
+    The schema came from a tool server (or a deployer): it is checked the way the engine checks
+    output schemas (patterns on RE2, no reference fetched) and within a work budget, so a hostile one
+    cannot stall the engine this console runs in. Run it off the event loop."""
     by_name = {f.name: f for f in fields}
     general: list[str] = []
-    for error in sorted(validator.iter_errors(answers), key=lambda e: list(e.absolute_path)):
-        path = list(error.absolute_path)
+    with spending(WorkBudget(CHECK_STEPS, CHECK_SECONDS)):
+        try:
+            errors = output_errors(schema, answers)
+        except (SchemaError, ValueError, TypeError, re2.error) as broken:
+            return [
+                f"the form's schema cannot be used ({type(broken).__name__}); ask whoever deployed the process"
+            ]
+    for problem in errors:
+        path = list(problem.path)
         target = by_name.get(str(path[0])) if path else None
-        if target is None and error.validator == "required":
-            missing = str(error.message).split("'")[1] if "'" in error.message else ""
-            target = by_name.get(missing)
+        message = problem.message
+        if target is None and problem.validator == "required" and isinstance(problem.instance, dict):
+            named = problem.validator_value if isinstance(problem.validator_value, list) else []
+            missing = [n for n in named if n not in problem.instance]
+            target = by_name.get(str(missing[0])) if missing else None
             message = "required"
-        else:
-            message = error.message
         if target is not None:
             target.error = target.error or message
         else:
