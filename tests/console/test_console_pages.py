@@ -4,7 +4,9 @@ checked against what the engine then holds."""
 
 from __future__ import annotations
 
+import pathlib
 import re
+import sys
 from collections.abc import AsyncIterator
 
 import httpx2
@@ -16,7 +18,11 @@ from abada_engine.console import Engine, build_console
 from abada_engine.console.session import COOKIE, Sealer
 from abada_engine.runtime.queue_stats import QueueStats
 from abada_sdk.connection import Connection
-from engine_helpers import deploy, fetch, plain, struct
+from engine_helpers import deploy, fetch, journal, plain, struct
+
+# The engine tests' way to a TOOL_OUTCOME_UNKNOWN incident: an unkeyed write whose worker vanished.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "engine"))
+from test_engine_takeover import WRITE, _unknown_outcome_incident
 
 SECRET = b"console-pages-secret-long-enough-for-it"
 
@@ -221,3 +227,42 @@ async def test_a_user_task_is_completed_with_a_form_from_the_reviewed_output_sch
     ).instance
     assert ended.state == process_pb2.INSTANCE_STATE_COMPLETED
     assert plain(ended.variables)["triage"] == {"ticketId": "T-981", "priority": "high", "refund": 12.5}
+
+
+async def test_an_unknown_write_is_answered_it_happened_with_its_result(
+    client, engine, engine_tokens, crm
+) -> None:  # type: ignore[no-untyped-def]
+    task, incident = await _unknown_outcome_incident(engine, crm)
+    assert incident.type == "TOOL_OUTCOME_UNKNOWN"
+    await sign_in(client, engine_tokens.operator)
+    page = await client.get(f"/console/instances/{incident.instance_id}")
+    # The call in question, and every answer its type allows.
+    assert "Did this call happen?" in page.text and "Parcel not received" in page.text
+    for resolution in ("HAPPENED", "DID_NOT_HAPPEN", "RETRY", "CANCEL_INSTANCE"):
+        assert f'value="{resolution}"' in page.text
+    not_json = await client.post(
+        f"/console/incidents/{incident.id}/resolve",
+        data={
+            "csrf": csrf_of(page.text),
+            "resolution": "HAPPENED",
+            "result": "{oops",
+            "comment": "seen in the CRM",
+        },
+    )
+    assert not_json.status_code == 400
+    done = await client.post(
+        f"/console/incidents/{incident.id}/resolve",
+        data={
+            "csrf": csrf_of(page.text),
+            "resolution": "HAPPENED",
+            "result": '{"structuredContent": {"ticketId": "T-981"}}',
+            "comment": "T-981 is in the CRM",
+            "back": f"/instances/{incident.instance_id}",
+        },
+    )
+    assert done.status_code == 303 and done.headers["location"].startswith(
+        f"/console/instances/{incident.instance_id}"
+    )
+    write = [s for s in await journal(engine, task.id) if s.sequence == 4]
+    assert plain(write[0].request) == WRITE
+    assert plain(write[0].response) == {"structuredContent": {"ticketId": "T-981"}}

@@ -112,6 +112,42 @@ def _timestamp(text: str) -> timestamp_pb2.Timestamp | None:
     return stamp
 
 
+def _text(value: Any, limit: int) -> str:
+    text = value if isinstance(value, str) else ""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _compact(value: Any, limit: int) -> str:
+    return _text(json.dumps(value, ensure_ascii=False, sort_keys=True), limit)
+
+
+def step_view(step: external_task_pb2.JournalStep) -> dict[str, Any]:
+    """What a journal step shows at a glance. Its payloads are what a worker wrote: every field is
+    read for its type here, so an unexpected shape shows less, never breaks the page."""
+    request = from_struct(step.request)
+    response = from_struct(step.response) if step.HasField("response") else {}
+    view: dict[str, Any] = {"calls": []}
+    if step.kind == external_task_pb2.STEP_KIND_MODEL_CALL:
+        model = " · ".join(_text(request.get(k), 100) for k in ("provider", "model") if request.get(k))
+        view.update(model=model, finish=_text(response.get("finish"), 40))
+        view.update(text=_text(response.get("text"), 600), refusal=_text(response.get("refusal"), 600))
+        calls = response.get("functionCalls")
+        for call in calls if isinstance(calls, list) else []:
+            if isinstance(call, dict):
+                name = _text(call.get("name"), 200).replace("__", "/")
+                view["calls"].append((name, _compact(call.get("args", {}), 200)))
+    elif "arguments" in request:
+        view["arguments"] = _compact(request["arguments"], 300)
+    decided = response.get("approval")
+    if isinstance(decided, dict):
+        view.update(
+            decision=_text(decided.get("decision"), 40).lower(),
+            decided_by=_text(decided.get("decidedBy"), 200),
+            comment=_text(decided.get("comment"), 600),
+        )
+    return view
+
+
 class Refused(Exception):
     """Ends a request with this response (a sign-in page, a 403)."""
 
@@ -130,6 +166,7 @@ class Console:
         self.env.filters["pretty"] = pretty
         self.env.globals["enum_name"] = enum_name
         self.env.globals["from_struct"] = from_struct
+        self.env.globals["step_view"] = step_view
         self.env.globals["instance_state"] = lambda i: enum_name(
             process_pb2.InstanceState, i.state, "INSTANCE_STATE_"
         )
