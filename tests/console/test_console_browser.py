@@ -44,12 +44,14 @@ async def until(what: str, probe: Any, timeout: float = 30.0) -> Any:
 PAGE_ERRORS: list[str] = []
 
 
-async def sign_in(browser: Any, console_url: str, token: str) -> Any:
+async def sign_in(browser: Any, console_url: str, token: str, screenshot: pathlib.Path | None = None) -> Any:
     context = await browser.new_context(viewport={"width": 1280, "height": 900})
     page = await context.new_page()
     page.on("pageerror", lambda error: PAGE_ERRORS.append(str(error)))
     page.on("console", lambda message: PAGE_ERRORS.append(message.text) if message.type == "error" else None)
     await page.goto(f"{console_url}/login")
+    if screenshot is not None:
+        await page.screenshot(path=str(screenshot))
     await page.get_by_label("Caller token").fill(token)
     await page.get_by_role("button", name="Sign in").click()
     await page.wait_for_load_state()
@@ -83,7 +85,7 @@ async def test_approver_decides_and_operator_reads_the_journal(  # type: ignore[
     [approval] = await until("the create_ticket call to wait for a person", pending)
 
     # --- an operator looks at the queues while the task is parked for the decision
-    operator = await sign_in(browser, console_url, engine_tokens.operator)
+    operator = await sign_in(browser, console_url, engine_tokens.operator, screenshots / "sign-in.png")
     await operator.goto(f"{console_url}/queues")
     assert (await operator.inner_text("#awaiting")).startswith("1 tool call waiting")
     await operator.screenshot(path=str(screenshots / "queues.png"), full_page=True)

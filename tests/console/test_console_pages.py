@@ -98,7 +98,12 @@ async def test_sign_in_checks_the_token_with_the_engine_and_seals_it(client, eng
     assert "httponly" in flags and "samesite=strict" in flags and "path=/console/" in flags
     assert "secure" not in flags  # on loopback; off it the cookie is Secure (next test)
     assert engine_tokens.operator not in cookie
-    assert (await client.get("/console/instances")).status_code == 200
+    page = await client.get("/console/instances")
+    assert page.status_code == 200
+
+    signed_out = await client.post("/console/logout", data={"csrf": csrf_of(page.text)})
+    assert signed_out.headers["location"] == "/console/login"
+    assert (await client.get("/console/instances")).headers["location"] == "/console/login"
 
 
 async def test_a_cookie_off_loopback_is_secure_and_a_form_without_csrf_is_refused(
