@@ -25,12 +25,14 @@ $(STAMP): requirements-dev.txt services/common/pyproject.toml sdk/python/pyproje
 
 venv: $(STAMP)
 
-$(GEN_STAMP): $(PROTOS)
+$(GEN_STAMP): $(PROTOS) api/python/stub_builder.py
 	@rm -rf api/python/abada
 	@$(STEP) "gRPC stubs from proto/ (api/python/abada)" $(PY) scripts/gen_protos.py
 	@touch $(GEN_STAMP)
 
+# The OpenAPI documents of the HTTP side (api/openapi/) follow the protos' HTTP rules.
 proto: $(STAMP) $(GEN_STAMP)
+	@$(STEP) "OpenAPI documents from the HTTP rules (api/openapi)" $(PY) scripts/gen_openapi.py
 
 # mypy reads mypy.ini: the services, the SDK and abada-common, strict on abada-common and the
 # engine's store; its cache (.mypy_cache) makes a second run take seconds.
@@ -40,12 +42,15 @@ lint: venv proto
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# Test files run in this many processes (pytest-xdist), each file's tests in one of them.
+TEST_PROCESSES ?= 2
+
 test: venv proto
 	@$(STEP) "buf lint" $(VENV)/bin/buf lint
 	@$(STEP) "ruff check" $(VENV)/bin/ruff check .
 	@$(STEP) "ruff format --check" $(VENV)/bin/ruff format --check .
 	@$(STEP) "mypy (types)" $(VENV)/bin/mypy
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_PROCESSES) --dist loadfile
 
 # The stubs and the SDK as wheels (dist/), for `pip install` where there is no clone: abada-api's
 # build runs protoc itself (api/python/setup.py).

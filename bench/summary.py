@@ -13,6 +13,7 @@ import argparse
 import sys
 
 import append_step
+import http_append_step
 import many_in_flight
 import provider_outage
 import quota_admission
@@ -32,12 +33,15 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=10_000, help="many in flight: the high level")
     args = parser.parse_args()
     cycles, appends, flights, quotas, starts, stalls = [], [], [], [], [], []
+    over_http: list[dict[str, float]] = []
     for run in range(1, args.runs + 1):
         print(f"== run {run} of {args.runs}")
         cycles.append(task_cycle.measure(args.instances, 8, 16))
         task_cycle.report(cycles[-1], args.instances, 8, 16)
         appends.append(append_step.measure(8, 200))
         append_step.report(appends[-1], 8)
+        over_http.append(http_append_step.measure(8, 200))
+        http_append_step.report(over_http[-1], 8)
         levels = [100, args.in_flight]
         flights.append(many_in_flight.measure(levels, 1000))
         many_in_flight.report(flights[-1], levels)
@@ -91,6 +95,13 @@ def main() -> None:
             f"{m(appends, 'batched_ratio'):.2f}x",
             ">= 0.5x",
             m(appends, "batched_ratio") >= 0.5,
+        ),
+        (
+            "AppendStep over HTTP/JSON / over gRPC, same engine and run (8 tasks)",
+            f"{m(over_http, 'http_rate'):,.0f}/s vs {m(over_http, 'grpc_rate'):,.0f}/s = {m(over_http, 'ratio'):.2f}x "
+            f"(engine CPU {m(over_http, 'cpu_http') * 1e6:,.0f} vs {m(over_http, 'cpu_grpc') * 1e6:,.0f} us a call)",
+            ">= 0.7x",
+            m(over_http, "ratio") >= 0.7,
         ),
         (
             f"FetchAndLock p50 at {high:,} / at {low} in flight",

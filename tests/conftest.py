@@ -39,6 +39,10 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Output in the tests goes to pipes and is read as such: a terminal size from the runner (pytest-xdist's
+# workers set COLUMNS=80) would fit the CLI's tables to it in some processes and not in others.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 # Two keys, so every test exercises a ring where the primary is not the only key.
 UNKEYED_WRITE_GRACE_SECONDS = 5.0
 TEST_JOURNAL_KEYS = KeyRing.parse(
@@ -251,3 +255,23 @@ async def engine(
         incidents=incident_pb2_grpc.IncidentServiceStub(channel),
         approvals=approval_pb2_grpc.ApprovalServiceStub(channel),
     )
+
+
+@pytest.fixture(scope="session")
+async def engine_http(
+    engine_server: RunningServer, engine_core: EngineCore, engine_tokens: EngineTokens
+) -> AsyncIterator[str]:
+    """The engine's HTTP side over the session's engine: every RPC as HTTP/JSON; its base URL."""
+    from abada_engine.api.http import HttpServer, build_app
+    from abada_engine.runtime.queue_stats import QueueStats
+
+    app = build_app(
+        QueueStats(engine_core.db),
+        CallerRegistry(engine_tokens.callers_file),
+        database=engine_core.database,
+        servicers=engine_server.servicers,
+    )
+    server = HttpServer(app, "127.0.0.1:0")
+    await server.start()
+    yield f"http://127.0.0.1:{server.port}"
+    await server.stop()

@@ -14,4 +14,4 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import stub_builder  # beside this file, not installed
 
 stub_builder.ensure()
-setup(packages=stub_builder.packages(), package_data={"": ["*.pyi", "py.typed"]})
+setup(packages=stub_builder.packages(), package_data={"": ["*.pyi", "py.typed", "*.binpb"]})

@@ -13,6 +13,14 @@ import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 STAMP = ".generated"
+# The vendored google.api annotations (http rules) under proto/: an include path, never generated here
+# (their Python modules come from googleapis-common-protos, which the stubs import).
+THIRD_PARTY = "third_party"
+DESCRIPTOR_SET = "descriptors.binpb"
+
+
+def _ours(protos: pathlib.Path) -> list[pathlib.Path]:
+    return [p for p in protos.rglob("*.proto") if p.relative_to(protos).parts[0] != THIRD_PARTY]
 
 
 def proto_dir(project: pathlib.Path = HERE) -> pathlib.Path | None:
@@ -27,7 +35,7 @@ def packages(project: pathlib.Path = HERE) -> list[str]:
     """The Python packages the stubs make: one per directory holding protos, and their parents."""
     protos = proto_dir(project)
     if protos is not None:
-        found = {p.parent.relative_to(protos) for p in protos.rglob("*.proto")}
+        found = {p.parent.relative_to(protos) for p in _ours(protos)}
     else:  # no protos, only stubs generated before (an sdist of them)
         found = {p.parent.relative_to(project) for p in (project / "abada").rglob("*_pb2.py")}
     names: set[str] = set()
@@ -39,7 +47,7 @@ def packages(project: pathlib.Path = HERE) -> list[str]:
 
 def up_to_date(out_dir: pathlib.Path, protos: pathlib.Path) -> bool:
     stamp = out_dir / "abada" / STAMP
-    if not stamp.exists():
+    if not stamp.exists() or not (out_dir / "abada" / DESCRIPTOR_SET).exists():
         return False
     built = stamp.stat().st_mtime
     return all(p.stat().st_mtime <= built for p in protos.rglob("*.proto"))
@@ -50,21 +58,27 @@ def generate(protos: pathlib.Path, out_dir: pathlib.Path) -> None:
     import grpc_tools
     from grpc_tools import protoc
 
-    sources = sorted(str(p.relative_to(protos)) for p in protos.rglob("*.proto"))
+    sources = sorted(str(p.relative_to(protos)) for p in _ours(protos))
     well_known = pathlib.Path(grpc_tools.__file__).parent / "_proto"
     args = [
         "grpc_tools.protoc",
         f"-I{protos}",
+        f"-I{protos / THIRD_PARTY}",
         f"-I{well_known}",
         f"--python_out={out_dir}",
         f"--pyi_out={out_dir}",
         f"--grpc_python_out={out_dir}",
+        # The protos' comments, which the generated modules leave out: the OpenAPI documents of the
+        # HTTP side describe every operation and field with them (abada_common.openapi).
+        f"--descriptor_set_out={out_dir / 'abada' / DESCRIPTOR_SET}",
+        "--include_source_info",
     ]
     # Typed service stubs where mypy-protobuf is installed (the repository's .venv); optional elsewhere.
     mypy_grpc = pathlib.Path(sys.executable).parent / "protoc-gen-mypy_grpc"
     found = str(mypy_grpc) if mypy_grpc.exists() else shutil.which("protoc-gen-mypy_grpc")
     if found:
         args += [f"--plugin=protoc-gen-mypy_grpc={found}", f"--mypy_grpc_out={out_dir}"]
+    (out_dir / "abada").mkdir(parents=True, exist_ok=True)
     if protoc.main([*args, *sources]) != 0:
         raise RuntimeError(f"protoc failed on the protos in {protos}")
     # Regular packages (not namespace ones) so imports and editable installs behave alike.

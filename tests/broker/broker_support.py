@@ -114,6 +114,8 @@ class BrokerProcess:
     channel: grpc.aio.Channel
     # The plaintext health-only port, when ABADA_BROKER_HEALTH_ADDRESS opened one.
     health_address: str | None = None
+    # The HTTP/JSON port (base URL), when ABADA_BROKER_HTTP_ADDRESS opened one.
+    http_url: str | None = None
     stub: credential_pb2_grpc.CredentialServiceStub = field(init=False)
 
     def __post_init__(self) -> None:
@@ -249,6 +251,7 @@ async def running_broker(
                 log_path=log_path,
                 channel=channel,
                 health_address=ready.get("health_address"),
+                http_url=f"http://{ready['http_address']}" if "http_address" in ready else None,
             )
             if wait_serving:
                 await broker.wait_for_health(health_pb2.HealthCheckResponse.SERVING)

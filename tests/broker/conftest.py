@@ -86,6 +86,7 @@ async def broker(
         "ABADA_VAULT_TIMEOUT_SECONDS": "1",
         "ABADA_BROKER_HEALTH_INTERVAL_SECONDS": "0.2",
         "ABADA_BROKER_METRICS_ADDRESS": f"127.0.0.1:{_free_port()}",
+        "ABADA_BROKER_HTTP_ADDRESS": "127.0.0.1:0",
     }
     async with running_broker(tmp_path_factory.mktemp("broker"), settings) as process:
         process.metrics_url = f"http://{settings['ABADA_BROKER_METRICS_ADDRESS']}/metrics"

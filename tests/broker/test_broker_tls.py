@@ -7,6 +7,7 @@ text, and with a client CA nothing without a certificate may reach them at all.
 from __future__ import annotations
 
 import json
+import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import httpx2
 import pytest
 import yaml
 from abada.broker.v1 import credential_pb2, credential_pb2_grpc
@@ -84,6 +86,7 @@ async def tls_broker(
         "ABADA_BROKER_TLS_CERT_FILE": str(broker_pki.server_cert),
         "ABADA_BROKER_TLS_KEY_FILE": str(broker_pki.server_key),
         "ABADA_BROKER_HEALTH_ADDRESS": "127.0.0.1:0",
+        "ABADA_BROKER_HTTP_ADDRESS": "127.0.0.1:0",
     }
     credentials = grpc.ssl_channel_credentials(root_certificates=broker_pki.pki.ca_pem)
     async with running_broker(
@@ -102,6 +105,7 @@ async def mtls_broker(
         "ABADA_BROKER_TLS_CERT_FILE": str(broker_pki.server_cert),
         "ABADA_BROKER_TLS_KEY_FILE": str(broker_pki.server_key),
         "ABADA_BROKER_TLS_CLIENT_CA_FILE": str(pki.ca),
+        "ABADA_BROKER_HTTP_ADDRESS": "127.0.0.1:0",
     }
     credentials = grpc.ssl_channel_credentials(
         root_certificates=pki.ca_pem,
@@ -315,3 +319,41 @@ def test_an_unreadable_certificate_stops_the_start(broker_pki: BrokerPki, tmp_pa
     )
     assert done.returncode == 2
     assert str(missing) in done.stderr and "ABADA_BROKER_TLS_CERT_FILE" in done.stderr
+
+
+async def _http_credential(broker: BrokerProcess, task, token: str, **client: object) -> httpx2.Response:
+    assert broker.http_url is not None
+    url = broker.http_url.replace("http://", "https://")
+    async with httpx2.AsyncClient(base_url=url, timeout=10, **client) as http:  # type: ignore[arg-type]
+        return await http.get(
+            f"/v1/external-tasks/{task.id}/tool-credentials/crm",
+            params={"workerId": WORKER},
+            headers={"Authorization": f"Bearer {token}", "Abada-Lease-Token": task.lease_token},
+        )
+
+
+async def test_the_http_port_speaks_the_listeners_tls_and_nothing_in_clear(
+    engine, tls_broker, broker_pki, crm, dev_tokens
+):
+    task = await leased_task(engine, bundle(crm.url))
+    trusted = ssl.create_default_context(cafile=str(broker_pki.pki.ca))
+    answer = await _http_credential(tls_broker, task, dev_tokens.worker_token, verify=trusted)
+    assert answer.status_code == 200 and answer.json()["secret"] == crm.token
+    assert tls_broker.http_url is not None
+    async with httpx2.AsyncClient(timeout=5) as clear:
+        with pytest.raises(httpx2.HTTPError):
+            await clear.get(f"{tls_broker.http_url}/v1/openapi.json")
+
+
+async def test_the_http_port_of_an_mtls_broker_wants_a_client_certificate(
+    engine, mtls_broker, broker_pki, crm, dev_tokens
+):
+    task = await leased_task(engine, bundle(crm.url))
+    pki = broker_pki.pki
+    without = ssl.create_default_context(cafile=str(pki.ca))
+    with pytest.raises(httpx2.HTTPError):
+        await _http_credential(mtls_broker, task, dev_tokens.worker_token, verify=without)
+    with_certificate = ssl.create_default_context(cafile=str(pki.ca))
+    with_certificate.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+    answer = await _http_credential(mtls_broker, task, dev_tokens.worker_token, verify=with_certificate)
+    assert answer.status_code == 200 and answer.json()["secret"] == crm.token

@@ -24,6 +24,9 @@ _CLEAN_ENV: dict[str, str | None] = {
         "ABADA_TLS_CERT_FILE",
         "ABADA_TLS_KEY_FILE",
         "ABADA_TIMEOUT",
+        # The output goes to a pipe, so tables are not fitted to a width; a COLUMNS from the test runner
+        # (pytest-xdist's workers set 80) would narrow them.
+        "COLUMNS",
     )
 }
 

@@ -88,8 +88,9 @@ async def test_every_violation_of_a_broken_bundle_is_listed(engine, tmp_path):
     )
 
 
-async def test_missing_file_is_a_usage_error(engine, tmp_path):
-    ran = await abada(engine.address, "deploy", str(tmp_path / "nowhere.yaml"))
+async def test_missing_file_is_a_usage_error(engine):
+    # A short relative path: the usage panel wraps a long one wherever the width falls.
+    ran = await abada(engine.address, "deploy", "no-such-dir/nowhere.yaml")
     assert ran.exit_code == 2
     assert "nowhere.yaml" in ran.stderr
 

@@ -54,21 +54,21 @@ def _stop(process: subprocess.Popen[str], workdir: pathlib.Path) -> None:
     assert not (workdir / ".abada/dev/dev.pid").exists()
 
 
-def test_abada_dev_runs_alice_triage_keeps_data_and_stops_on_ctrl_c(tmp_path: pathlib.Path) -> None:
-    with abada_dev(tmp_path) as dev:
+def test_abada_dev_runs_alice_triage_keeps_data_and_stops_on_ctrl_c(workdir: pathlib.Path) -> None:
+    with abada_dev(workdir) as dev:
         env = dict(
             line.removeprefix("export ").split("=", 1)
-            for line in (tmp_path / ".abada/dev/env").read_text().splitlines()
+            for line in (workdir / ".abada/dev/env").read_text().splitlines()
             if line.startswith("export ")
         )
         assert {"ABADA_ENGINE_ADDRESS", "ABADA_TOKEN_FILE", "ABADA_WORKER_TOKEN_FILE"} <= env.keys()
         # --any-ports moved the CRM off the port the bundle names; the env file says where it is.
-        bundle = tmp_path / "support-triage.yaml"
+        bundle = workdir / "support-triage.yaml"
         bundle.write_text(BUNDLE.read_text().replace("http://127.0.0.1:8765/mcp", env["ABADA_DEV_CRM_URL"]))
-        deployed = sourced(tmp_path, f"abada deploy {bundle.name}")
+        deployed = sourced(workdir, f"abada deploy {bundle.name}")
         assert deployed.returncode == 0, deployed.stderr
         started = sourced(
-            tmp_path,
+            workdir,
             "abada start support_triage --var customerId=C-42 "
             "--var message='My parcel never arrived' --wait --timeout 90 -o json",
         )
@@ -77,30 +77,30 @@ def test_abada_dev_runs_alice_triage_keeps_data_and_stops_on_ctrl_c(tmp_path: pa
         assert instance["currentNodeId"] == "done"
         assert instance["variables"]["triage"]["priority"] == "high"
         assert instance["variables"]["notification"]["to"] == "C-42"
-        _stop(dev, tmp_path)
+        _stop(dev, workdir)
 
-    with abada_dev(tmp_path) as dev:
-        listed = sourced(tmp_path, "abada instances -o json")
+    with abada_dev(workdir) as dev:
+        listed = sourced(workdir, "abada instances -o json")
         assert listed.returncode == 0, listed.stderr
         assert [i["id"] for i in json.loads(listed.stdout)["instances"]] == [instance["id"]]
-        _stop(dev, tmp_path)
+        _stop(dev, workdir)
 
-    with abada_dev(tmp_path, "--fresh") as dev:
-        listed = sourced(tmp_path, "abada instances -o json")
+    with abada_dev(workdir, "--fresh") as dev:
+        listed = sourced(workdir, "abada instances -o json")
         assert listed.returncode == 0, listed.stderr
         assert json.loads(listed.stdout).get("instances", []) == []
-        _stop(dev, tmp_path)
+        _stop(dev, workdir)
 
 
-def test_a_second_abada_dev_on_the_same_state_is_refused(tmp_path: pathlib.Path) -> None:
-    with abada_dev(tmp_path) as dev:
+def test_a_second_abada_dev_on_the_same_state_is_refused(workdir: pathlib.Path) -> None:
+    with abada_dev(workdir) as dev:
         second = subprocess.run(
             [str(ABADA), "dev", "--any-ports"],
-            cwd=tmp_path,
+            cwd=workdir,
             env=clean_environment(),
             capture_output=True,
             text=True,
         )
         assert second.returncode == 2
         assert f"already running from .abada/dev (pid {dev.pid})" in second.stderr
-        _stop(dev, tmp_path)
+        _stop(dev, workdir)

@@ -62,7 +62,7 @@ def test_the_doc_has_a_worker_and_a_client() -> None:
 
 
 def test_the_sdk_installs_outside_the_repository_and_the_docs_examples_run_against_abada_dev(
-    tmp_path: pathlib.Path, fresh_python: pathlib.Path
+    workdir: pathlib.Path, fresh_python: pathlib.Path
 ) -> None:
     imported = subprocess.run(
         [
@@ -70,7 +70,7 @@ def test_the_sdk_installs_outside_the_repository_and_the_docs_examples_run_again
             "-c",
             "import abada_sdk, abada.engine.v1.process_pb2_grpc; print(abada_sdk.__file__)",
         ],
-        cwd=tmp_path,
+        cwd=workdir,
         capture_output=True,
         text=True,
     )
@@ -78,17 +78,17 @@ def test_the_sdk_installs_outside_the_repository_and_the_docs_examples_run_again
     assert str(ROOT) not in imported.stdout  # the installed copy, not the repository's sources
 
     worker_code, client_code = python_blocks()
-    (tmp_path / "mail_worker.py").write_text(worker_code)
-    (tmp_path / "client.py").write_text(client_code)
-    with abada_dev(tmp_path) as dev:
-        worker_log = tmp_path / "mail_worker.log"
-        worker = started_in_shell(tmp_path, f"{fresh_python} {tmp_path / 'mail_worker.py'}", ROOT, worker_log)
+    (workdir / "mail_worker.py").write_text(worker_code)
+    (workdir / "client.py").write_text(client_code)
+    with abada_dev(workdir) as dev:
+        worker_log = workdir / "mail_worker.log"
+        worker = started_in_shell(workdir, f"{fresh_python} {workdir / 'mail_worker.py'}", ROOT, worker_log)
         try:
             client = subprocess.run(
                 [
                     "bash",
                     "-c",
-                    f"source {tmp_path / '.abada/dev/env'} && exec {fresh_python} {tmp_path / 'client.py'}",
+                    f"source {workdir / '.abada/dev/env'} && exec {fresh_python} {workdir / 'client.py'}",
                 ],
                 cwd=ROOT,  # the doc runs from the repository's root: examples/welcome-mail.yaml
                 env=clean_environment(),

@@ -7,6 +7,7 @@ way the review's server did, by `mode`:
 - `many_tools`: one page of 5,000 tools;
 - `trickle`: the `tools/list` answer sends one space a second and never ends;
 - `huge_call`: a `tools/call` answer of `huge_bytes`, streamed without a length;
+- `huge_list`: the same for `tools/list` (what the engine reads at deploy);
 - anything else: a well-behaved server with one tool, `lookup`.
 
 It counts what it did (`pages`, `calls`, `sent_bytes`), so a test can tell when its client stopped listening.
@@ -71,6 +72,9 @@ class HostileServer:
             self.pages += 1
             if self.mode == "trickle":
                 await self._trickle(writer)
+                return
+            if self.mode == "huge_list":
+                await self._huge(writer, message["id"])
                 return
             if self.mode == "endless_pages":
                 result = {"tools": [{**TOOL, "name": f"tool_{self.pages}"}], "nextCursor": str(self.pages)}

@@ -107,6 +107,17 @@ async def test_the_engine_refuses_endless_pagination_at_deploy(engine):
     assert server.pages == MAX_TOOL_LIST_PAGES
 
 
+async def test_the_engine_stops_reading_a_huge_tool_list_at_deploy_at_the_limit(engine):
+    async with hostile_mcp_server("huge_list", huge_bytes=200 * 1024 * 1024) as server:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await deploy(engine, DEPLOYED.format(url=server.url))
+        sent = server.sent_bytes
+    assert error_info(caught.value).reason == "TOOL_SERVER_OVER_LIMIT"
+    assert "larger than" in caught.value.details()
+    # The engine stopped listening near the limit, not after the server's 200 MB.
+    assert sent < MAX_RESPONSE_BYTES + 4 * 1024 * 1024
+
+
 async def test_the_engine_sends_deploy_credentials_through_no_proxy_from_its_environment(engine, monkeypatch):
     """A proxy named in the engine's environment (as a compromised or careless host may set) would see
     every deploy-time request to a tool server, credentials included."""

@@ -23,6 +23,7 @@ from functools import cache
 from typing import Any, cast
 
 import httpx2
+from abada_common.capped_http import CappedTransport, ResponseTooLarge
 from abada_common.tool_limits import MAX_RESPONSE_BYTES, MAX_TOOL_LIST_PAGES, MAX_TOOLS, TooMuchFromServer
 from abada_common.tool_schemas import description_sha256, schema_sha256
 from mcp.client.session import ClientSession
@@ -41,7 +42,6 @@ from mcp_types import (
 )
 
 from .broker_client import Secret
-from .capped_http import CappedTransport, ResponseTooLarge
 from .dependencies import DependencyDown, tool_server
 from .errors import AttemptEnded, AttemptFailed
 from .fault import FaultPlan
@@ -94,11 +94,12 @@ def _failure(name: str, url: str, error: BaseException, last: _LastStatus, *, op
     """What a failed exchange with a tool server means: `DependencyDown` when it passes with time
     (connection refused or reset, a timeout, a lost session, 5xx, 429), `ToolServerRefused` otherwise."""
     where = f"tool server {name!r} at {url}"
-    if last.over_limit or isinstance(error, ResponseTooLarge | TooMuchFromServer):
-        # Asking again gets the same answer: a refusal, never an outage to wait out.
+    if last.over_limit or isinstance(error, TooMuchFromServer):
+        # Asking again gets the same answer: a refusal, never an outage to wait out. (A body past the
+        # size limit is a TooMuchFromServer too, though a client library may have wrapped it.)
         why = (
             str(error)
-            if isinstance(error, TooMuchFromServer)
+            if isinstance(error, TooMuchFromServer) and not isinstance(error, ResponseTooLarge)
             else f"answered more than {MAX_RESPONSE_BYTES} bytes"
         )
         return ToolServerRefused(name, f"{where} {why}; it was not listened to further")

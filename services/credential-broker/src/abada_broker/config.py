@@ -49,6 +49,12 @@ class BrokerSettings(ServiceSettings):
     health_address: str | None = variable(
         "ABADA_BROKER_HEALTH_ADDRESS", None, "a plaintext HOST:PORT serving grpc.health.v1 only, for probes"
     )
+    # CredentialService as HTTP/JSON (the protos' HTTP rules), with the listener's TLS settings.
+    http_address: str | None = variable(
+        "ABADA_BROKER_HTTP_ADDRESS",
+        None,
+        "HOST:PORT serving the credential API as HTTP/JSON (same TLS as the gRPC port); unset: off",
+    )
     # Plain HTTP `GET /metrics` for Prometheus; off when unset.
     metrics_address: str | None = variable(
         "ABADA_BROKER_METRICS_ADDRESS", None, "HOST:PORT serving Prometheus GET /metrics; unset: off"

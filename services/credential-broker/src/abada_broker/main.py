@@ -69,6 +69,10 @@ def _parser() -> argparse.ArgumentParser:
         help="require client certificates signed by this CA (mTLS) (ABADA_BROKER_TLS_CLIENT_CA_FILE)",
     )
     serve.add_argument(
+        "--http-address",
+        help="HOST:PORT serving the credential API as HTTP/JSON, same TLS (ABADA_BROKER_HTTP_ADDRESS)",
+    )
+    serve.add_argument(
         "--health-address",
         help="a plaintext HOST:PORT serving grpc.health.v1 only, for probes (ABADA_BROKER_HEALTH_ADDRESS)",
     )
@@ -138,7 +142,13 @@ def _reachable_host(listen_address: str) -> str:
 
 
 def _write_ready_file(
-    path: Path, listen_address: str, port: int, health_address: str | None, health_port: int | None
+    path: Path,
+    listen_address: str,
+    port: int,
+    health_address: str | None,
+    health_port: int | None,
+    http_address: str | None = None,
+    http_port: int | None = None,
 ) -> None:
     ready: dict[str, object] = {
         "address": f"{_reachable_host(listen_address)}:{port}",
@@ -148,6 +158,9 @@ def _write_ready_file(
     if health_address is not None and health_port is not None:
         ready["health_address"] = f"{_reachable_host(health_address)}:{health_port}"
         ready["health_port"] = health_port
+    if http_address is not None and http_port is not None:
+        ready["http_address"] = f"{_reachable_host(http_address)}:{http_port}"
+        ready["http_port"] = http_port
     content = json.dumps(ready)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
@@ -168,6 +181,8 @@ async def serve(settings: BrokerSettings) -> None:
             running.port,
             settings.health_address,
             running.health_port,
+            settings.http_address,
+            running.http.port if running.http is not None else None,
         )
     await stop.wait()
     log.info("credential broker stopping")
@@ -184,6 +199,7 @@ def _serve_command(arguments: argparse.Namespace) -> int:
             "tls_key_file",
             "tls_client_ca_file",
             "health_address",
+            "http_address",
             "engine_address",
             "engine_token_file",
             "auth_tokens_file",

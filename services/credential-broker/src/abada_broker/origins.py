@@ -6,8 +6,14 @@ without this rule any operator could have any credential sent to a server of the
 therefore gives a credential out only for a URL whose origin (scheme, host, port) is allowed for it:
 
 - listed for that credential in the origins file (``ABADA_BROKER_CREDENTIAL_ORIGINS_FILE``, YAML
-  ``credential-name: [https://host[:port], ...]``), read again whenever it changes; or
+  ``credential-name: [https://host[:port][/path], ...]``), read again whenever it changes; or
 - without a file, a loopback origin only (one machine: the demo and development).
+
+An entry with a path binds the credential to that path and below it, segment by segment
+(``https://gateway/crm`` allows ``/crm`` and ``/crm/mcp``, not ``/crm-other`` nor ``/billing``): two
+tool servers behind one gateway do not share credentials. A URL whose path could mean another path
+once a server or proxy normalises it (``.`` or ``..`` segments, an encoded ``/``, ``\\`` or ``.``) is
+refused wherever a path binding applies.
 
 Plain ``http`` is refused unless the host is loopback: the secret would cross the network in clear.
 """
@@ -50,6 +56,38 @@ def origin_of(url: str) -> str:
     return f"{scheme}://{host}:{port}"
 
 
+@dataclass(frozen=True)
+class Binding:
+    """An origin, and the path under which a credential may go there (empty: anywhere on it)."""
+
+    origin: str
+    path_segments: tuple[str, ...] = ()
+
+    def allows(self, origin: str, path_segments: tuple[str, ...]) -> bool:
+        return origin == self.origin and path_segments[: len(self.path_segments)] == self.path_segments
+
+
+# Characters that some server or proxy on the way may decode into a separator or a dot segment.
+_AMBIGUOUS_ESCAPES = ("%2f", "%5c", "%2e")
+
+
+def path_segments_of(url: str) -> tuple[str, ...]:
+    """The URL's path as its segments (`/crm/mcp/` is ("crm", "mcp")), refusing a path that another
+    reader could resolve differently (ValueError)."""
+    path = urllib.parse.urlsplit(url.strip()).path
+    lowered = path.lower()
+    if "\\" in path or any(escape in lowered for escape in _AMBIGUOUS_ESCAPES):
+        raise ValueError(f"{url!r} has an encoded separator, backslash or dot in its path")
+    segments = tuple(segment for segment in path.split("/") if segment)
+    if any(segment in (".", "..") for segment in segments):
+        raise ValueError(f"{url!r} has a '.' or '..' segment in its path")
+    return segments
+
+
+def binding_of(url: str) -> Binding:
+    return Binding(origin_of(url), path_segments_of(url))
+
+
 def is_loopback(origin: str) -> bool:
     host = urllib.parse.urlsplit(origin).hostname or ""
     if host == "localhost":
@@ -73,7 +111,7 @@ def _refused(message: str, credential: str) -> BrokerError:
 @dataclass(frozen=True)
 class _Loaded:
     mtime_ns: int
-    allowed: dict[str, frozenset[str]]
+    allowed: dict[str, frozenset[Binding]]
 
 
 class CredentialOrigins:
@@ -103,10 +141,20 @@ class CredentialOrigins:
                     credential,
                 )
             return
-        if origin not in self._allowed().get(credential, frozenset()):
+        bindings = self._allowed().get(credential, frozenset())
+        if not any(binding.origin == origin for binding in bindings):
             raise _refused(f"credential {credential!r} may not be sent to {origin}", credential)
+        if all(not binding.path_segments for binding in bindings):
+            return
+        try:
+            segments = path_segments_of(url)
+        except ValueError as error:
+            raise _refused(str(error), credential) from None
+        if not any(binding.allows(origin, segments) for binding in bindings):
+            shown = "/" + "/".join(segments)
+            raise _refused(f"credential {credential!r} may not be sent to {shown} on {origin}", credential)
 
-    def _allowed(self) -> dict[str, frozenset[str]]:
+    def _allowed(self) -> dict[str, frozenset[Binding]]:
         assert self._path is not None
         try:
             mtime_ns = self._path.stat().st_mtime_ns
@@ -132,11 +180,11 @@ class CredentialOrigins:
         return allowed
 
 
-def _parse(text: str) -> dict[str, frozenset[str]]:
+def _parse(text: str) -> dict[str, frozenset[Binding]]:
     data = yaml.safe_load(text) or {}
     if not isinstance(data, dict):
         raise OriginsFileError("it must map credential names to lists of origins")
-    allowed: dict[str, frozenset[str]] = {}
+    allowed: dict[str, frozenset[Binding]] = {}
     for credential, urls in data.items():
         if not isinstance(credential, str) or not isinstance(urls, list):
             raise OriginsFileError(f"{credential!r} must map to a list of origins")
@@ -145,13 +193,13 @@ def _parse(text: str) -> dict[str, frozenset[str]]:
             if not isinstance(url, str):
                 raise OriginsFileError(f"{credential}: {url!r} is not a URL")
             try:
-                origin = origin_of(url)
+                binding = binding_of(url)
             except ValueError as error:
                 raise OriginsFileError(f"{credential}: {error}") from None
-            if origin.startswith("http://") and not is_loopback(origin):
+            if binding.origin.startswith("http://") and not is_loopback(binding.origin):
                 raise OriginsFileError(
                     f"{credential}: {url!r} is plain http; only https is allowed off loopback"
                 )
-            origins.add(origin)
+            origins.add(binding)
         allowed[credential] = frozenset(origins)
     return allowed

@@ -22,10 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from abada.broker.v1 import credential_pb2_grpc
+from abada.broker.v1 import credential_pb2, credential_pb2_grpc
+from abada_common import openapi
+from abada_common.http_gateway import Gateway
+from abada_common.http_server import HttpServer, HttpTls
 from abada_common.reflection import enable_reflection
 from abada_sdk.connection import BearerToken, ClientTls, Connection
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from .audit import AuditLog
 from .auth import Callers, InsecureDevCallers, TokenFileCallers
@@ -123,9 +130,12 @@ class RunningBroker:
     watcher: asyncio.Task[None]
     health_server: grpc.aio.Server | None = None
     health_port: int | None = None
+    http: HttpServer | None = None
 
     async def stop(self, grace: float = 5.0) -> None:
         self.health.enter_graceful_shutdown()
+        if self.http is not None:
+            await self.http.stop()
         self.watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.watcher
@@ -182,7 +192,8 @@ async def start_broker(settings: BrokerSettings) -> RunningBroker:
         origins=CredentialOrigins(settings.credential_origins_file),
     )
     server = grpc.aio.server()
-    credential_pb2_grpc.add_CredentialServiceServicer_to_server(CredentialServicer(issuer), server)
+    servicer = CredentialServicer(issuer)
+    credential_pb2_grpc.add_CredentialServiceServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
@@ -203,9 +214,18 @@ async def start_broker(settings: BrokerSettings) -> RunningBroker:
         await engine.close()
         await store.close()
         raise
+    http = _http_server(settings, servicer)
     await server.start()
     if health_server is not None:
         await health_server.start()
+    if http is not None:
+        try:
+            await http.start()
+        except (OSError, SystemExit) as error:
+            await server.stop(None)
+            await engine.close()
+            await store.close()
+            raise OSError(f"cannot listen on {settings.http_address}: {error}") from None
     if settings.metrics_address is not None:
         metrics_port = serve_metrics(settings.metrics_address)
         log.info(
@@ -223,6 +243,7 @@ async def start_broker(settings: BrokerSettings) -> RunningBroker:
             "tls": _tls_mode(settings),
             "health_address": settings.health_address,
             "health_port": health_port,
+            "http_port": http.port if http is not None else None,
             "engine": settings.engine_address,
             "secret_store": repr(store),
             "max_ttl_seconds": settings.max_ttl_seconds,
@@ -237,4 +258,28 @@ async def start_broker(settings: BrokerSettings) -> RunningBroker:
         watcher,
         health_server=health_server,
         health_port=health_port,
+        http=http,
     )
+
+
+# gRPC's default largest message, which the broker's gRPC port keeps: the HTTP body limit too.
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+
+
+def _http_server(settings: BrokerSettings, servicer: CredentialServicer) -> HttpServer | None:
+    """CredentialService as HTTP/JSON through the shared gateway, on the gRPC port's TLS settings."""
+    if settings.http_address is None:
+        return None
+    services = [credential_pb2.DESCRIPTOR.services_by_name["CredentialService"]]
+    gateway = Gateway({SERVICE_NAME: servicer}, services, max_body_bytes=MAX_REQUEST_BYTES)
+    document = openapi.document(services, title="Abada credential broker")
+
+    async def openapi_json(_: Request) -> Response:
+        return JSONResponse(document)
+
+    app = Starlette(routes=[Route("/v1/openapi.json", openapi_json)])
+    gateway.install(app)
+    tls = None
+    if settings.tls_cert_file is not None and settings.tls_key_file is not None:
+        tls = HttpTls(settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file)
+    return HttpServer(app, settings.http_address, tls)

@@ -26,7 +26,14 @@ class EngineSettings(ServiceSettings):
     )
     grpc_address: str = variable("ABADA_GRPC_ADDRESS", "127.0.0.1:50051", "where gRPC listens (host:port)")
     http_address: str = variable(
-        "ABADA_HTTP_ADDRESS", "127.0.0.1:8080", "where HTTP listens: /healthz, /metrics, queue stats"
+        "ABADA_HTTP_ADDRESS",
+        "127.0.0.1:8080",
+        "where HTTP listens: the API as HTTP/JSON, /healthz, /metrics, queue stats",
+    )
+    # The HTTP port is plain HTTP: where bearer tokens must not cross a network in clear (the gRPC
+    # port has TLS, this one has not), the API can stay off it, leaving health and figures.
+    http_api: bool = variable(
+        "ABADA_HTTP_API", True, "serve every RPC as HTTP/JSON on the HTTP port (0: only health and figures)"
     )
     state_dir: pathlib.Path = variable(
         "ABADA_STATE_DIR",

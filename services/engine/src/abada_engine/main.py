@@ -92,7 +92,13 @@ async def serve(settings: EngineSettings) -> None:
         # Session cookies are sealed with a key derived from the idempotency secret: every replica has it.
         console = build_console(console_engine, idempotency.secret)
         http = HttpServer(
-            build_app(QueueStats(db), registry, database=core.database, console=console),
+            build_app(
+                QueueStats(db),
+                registry,
+                database=core.database,
+                servicers=running.servicers if settings.http_api else None,
+                console=console,
+            ),
             settings.http_address,
         )
         await http.start()

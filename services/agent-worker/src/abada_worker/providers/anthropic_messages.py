@@ -11,9 +11,9 @@ import json
 from typing import Any
 
 import anthropic
+from abada_common.capped_http import capped_client, too_large_in
 from anthropic.types import Message
 
-from ..capped_http import capped_client, too_large_in
 from ..conversation import (
     FINISH_LENGTH,
     FINISH_OTHER,

@@ -7,7 +7,8 @@ import time
 from collections.abc import Mapping
 from typing import Protocol
 
-from ..capped_http import too_large_in
+from abada_common.capped_http import too_large_in
+
 from ..conversation import ModelReply, ModelRequest
 
 # Statuses another try may fix (timeout, conflict, rate limit, the provider's own trouble);

@@ -10,10 +10,10 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from abada_common.capped_http import capped_client, too_large_in
 from google import genai
 from google.genai import errors, types
 
-from ..capped_http import capped_client, too_large_in
 from ..conversation import (
     FINISH_FILTERED,
     FINISH_LENGTH,

@@ -13,9 +13,9 @@ import json
 from typing import Any
 
 import openai
+from abada_common.capped_http import ResponseTooLarge, capped_client, too_large_in
 from openai.types.chat import ChatCompletion
 
-from ..capped_http import ResponseTooLarge, capped_client, too_large_in
 from ..conversation import (
     FINISH_FILTERED,
     FINISH_LENGTH,

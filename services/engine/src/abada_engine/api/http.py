@@ -1,14 +1,17 @@
-"""The engine's HTTP side: queue depth for autoscalers, Prometheus metrics, a health check."""
+"""The engine's HTTP side: every RPC as HTTP/JSON (abada_common.http_gateway, routes read from the protos'
+HTTP rules) with its OpenAPI document at /v1/openapi.json, queue depth for autoscalers, Prometheus
+metrics, a health check."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import re
+from typing import Any
 
-import uvicorn
 from abada.engine.v1.error_reason_pb2 import ErrorReason
+from abada_common import openapi
+from abada_common.http_gateway import Gateway
+from abada_common.http_server import HttpServer as HttpServer  # the engine's HTTP listener
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -19,6 +22,8 @@ from abada_engine import metrics
 from abada_engine.auth import CallerRegistry
 from abada_engine.db.watch import DatabaseWatch
 from abada_engine.runtime.queue_stats import QueueStats
+
+from .server import GRPC_MAX_MESSAGE_BYTES, SERVICE_DESCRIPTORS
 
 log = logging.getLogger(__name__)
 _TOPIC = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
@@ -32,8 +37,11 @@ def build_app(
     registry: CallerRegistry,
     metrics_max_age_seconds: float = METRICS_MAX_AGE_SECONDS,
     database: DatabaseWatch | None = None,
+    servicers: dict[str, Any] | None = None,
     console: Starlette | None = None,
 ) -> Starlette:
+    """`servicers`: the gRPC server's (RunningServer.servicers), served as HTTP/JSON too; None serves
+    only the figures and the health check."""
     figures = metrics.CachedFigures(stats, metrics_max_age_seconds)
 
     def refusal(request: Request) -> Response | None:
@@ -90,30 +98,15 @@ def build_app(
     if console is not None:
         # The web console (abada_engine.console), which calls the engine's gRPC API like any client.
         routes.append(Mount("/console", console))
-    return Starlette(routes=routes)
+    if servicers is None:
+        return Starlette(routes=routes)
+    # The same limit as the gRPC port's largest message.
+    gateway = Gateway(servicers, SERVICE_DESCRIPTORS, max_body_bytes=GRPC_MAX_MESSAGE_BYTES)
+    document = openapi.document(SERVICE_DESCRIPTORS, title="Abada engine")
 
+    async def openapi_json(_: Request) -> Response:
+        return JSONResponse(document)
 
-class HttpServer:
-    def __init__(self, app: Starlette, address: str) -> None:
-        host, _, port = address.rpartition(":")
-        self._server = uvicorn.Server(
-            uvicorn.Config(app, host=host or "127.0.0.1", port=int(port), log_level="warning", lifespan="off")
-        )
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def port(self) -> int:
-        return self._server.servers[0].sockets[0].getsockname()[1]
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._server.serve())
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-            await asyncio.sleep(0.01)
-
-    async def stop(self) -> None:
-        self._server.should_exit = True
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    app = Starlette(routes=[*routes, Route("/v1/openapi.json", openapi_json)])
+    gateway.install(app)
+    return app

@@ -44,16 +44,19 @@ from .queue_handler import QueueHandler
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAMES = (
-    definition_pb2.DESCRIPTOR.services_by_name["DefinitionService"].full_name,
-    process_pb2.DESCRIPTOR.services_by_name["ProcessService"].full_name,
-    external_task_pb2.DESCRIPTOR.services_by_name["ExternalTaskService"].full_name,
-    incident_pb2.DESCRIPTOR.services_by_name["IncidentService"].full_name,
-    lease_pb2.DESCRIPTOR.services_by_name["LeaseService"].full_name,
-    queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
-    approval_pb2.DESCRIPTOR.services_by_name["ApprovalService"].full_name,
-    dependency_pb2.DESCRIPTOR.services_by_name["DependencyService"].full_name,
+# The largest request either port takes (the HTTP side's body limit too).
+GRPC_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+SERVICE_DESCRIPTORS = (
+    definition_pb2.DESCRIPTOR.services_by_name["DefinitionService"],
+    process_pb2.DESCRIPTOR.services_by_name["ProcessService"],
+    external_task_pb2.DESCRIPTOR.services_by_name["ExternalTaskService"],
+    incident_pb2.DESCRIPTOR.services_by_name["IncidentService"],
+    lease_pb2.DESCRIPTOR.services_by_name["LeaseService"],
+    queue_pb2.DESCRIPTOR.services_by_name["QueueService"],
+    approval_pb2.DESCRIPTOR.services_by_name["ApprovalService"],
+    dependency_pb2.DESCRIPTOR.services_by_name["DependencyService"],
 )
+SERVICE_NAMES = tuple(service.full_name for service in SERVICE_DESCRIPTORS)
 
 
 @dataclass
@@ -61,6 +64,8 @@ class RunningServer:
     server: grpc.aio.Server
     port: int
     health: health.HealthServicer
+    # The servicers by service name: the HTTP gateway calls the very same objects.
+    servicers: dict[str, Any]
 
     async def stop(self, grace: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()
@@ -89,10 +94,47 @@ async def start_grpc_server(
     """`shared_port`: several engine processes listen on one port (SO_REUSEPORT). `local_socket`: also
     listen on this Unix socket path, without TLS (the web console's way in, see main.py); callers
     there are authenticated by token like anywhere else."""
-    options: list[tuple[str, int]] = [("grpc.max_receive_message_length", 8 * 1024 * 1024)]
+    options: list[tuple[str, int]] = [("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)]
     if shared_port:
         options.append(("grpc.so_reuseport", 1))
     server = grpc.aio.server(options=options)
+    handlers = _servicers(core, guard)
+    for add, handler in handlers:
+        add(handler, server)
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+
+    def follow_database(reachable: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if reachable
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in (*SERVICE_NAMES, ""):
+            health_servicer.set(name, status)
+
+    core.database.subscribe(follow_database)
+    enable_reflection((*SERVICE_NAMES, health.SERVICE_NAME), server)
+    if tls is None:
+        port = server.add_insecure_port(address)
+    else:
+        credentials = grpc.ssl_server_credentials(
+            [(tls.private_key, tls.certificate)],
+            root_certificates=tls.client_ca,
+            require_client_auth=tls.client_ca is not None,
+        )
+        port = server.add_secure_port(address, credentials)
+    if local_socket is not None:
+        server.add_insecure_port(f"unix:{local_socket}")
+    await server.start()
+    log.info("engine gRPC listening", extra={"address": address, "port": port})
+    servicers = {handler.SERVICE: handler for _, handler in handlers}
+    return RunningServer(server, port, health_servicer, servicers)
+
+
+def _servicers(
+    core: EngineCore, guard: Guard | None
+) -> tuple[tuple[Callable[[Any, grpc.aio.Server], None], Any], ...]:
     # Each servicer with its registration function; the pairs differ in type, so they are Any here.
     handlers: tuple[tuple[Callable[[Any, grpc.aio.Server], None], Any], ...] = (
         (
@@ -124,37 +166,9 @@ async def start_grpc_server(
             QueueHandler(QueueStats(core.db), core.page_tokens),
         ),
     )
-    for add, handler in handlers:
+    for _, handler in handlers:
         # Health and reflection stay open: probes carry no credentials.
         handler.guard = guard
         # A request that finds PostgreSQL gone turns health NOT_SERVING at once (see db/watch.py).
         handler.database = core.database
-        add(handler, server)
-    health_servicer = health.HealthServicer(experimental_non_blocking=True)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-
-    def follow_database(reachable: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if reachable
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        for name in (*SERVICE_NAMES, ""):
-            health_servicer.set(name, status)
-
-    core.database.subscribe(follow_database)
-    enable_reflection((*SERVICE_NAMES, health.SERVICE_NAME), server)
-    if tls is None:
-        port = server.add_insecure_port(address)
-    else:
-        credentials = grpc.ssl_server_credentials(
-            [(tls.private_key, tls.certificate)],
-            root_certificates=tls.client_ca,
-            require_client_auth=tls.client_ca is not None,
-        )
-        port = server.add_secure_port(address, credentials)
-    if local_socket is not None:
-        server.add_insecure_port(f"unix:{local_socket}")
-    await server.start()
-    log.info("engine gRPC listening", extra={"address": address, "port": port})
-    return RunningServer(server, port, health_servicer)
+    return handlers

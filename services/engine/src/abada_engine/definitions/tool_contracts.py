@@ -20,7 +20,8 @@ import httpx2
 import yaml
 from abada.broker.v1 import credential_pb2, credential_pb2_grpc
 from abada.engine.v1.error_reason_pb2 import ErrorReason
-from abada_common.tool_limits import MAX_TOOL_LIST_PAGES, MAX_TOOLS, TooMuchFromServer
+from abada_common.capped_http import CappedTransport, ResponseTooLarge
+from abada_common.tool_limits import MAX_RESPONSE_BYTES, MAX_TOOL_LIST_PAGES, MAX_TOOLS, TooMuchFromServer
 from abada_common.tool_schemas import description_sha256, schema_sha256
 from abada_sdk.connection import BearerToken, ClientTls, Connection, ConnectionConfigError
 from mcp.client.session import ClientSession
@@ -101,14 +102,17 @@ class McpContractCheck:
         if server.credential and self._credentials is not None:
             secret = await self._credentials.secret(server.credential, server.name, server.url, deployed_by)
         refusals: list[int] = []
+        transport = CappedTransport()
         try:
             listed = await asyncio.wait_for(
-                self._list_tools(server.url, secret, refusals), timeout=self._timeout
+                self._list_tools(server.url, secret, refusals, transport), timeout=self._timeout
             )
         except EngineError:
             raise
         except (TimeoutError, Exception) as error:  # any transport failure means the same to the deployer
             over = _innermost(error)
+            if transport.over_limit and not isinstance(over, TooMuchFromServer):
+                over = ResponseTooLarge(server.url, MAX_RESPONSE_BYTES)
             if isinstance(over, TooMuchFromServer):
                 raise EngineError(
                     Category.FAILED_PRECONDITION,
@@ -153,7 +157,9 @@ class McpContractCheck:
             )
         return observed
 
-    async def _list_tools(self, url: str, secret: str | None, refusals: list[int]) -> dict[str, Tool]:
+    async def _list_tools(
+        self, url: str, secret: str | None, refusals: list[int], transport: CappedTransport
+    ) -> dict[str, Tool]:
         """The server's tools by name; a 401/403 answer is noted in `refusals` on the way."""
         auth = _Bearer(secret) if secret else None
 
@@ -163,8 +169,10 @@ class McpContractCheck:
 
         hooks = {"response": [note_refusal]}
         # trust_env off: a proxy set in the engine's environment must never carry deploy credentials.
+        # Every answer is counted as it streams in and cut off at the limit (the MCP client may wrap or
+        # swallow the error; the transport remembers it).
         async with httpx2.AsyncClient(
-            auth=auth, timeout=self._timeout, event_hooks=hooks, trust_env=False
+            auth=auth, timeout=self._timeout, event_hooks=hooks, trust_env=False, transport=transport
         ) as http:
             async with streamable_http_client(url, http_client=http) as (read_stream, write_stream):
                 async with ClientSession(read_stream, write_stream) as session:

@@ -1,7 +1,8 @@
 """HTTP clients whose every response body is counted as it streams in and cut off past a size.
 
 A tool server or a model provider can answer with hundreds of megabytes (a 300 MB `tools/call`
-answer took the worker to 1.7 GB). Checking the size once the body is in memory is too late: here
+answer took the worker to 1.7 GB); the engine lists a tool server's tools at deploy, the worker calls
+them at every task, and both read through these clients. Checking the size once the body is in memory is too late: here
 the transport counts the bytes of each response as they arrive and stops reading at the limit,
 raising `ResponseTooLarge` (a refusal: the same request would get the same answer). `over_limit`
 remembers that it happened, for the code that tells a refusal from an outage when the error
@@ -13,10 +14,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import httpx2
-from abada_common.tool_limits import MAX_RESPONSE_BYTES
+
+from abada_common.tool_limits import MAX_RESPONSE_BYTES, TooMuchFromServer
 
 
-class ResponseTooLarge(httpx2.HTTPError):
+class ResponseTooLarge(httpx2.HTTPError, TooMuchFromServer):
     """A response body went past the limit; reading stopped there."""
 
     def __init__(self, url: str, limit: int) -> None:
