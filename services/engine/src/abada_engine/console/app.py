@@ -78,7 +78,7 @@ def pretty(value: Any) -> str:
 
 
 def _loopback(host: str) -> bool:
-    if host in ("localhost", "testclient"):
+    if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
