@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 from abada.engine.v1 import external_task_pb2
@@ -225,3 +226,32 @@ async def test_instances_are_listed_by_a_variables_value(sdk_client):
     await sdk_client.start("review", {"customerId": "C-43"})
     found = await sdk_client.list_instances("review", where={"customerId": "C-42"})
     assert [i.id for i in found] == [alice.id]
+
+
+WAITS_FOR_A_REPLY = """
+processes:
+  - id: replied
+    start: wait
+    nodes:
+      - { id: wait, type: receive, message: customer_reply, correlation_key: "${ticket}", result_variable: reply, next: done }
+      - { id: done, type: end }
+"""
+
+
+async def test_a_message_is_published_once_to_the_instance_waiting_for_it(sdk_client):
+    await sdk_client.deploy(WAITS_FOR_A_REPLY)
+    waiting = await sdk_client.start("replied", {"ticket": "T-1"})
+    # A message_id is remembered for the message's ttl (none without one, as in Zeebe).
+    hour = timedelta(hours=1)
+    sent = await sdk_client.publish(
+        "customer_reply", "T-1", {"text": "thanks"}, ttl=hour, message_id="hook-1"
+    )
+    assert (sent.correlated, sent.instance_id, sent.duplicate) == (True, waiting.id, False)
+    again = await sdk_client.publish(
+        "customer_reply", "T-1", {"text": "thanks"}, ttl=hour, message_id="hook-1"
+    )
+    assert again.duplicate and again.message_key == sent.message_key
+    done = await waiting.result(timeout=10)
+    assert done.variables["reply"] == {"text": "thanks"}
+    buffered = await sdk_client.publish("customer_reply", "T-2", ttl=timedelta(minutes=5))
+    assert not buffered.correlated and buffered.instance_id == ""

@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Unpack, overload
 
@@ -41,6 +41,7 @@ from .models import (
     Instance,
     InstanceState,
     JournalStep,
+    Publication,
     Resolution,
     UserTask,
 )
@@ -316,6 +317,24 @@ class AsyncEngineClient:
             lambda: self.stubs.processes.ListInstances, request, "instances", page_size
         ):
             yield Instance.from_proto(instance)
+
+    async def publish(
+        self,
+        name: str,
+        correlation_key: str,
+        variables: dict[str, Any] | None = None,
+        *,
+        ttl: timedelta = timedelta(0),
+        message_id: str = "",
+    ) -> Publication:
+        """Publish a message: it goes to the oldest instance waiting for `name` with this
+        `correlation_key`, or waits `ttl` in the buffer for one to arrive; a `message_id` sent again
+        within the ttl (a re-sent webhook) answers the first publication and delivers nothing."""
+        reply = await self.call(
+            lambda: self.stubs.processes.PublishMessage,
+            requests.publish_message(name, correlation_key, variables, ttl=ttl, message_id=message_id),
+        )
+        return Publication.from_proto(reply)
 
     async def cancel(self, instance_id: str, reason: str = "") -> Instance:
         reply = await self.call(

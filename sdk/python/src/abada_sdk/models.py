@@ -189,6 +189,22 @@ class HistoryEvent:
 
 
 @dataclass(frozen=True)
+class Publication:
+    """What became of a published message: correlated to an instance now, or buffered for its ttl."""
+
+    message_key: str
+    # The instance it went to; empty while it waits in the buffer.
+    instance_id: str
+    correlated: bool
+    # Its message_id repeated an earlier publication within the ttl: this is that one's answer.
+    duplicate: bool
+
+    @classmethod
+    def from_proto(cls, message: process_pb2.PublishMessageResponse) -> Publication:
+        return _copied(cls, message)
+
+
+@dataclass(frozen=True)
 class Incident:
     id: str
     type: str

@@ -154,6 +154,7 @@ class EngineClient:
     get = _blocking(AsyncEngineClient.get)
     history = _blocking(AsyncEngineClient.history)
     list_instances = _blocking(AsyncEngineClient.list_instances)
+    publish = _blocking(AsyncEngineClient.publish)
     cancel = _blocking(AsyncEngineClient.cancel)
     wait = _blocking(AsyncEngineClient.wait)
     incidents = _blocking(AsyncEngineClient.incidents)
