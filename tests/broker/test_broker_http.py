@@ -15,37 +15,10 @@ import httpx2
 import pytest
 import yaml
 from broker_support import CRM_CREDENTIAL, POOL
+from engine_helpers import support_triage
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKER = f"{POOL}/http-worker"
-TRIAGE = """
-tool_servers:
-  - name: crm
-    transport: streamable-http
-    url: {url}
-    credential: crm-token
-    tools:
-      get_customer:  {{ policy: read }}
-      create_ticket: {{ policy: write, idempotency: key }}
-processes:
-  - id: support_triage
-    start: triage
-    nodes:
-      - id: triage
-        type: agent
-        model: gemini-3.6-flash
-        prompt: Read the message from ${{customerId}}, look the customer up, open a ticket and answer in JSON.
-        inputs: {{ customerId: "${{customerId}}", message: "${{message}}" }}
-        tools: [crm/get_customer, crm/create_ticket]
-        result_variable: triage
-        output_schema: {{ type: object, required: [ticketId, priority] }}
-        confidence_threshold: 80
-        next: notify_customer
-      - {{ id: notify_customer, type: service, topic: notifications, next: done }}
-      - {{ id: done, type: end }}
-"""
-
-
 SCENARIO_STEP = """{
   "workerId": "agent-worker-1", "attempt": 1, "sequence": 4,
   "kind": "TOOL_CALL", "state": "STARTED", "toolRef": "crm/create_ticket",
@@ -87,7 +60,8 @@ def _ok(response: httpx2.Response) -> dict[str, Any]:
 async def _started_task(operator, worker, crm) -> tuple[str, dict[str, Any]]:
     _ok(
         await operator.post(
-            "/v1/definitions", json={"sourceName": "triage.yaml", "content": TRIAGE.format(url=crm.url)}
+            "/v1/definitions",
+            json={"sourceName": "triage.yaml", "content": support_triage(crm.url, review_on=())},
         )
     )
     started = _ok(
