@@ -359,8 +359,37 @@ def _check_fan_out(
             )
         joined_by[join_id] = fork_id
     for node_id, node in nodes.items():
+        timed = [node.on_deadline, node.on_approval_timeout, node.on_timeout]
+        if node.type in ("timer", "receive"):
+            timed.append(node.next)
+        for target in filter(None, timed):
+            fan = _decided_from(nodes, target) & {
+                n for n, f in nodes.items() if f.type in ("parallel", "join")
+            }
+            if fan:
+                checker.report(
+                    (*node_paths[node_id], "id"),
+                    f"a due time of {node_id!r} leads straight to {sorted(fan)[0]!r}: not supported yet "
+                    "(put a task before the fork)",
+                )
+    for node_id, node in nodes.items():
         if node.type == "join" and node_id not in joined_by:
             checker.report((*node_paths[node_id], "id"), f"join {node_id!r} is reached by no parallel branch")
+
+
+def _decided_from(nodes: dict[str, Node], first: str) -> set[str]:
+    """The nodes a token entering `first` reaches without waiting (through exclusive gateways)."""
+    reached: set[str] = set()
+    stack = [first]
+    while stack:
+        node_id = stack.pop()
+        node = nodes.get(node_id)
+        if node is None or node_id in reached:
+            continue
+        reached.add(node_id)
+        if node.type == "exclusive":
+            stack.extend(node.successors())
+    return reached
 
 
 def _branch_joins(nodes: dict[str, Node], first: str) -> tuple[set[str], str | None]:
@@ -380,6 +409,8 @@ def _branch_joins(nodes: dict[str, Node], first: str) -> tuple[set[str], str | N
             return joins, f"reaches end {node_id!r} before a join"
         elif node.type == "parallel":
             return joins, f"forks again at {node_id!r}: parallels inside a branch are not supported"
+        elif node.type in ("timer", "receive") or node.deadline_seconds or node.approval_timeout_seconds:
+            return joins, f"waits on a due time at {node_id!r}: not supported inside a branch yet"
         else:
             stack.extend(node.successors())
     return joins, None

@@ -217,14 +217,23 @@ def _fork(
 
 
 def leave_node(
-    process: Process, node: Node, variables: dict[str, Any], written: dict[str, Any]
+    process: Process,
+    node: Node,
+    variables: dict[str, Any],
+    written: dict[str, Any],
+    tokens_elsewhere: int | None = None,
 ) -> tuple[dict[str, Any], list[HistoryEntry], Advance]:
-    """A task node finished and wrote `written`: the new variables, the history of leaving, and the move on."""
+    """A task node finished and wrote `written`: the new variables, the history of leaving, and the move on
+    (`tokens_elsewhere` as `advance` takes it)."""
     new_variables = {**variables, **written}
     history = [HistoryEntry("VARIABLE_WRITTEN", node.id, {"name": k, "value": v}) for k, v in written.items()]
     history.append(HistoryEntry("NODE_COMPLETED", node.id))
     assert node.next is not None
-    return new_variables, history, advance(process, new_variables, node.next)
+    return (
+        new_variables,
+        history,
+        advance(process, new_variables, node.next, tokens_elsewhere=tokens_elsewhere),
+    )
 
 
 def evaluates_conditions(process: Process, node_id: str) -> bool:
