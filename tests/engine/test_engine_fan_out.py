@@ -32,6 +32,25 @@ processes:
       - { id: c, type: user_task, next: first }
       - { id: first, type: join, wait_for: any, next: done }
       - { id: done, type: end }
+  - id: timed
+    start: fork
+    nodes:
+      - { id: fork, type: parallel, branches: [pause, work] }
+      - { id: pause, type: timer, duration: PT1S, next: after }
+      - { id: after, type: service, topic: after-pause, next: both }
+      - { id: work, type: service, topic: timed-work, next: both }
+      - { id: both, type: join, next: done }
+      - { id: done, type: end }
+  - id: two_timers
+    start: fork
+    nodes:
+      - { id: fork, type: parallel, branches: [one, two] }
+      - { id: one, type: timer, duration: PT1S, next: after_one }
+      - { id: two, type: timer, duration: PT1S, next: after_two }
+      - { id: after_one, type: service, topic: after-timers, next: both }
+      - { id: after_two, type: service, topic: after-timers, next: both }
+      - { id: both, type: join, next: done }
+      - { id: done, type: end }
 """
 
 
@@ -169,3 +188,29 @@ async def test_an_incident_holds_its_branch_only(engine) -> None:
     await complete(engine, again, "w", {"quote_a": 10})
     [decide] = await fetch(engine, "w", "decide")
     assert plain(decide.variables) == {"quote_a": 10, "quote_b": 11, "quote_c": 12}
+
+
+async def test_a_timer_in_one_branch_fires_while_the_other_branch_works(engine) -> None:
+    await deploy(engine, QUOTES)
+    started = await start(engine, "timed")
+    assert sorted((await instance(engine, started.id)).active_node_ids) == ["pause", "work"]
+    [work] = await fetch(engine, "w", "timed-work")
+    await complete(engine, work, "w", {"worked": True})
+    [after] = await fetch(engine, "w", "after-pause", wait_ms=5_000)
+    await complete(engine, after, "w", {"paused": True})
+    done = await instance(engine, started.id)
+    assert done.state == process_pb2.INSTANCE_STATE_COMPLETED
+    assert plain(done.variables) == {"worked": True, "paused": True}
+
+
+async def test_two_branches_timers_due_together_both_fire(engine) -> None:
+    await deploy(engine, QUOTES)
+    started = await start(engine, "two_timers")
+    fetched: list[external_task_pb2.ExternalTask] = []
+    for _ in range(20):
+        fetched += await fetch(engine, "w", "after-timers", max_tasks=2, wait_ms=1_000)
+        if len(fetched) == 2:
+            break
+    assert sorted(t.node_id for t in fetched) == ["after_one", "after_two"]
+    history = await history_types(engine, started.id)
+    assert ("TIMER_FIRED", "one") in history and ("TIMER_FIRED", "two") in history

@@ -117,6 +117,14 @@ processes:
             "- { id: done, type: end }",
             "'most' is not one of: all, any",
         ),
+        (
+            "- { id: f, type: parallel, branches: [a, b] }\n"
+            "- { id: a, type: timer, duration: PT1S, next: j }\n"
+            "- { id: b, type: service, topic: t, next: j }\n"
+            "- { id: j, type: join, next: done }\n"
+            "- { id: done, type: end }",
+            "leads straight to 'j': not supported yet",
+        ),
     ],
 )
 def test_fan_out_shapes_the_engine_cannot_join_are_refused_at_deploy(nodes: str, says: str) -> None:

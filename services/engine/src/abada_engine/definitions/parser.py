@@ -409,8 +409,6 @@ def _branch_joins(nodes: dict[str, Node], first: str) -> tuple[set[str], str | N
             return joins, f"reaches end {node_id!r} before a join"
         elif node.type == "parallel":
             return joins, f"forks again at {node_id!r}: parallels inside a branch are not supported"
-        elif node.type in ("timer", "receive") or node.deadline_seconds or node.approval_timeout_seconds:
-            return joins, f"waits on a due time at {node_id!r}: not supported inside a branch yet"
         else:
             stack.extend(node.successors())
     return joins, None
