@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import grpc
+import httpx2
 import pytest
 from abada.engine.v1 import external_task_pb2, lease_pb2, lease_pb2_grpc, process_pb2, process_pb2_grpc
 from bearer import BearerToken
@@ -314,3 +315,21 @@ async def test_a_publisher_publishes_only_the_messages_it_is_named_for(engine, e
         with pytest.raises(grpc.aio.AioRpcError) as starting:
             await helpdesk.StartInstance(process_pb2.StartInstanceRequest(process_id="reply"))
         assert error_info(starting.value).reason == "ROLE_REQUIRED"
+
+
+async def test_a_webhook_publishes_over_http_and_a_resend_is_answered_with_the_first(
+    engine, engine_http, engine_tokens
+):
+    await deploy(engine, FLOWS)
+    waiting = await start(engine, "reply", ticket={"id": "T-8"})
+    headers = {"authorization": f"Bearer {engine_tokens.publisher}"}
+    async with httpx2.AsyncClient(base_url=engine_http, headers=headers) as client:
+        listed = await client.get("/v1/instances", params={"waitingFor": "MESSAGE"})
+        assert listed.status_code == 403  # a publisher publishes, and reads nothing
+        body = {"name": "customer_reply", "correlationKey": "T-8", "ttl": "3600s", "messageId": "hook-1"}
+        first = await client.post("/v1/messages:publish", json={**body, "variables": {"text": "yes"}})
+        again = await client.post("/v1/messages:publish", json={**body, "variables": {"text": "yes"}})
+    assert first.status_code == 200, first.text
+    assert first.json()["instanceId"] == waiting.id and first.json()["correlated"] is True
+    assert again.json()["duplicate"] is True and again.json()["messageKey"] == first.json()["messageKey"]
+    assert plain((await instance(engine, waiting.id)).variables)["reply"] == {"text": "yes"}
