@@ -109,6 +109,10 @@ class FailResult:
     incident_id: uuid.UUID | None
 
 
+# How many times a Complete reads the instance again when it moved between the read and the write.
+_CAREFUL_TRIES = 5
+
+
 class Completions:
     def __init__(
         self,
@@ -156,19 +160,22 @@ class Completions:
                 done = None  # say nothing before the lease is proven: the careful path decides
             if done is not None:
                 return done
-        async with self._hot.connect() as conn:
-            held = await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
-        done = await self._judge_and_move(
-            held, worker_id, lease_token, variables, metadata, invalid_output_reason, large_output
-        )
-        if done is None:
-            # The lease or the instance changed between the read and the write; say how.
+        # Read, then write; again while the instance moved in between (the other branches of a
+        # parallel move it too), a few times: each miss means another token moved on meanwhile.
+        for _ in range(_CAREFUL_TRIES):
             async with self._hot.connect() as conn:
-                await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
-            raise EngineError(
-                Category.ABORTED, ErrorReason.CONCURRENT_CHANGE, f"task {task_id} changed; try again"
+                held = await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
+            done = await self._judge_and_move(
+                held, worker_id, lease_token, variables, metadata, invalid_output_reason, large_output
             )
-        return done
+            if done is not None:
+                return done
+        # The lease or the instance changed between the read and the write; say how.
+        async with self._hot.connect() as conn:
+            await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
+        raise EngineError(
+            Category.ABORTED, ErrorReason.CONCURRENT_CHANGE, f"task {task_id} changed; try again"
+        )
 
     async def _move_many(self, moves: Sequence[TokenMove]) -> list[bool]:
         """One batch of the Completes' group commit. A second move of an instance in the batch is not
