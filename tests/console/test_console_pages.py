@@ -193,6 +193,27 @@ async def test_an_operator_resolves_an_incident_with_a_reason(client, engine, en
     assert [t.instance_id for t in await fetch(engine, "w", "billing")] == [started.instance.id]
 
 
+async def test_an_instance_page_lists_every_branch_token(client, engine, engine_tokens) -> None:  # type: ignore[no-untyped-def]
+    await deploy(
+        engine,
+        """
+processes:
+  - id: forked
+    start: fork
+    nodes:
+      - { id: fork, type: parallel, branches: [left, right] }
+      - { id: left, type: service, topic: left, next: both }
+      - { id: right, type: service, topic: right, next: both }
+      - { id: both, type: join, next: done }
+      - { id: done, type: end }
+""",
+    )
+    started = await engine.processes.StartInstance(process_pb2.StartInstanceRequest(process_id="forked"))
+    await sign_in(client, engine_tokens.operator)
+    page = await client.get(f"/console/instances/{started.instance.id}")
+    assert re.search(r'id="active-nodes">left, right<', page.text), page.text
+
+
 async def test_a_user_task_is_completed_with_a_form_from_the_reviewed_output_schema(  # type: ignore[no-untyped-def]
     client, engine, engine_tokens
 ) -> None:

@@ -149,6 +149,7 @@ def instance(value: InstanceView) -> process_pb2.Instance:
         end_time=timestamp(value.ended_at),
         open_incidents=value.open_incidents,
         waits=[wait(w) for w in value.waits],
+        active_node_ids=list(value.active_node_ids),
     )
 
 

@@ -194,6 +194,8 @@ def instance_card(instance: process_pb2.Instance, events: Sequence[process_pb2.H
             ("process", f"{instance.process_id} v{instance.version} (definition {instance.definition_id})"),
             ("state", instance_state(instance.state)),
             ("current node", instance.current_node_id or EMPTY),
+            # Several between a parallel and its join: every branch's token, where it rests.
+            ("active tokens at", ", ".join(instance.active_node_ids) or EMPTY),
             ("business key", instance.business_key or EMPTY),
             ("started", moment(instance.create_time)),
             ("ended", moment(instance.end_time)),

@@ -9,8 +9,23 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-NodeType = Literal["agent", "service", "exclusive", "user_task", "timer", "receive", "end"]
-NODE_TYPES: tuple[str, ...] = ("agent", "service", "exclusive", "user_task", "timer", "receive", "end")
+NodeType = Literal[
+    "agent", "service", "exclusive", "user_task", "timer", "receive", "parallel", "join", "end"
+]
+NODE_TYPES: tuple[str, ...] = (
+    "agent",
+    "service",
+    "exclusive",
+    "user_task",
+    "timer",
+    "receive",
+    "parallel",
+    "join",
+    "end",
+)
+# How a join lets the token on: when every branch of its fork arrived, or when the first one did (the
+# other branches' tasks are withdrawn).
+JOIN_WAITS: tuple[str, ...] = ("all", "any")
 # The nodes a token waits in for a worker, a person or the world: each may carry a deadline.
 WAITING_NODE_TYPES: tuple[str, ...] = ("agent", "service", "user_task", "receive")
 AGENT_TOPIC = "abada:agent"
@@ -140,7 +155,9 @@ def _on(*node_types: str, key: str = "") -> dict[str, Any]:
 class Node:
     id: str = field(metadata=_on(*NODE_TYPES))
     type: str = field(metadata=_on(*NODE_TYPES))
-    next: str | None = field(default=None, metadata=_on("agent", "service", "user_task", "timer", "receive"))
+    next: str | None = field(
+        default=None, metadata=_on("agent", "service", "user_task", "timer", "receive", "join")
+    )
     # service and agent nodes
     topic: str | None = field(default=None, metadata=_on("service"))
     inputs: dict[str, Any] | None = field(default=None, metadata=_on("agent", "service", "user_task"))
@@ -186,6 +203,11 @@ class Node:
     # exclusive nodes
     branches: tuple[Branch, ...] = field(default=(), metadata=_on("exclusive"))
     default: str | None = field(default=None, metadata=_on("exclusive"))
+    # parallel nodes: the first node of each branch, every one of which gets a token of its own. The
+    # YAML says `branches: [a, b]`, a list of node ids (an exclusive's branches are {when, next}).
+    forks: tuple[str, ...] = field(default=(), metadata=_on("parallel", key="branches"))
+    # join nodes: "all" or "any" (JOIN_WAITS).
+    wait_for: str | None = field(default=None, metadata=_on("join"))
 
     def successors(self) -> list[str]:
         """Every node the token can move to from here, for reachability checks."""
@@ -193,6 +215,7 @@ class Node:
         targets += [self.on_timeout, self.on_deadline]
         targets.append(self.default)
         targets += [branch.next for branch in self.branches]
+        targets += self.forks
         return [t for t in targets if t]
 
     def to_json(self) -> dict[str, Any]:
@@ -200,6 +223,7 @@ class Node:
         data["limits"] = self.limits.to_json()
         data["tools"] = list(self.tools)
         data["branches"] = [asdict(b) for b in self.branches]
+        data["forks"] = list(self.forks)
         return {k: v for k, v in data.items() if v not in (None, [], ())}
 
     @staticmethod
@@ -207,6 +231,7 @@ class Node:
         values = dict(data)
         values["tools"] = tuple(values.get("tools", ()))
         values["branches"] = tuple(Branch(**b) for b in values.get("branches", ()))
+        values["forks"] = tuple(values.get("forks", ()))
         values["limits"] = Limits(**values.get("limits", {}))
         return Node(**values)
 

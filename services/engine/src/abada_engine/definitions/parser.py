@@ -21,6 +21,7 @@ from .checker import Checker, kind
 from .expressions import cel_syntax_error, reference_syntax_errors
 from .model import (
     AGENT_TOPIC,
+    JOIN_WAITS,
     NODE_KEYS,
     NODE_TYPES,
     WAITING_NODE_TYPES,
@@ -294,6 +295,8 @@ def _check_process(
                 (*node_paths[node_id], "limits", "max_cost_usd"),
                 f"needs prices: model {node.model!r} is not a profile in models:",
             )
+    if len(checker.problems) == problems_before:
+        _check_fan_out(checker, nodes, node_paths)
     used = {node.model: models[node.model] for node in nodes.values() if node.model in models}
     return Process(process_id, start, nodes, used, max_cost_usd, input_schema, unique_business_key)
 
@@ -313,6 +316,102 @@ def _targets(node: Node, path: tuple[str | int, ...]) -> Iterator[tuple[tuple[st
             yield (*path, key), target
     for index, branch in enumerate(node.branches):
         yield (*path, "branches", index, "next"), branch.next
+    for index, first in enumerate(node.forks):
+        yield (*path, "branches", index), first
+
+
+def _check_forks(checker: Checker, data: dict[str, Any], path: tuple[str | int, ...]) -> tuple[str, ...]:
+    raw = data.get("branches")
+    if not isinstance(raw, list) or len(raw) < 2 or not all(isinstance(item, str) and item for item in raw):
+        checker.report((*path, "branches"), "must be a list of at least two node ids")
+        return ()
+    if len(set(raw)) != len(raw):
+        checker.report((*path, "branches"), "names a node twice: each branch is a token of its own")
+        return ()
+    return tuple(raw)
+
+
+def _check_fan_out(
+    checker: Checker, nodes: dict[str, Node], node_paths: dict[str, tuple[str | int, ...]]
+) -> None:
+    """Every branch of a `parallel` reaches the same `join` on every path, and every join is reached by
+    exactly one parallel: a join knows whose tokens it waits for. A branch that ends the instance, or
+    forks again, is refused (a branch's tokens are counted against its one join)."""
+    joined_by: dict[str, str] = {}
+    for fork_id, fork in nodes.items():
+        if fork.type != "parallel":
+            continue
+        path = node_paths[fork_id]
+        joins: set[str] = set()
+        for index, first in enumerate(fork.forks):
+            reached, problem = _branch_joins(nodes, first)
+            if problem:
+                checker.report((*path, "branches", index), f"branch {first!r} of {fork_id!r} {problem}")
+            joins |= reached
+        if len(joins) != 1:
+            named = ", ".join(sorted(repr(j) for j in joins)) or "none"
+            checker.report((*path, "branches"), f"must all reach one join on every path (they reach {named})")
+            continue
+        [join_id] = joins
+        if join_id in joined_by:
+            checker.report(
+                (*node_paths[join_id], "id"), f"is reached by both {joined_by[join_id]!r} and {fork_id!r}"
+            )
+        joined_by[join_id] = fork_id
+    for node_id, node in nodes.items():
+        timed = [node.on_deadline, node.on_approval_timeout, node.on_timeout]
+        if node.type in ("timer", "receive"):
+            timed.append(node.next)
+        for target in filter(None, timed):
+            fan = _decided_from(nodes, target) & {
+                n for n, f in nodes.items() if f.type in ("parallel", "join")
+            }
+            if fan:
+                checker.report(
+                    (*node_paths[node_id], "id"),
+                    f"a due time of {node_id!r} leads straight to {sorted(fan)[0]!r}: not supported yet "
+                    "(put a task before the fork)",
+                )
+    for node_id, node in nodes.items():
+        if node.type == "join" and node_id not in joined_by:
+            checker.report((*node_paths[node_id], "id"), f"join {node_id!r} is reached by no parallel branch")
+
+
+def _decided_from(nodes: dict[str, Node], first: str) -> set[str]:
+    """The nodes a token entering `first` reaches without waiting (through exclusive gateways)."""
+    reached: set[str] = set()
+    stack = [first]
+    while stack:
+        node_id = stack.pop()
+        node = nodes.get(node_id)
+        if node is None or node_id in reached:
+            continue
+        reached.add(node_id)
+        if node.type == "exclusive":
+            stack.extend(node.successors())
+    return reached
+
+
+def _branch_joins(nodes: dict[str, Node], first: str) -> tuple[set[str], str | None]:
+    """The joins a branch starting at `first` reaches, or what is wrong with it."""
+    joins: set[str] = set()
+    seen: set[str] = set()
+    stack = [first]
+    while stack:
+        node_id = stack.pop()
+        node = nodes.get(node_id)
+        if node is None or node_id in seen:
+            continue
+        seen.add(node_id)
+        if node.type == "join":
+            joins.add(node_id)
+        elif node.type == "end":
+            return joins, f"reaches end {node_id!r} before a join"
+        elif node.type == "parallel":
+            return joins, f"forks again at {node_id!r}: parallels inside a branch are not supported"
+        else:
+            stack.extend(node.successors())
+    return joins, None
 
 
 def _reachable(nodes: dict[str, Node], start: str) -> set[str]:
@@ -345,7 +444,7 @@ def _check_node(
     node_id = checker.string(data, "id", path, pattern=_IDENTIFIER, what="node id")
     if node_id is None:
         return None
-    needs_next = node_type in ("agent", "service", "user_task", "timer", "receive")
+    needs_next = node_type in ("agent", "service", "user_task", "timer", "receive", "join")
     next_node = checker.string(data, "next", path, required=needs_next)
     inputs = data.get("inputs")
     if inputs is not None:
@@ -368,6 +467,13 @@ def _check_node(
         values.update(_check_agent(checker, data, path, servers, models))
     elif node_type == "exclusive":
         values["branches"], values["default"] = _check_branches(checker, data, path)
+    elif node_type == "parallel":
+        values["forks"] = _check_forks(checker, data, path)
+    elif node_type == "join":
+        wait_for = checker.string(data, "wait_for", path, required=False) or "all"
+        if wait_for not in JOIN_WAITS:
+            checker.report((*path, "wait_for"), f"{wait_for!r} is not one of: {', '.join(JOIN_WAITS)}")
+        values["wait_for"] = wait_for
     elif node_type == "timer":
         values.update(_check_timer(checker, data, path))
     elif node_type == "receive":

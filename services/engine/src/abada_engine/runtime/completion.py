@@ -9,6 +9,7 @@ row lock.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import uuid
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ from abada_engine.runtime.flow.navigator import (
     Advance,
     HistoryEntry,
     IncidentToRaise,
+    JoinNeedsTokens,
     advance,
     evaluates_conditions,
     leave_node,
@@ -44,6 +46,7 @@ from abada_engine.runtime.flow.tokens import (
     advance_move,
     applied_advance,
     history_record,
+    move_through_join,
     write_history,
 )
 from abada_engine.runtime.incident_types import FAILED_TASK, reserved_for_the_engine
@@ -106,6 +109,10 @@ class FailResult:
     incident_id: uuid.UUID | None
 
 
+# How many times a Complete reads the instance again when it moved between the read and the write.
+_CAREFUL_TRIES = 5
+
+
 class Completions:
     def __init__(
         self,
@@ -153,19 +160,22 @@ class Completions:
                 done = None  # say nothing before the lease is proven: the careful path decides
             if done is not None:
                 return done
-        async with self._hot.connect() as conn:
-            held = await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
-        done = await self._judge_and_move(
-            held, worker_id, lease_token, variables, metadata, invalid_output_reason, large_output
-        )
-        if done is None:
-            # The lease or the instance changed between the read and the write; say how.
+        # Read, then write; again while the instance moved in between (the other branches of a
+        # parallel move it too), a few times: each miss means another token moved on meanwhile.
+        for _ in range(_CAREFUL_TRIES):
             async with self._hot.connect() as conn:
-                await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
-            raise EngineError(
-                Category.ABORTED, ErrorReason.CONCURRENT_CHANGE, f"task {task_id} changed; try again"
+                held = await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
+            done = await self._judge_and_move(
+                held, worker_id, lease_token, variables, metadata, invalid_output_reason, large_output
             )
-        return done
+            if done is not None:
+                return done
+        # The lease or the instance changed between the read and the write; say how.
+        async with self._hot.connect() as conn:
+            await hold_lease(conn, task_id, worker_id, lease_token, lock=False)
+        raise EngineError(
+            Category.ABORTED, ErrorReason.CONCURRENT_CHANGE, f"task {task_id} changed; try again"
+        )
 
     async def _move_many(self, moves: Sequence[TokenMove]) -> list[bool]:
         """One batch of the Completes' group commit. A second move of an instance in the batch is not
@@ -221,63 +231,83 @@ class Completions:
                 "verdict": decision.verdict.value,
             },
         )
-        preceding = [completed]
-        new_variables: dict[str, Any] | None = None
-        if decision.verdict is Verdict.ACCEPTED:
-            assert node.next is not None
-            new_variables, leaving, moved = await run_cpu_work(
-                evaluates_conditions(definition.process, node.next),
-                leave_node,
-                definition.process,
-                node,
-                held.variables,
-                variables,
-            )
-            preceding += leaving
-        else:
-            rejected = {
-                "verdict": decision.verdict.value,
-                "reason": decision.reason,
-                "output": variables,
-                "confidence": metadata.confidence,
-            }
-            preceding.append(HistoryEntry("OUTPUT_REJECTED", node.id, rejected))
-            if decision.route is not None:
-                moved = await run_cpu_work(
-                    evaluates_conditions(definition.process, decision.route),
-                    advance,
+
+        async def decide(tokens_elsewhere: int | None) -> TokenMove:
+            preceding = [completed]
+            written: dict[str, Any] | None = None
+            if decision.verdict is Verdict.ACCEPTED:
+                assert node.next is not None
+                _, leaving, moved = await run_cpu_work(
+                    evaluates_conditions(definition.process, node.next),
+                    leave_node,
                     definition.process,
+                    node,
                     held.variables,
-                    decision.route,
-                    {"rejected": rejected},
+                    variables,
+                    tokens_elsewhere,
                 )
+                # Only what this task wrote: a branch moving beside it keeps what it wrote meanwhile.
+                written = variables
+                preceding += leaving
             else:
-                # No route: an incident holds the instance at this node; nothing of the output is kept.
-                moved = Advance(
-                    current_node_id=node.id,
-                    incident=IncidentToRaise(
-                        node.id,
-                        decision.incident_type,
-                        decision.reason,
-                        {"output": variables, "confidence": metadata.confidence},
-                        task_id=task_id,
-                    ),
+                rejected = {
+                    "verdict": decision.verdict.value,
+                    "reason": decision.reason,
+                    "output": variables,
+                    "confidence": metadata.confidence,
+                }
+                preceding.append(HistoryEntry("OUTPUT_REJECTED", node.id, rejected))
+                if decision.route is not None:
+                    moved = await run_cpu_work(
+                        evaluates_conditions(definition.process, decision.route),
+                        functools.partial(advance, tokens_elsewhere=tokens_elsewhere),
+                        definition.process,
+                        held.variables,
+                        decision.route,
+                        {"rejected": rejected},
+                    )
+                else:
+                    # No route: an incident holds the instance at this node; nothing of the output is kept.
+                    moved = Advance(
+                        current_node_id=node.id,
+                        incident=IncidentToRaise(
+                            node.id,
+                            decision.incident_type,
+                            decision.reason,
+                            {"output": variables, "confidence": metadata.confidence},
+                            task_id=task_id,
+                        ),
+                    )
+            return advance_move(
+                instance_id=held.instance_id,
+                advance=moved,
+                variables=written,
+                preceding=preceding,
+                preceding_task_id=task_id,
+                finished_task_id=task_id,
+                guard=LeaseGuard(worker_id, hash_token(lease_token), held.instance_xmin),
+                # A rejected answer without a route is held, not finished: a retry re-asks the model
+                # on the same journal, re-running no tool.
+                finished_state=TaskState.COMPLETED
+                if decision.verdict is Verdict.ACCEPTED or decision.route
+                else TaskState.INCIDENT,
+            )
+
+        try:
+            move: TokenMove | None = await decide(None)
+        except JoinNeedsTokens:
+            move = None
+        if move is None or move.branches or move.withdraws_other_branches:
+            # A fork or a join: decided on the instance's live tokens, locked, in a transaction.
+            async with self._engine.begin() as conn:
+                move, written = await move_through_join(
+                    conn, held.instance_id, task_id, held.instance_xmin, decide
                 )
-        move = advance_move(
-            instance_id=held.instance_id,
-            advance=moved,
-            variables=new_variables,
-            preceding=preceding,
-            preceding_task_id=task_id,
-            finished_task_id=task_id,
-            guard=LeaseGuard(worker_id, hash_token(lease_token), held.instance_xmin),
-            # A rejected answer without a route is held, not finished: a retry re-asks the model
-            # on the same journal, re-running no tool.
-            finished_state=TaskState.COMPLETED
-            if decision.verdict is Verdict.ACCEPTED or decision.route
-            else TaskState.INCIDENT,
-        )
-        applied = applied_advance(move, await self._moves.submit(move))
+                if not written:
+                    await conn.rollback()
+            applied = applied_advance(move, written)
+        else:
+            applied = applied_advance(move, await self._moves.submit(move))
         if not applied.applied:
             return None
         routed = decision.verdict is not Verdict.ACCEPTED and decision.route is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -15,14 +16,21 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid, not_found
-from abada_engine.runtime.flow.navigator import HistoryEntry, advance
-from abada_engine.runtime.flow.tokens import advance_move, apply_move, history_record, write_history
+from abada_engine.runtime.flow.navigator import HistoryEntry, JoinNeedsTokens, advance
+from abada_engine.runtime.flow.tokens import (
+    advance_move,
+    apply_move,
+    history_record,
+    move_through_join,
+    write_history,
+)
 from abada_engine.runtime.instances import cancel_instance
 from abada_engine.runtime.views import IncidentView
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.incidents import IncidentRow, ListedIncident
+from abada_engine.store.moves import TokenMove
 from abada_engine.store.states import IncidentState, InstanceState
 
 RESOLUTIONS = ("RETRY", "HAPPENED", "DID_NOT_HAPPEN", "CANCEL_INSTANCE")
@@ -202,10 +210,30 @@ class Incidents:
             conn, row.task_id, retries_left=node.retries
         ):
             return
-        moved = await asyncio.to_thread(advance, definition.process, instance.variables, node.id)
-        await apply_move(
-            conn, advance_move(instance_id=row.instance_id, advance=moved, variables=None, preceding=[])
-        )
+
+        async def decide(tokens_elsewhere: int | None) -> TokenMove:
+            moved = await asyncio.to_thread(
+                functools.partial(advance, tokens_elsewhere=tokens_elsewhere),
+                definition.process,
+                instance.variables,
+                node.id,
+            )
+            return advance_move(instance_id=row.instance_id, advance=moved, variables=None, preceding=[])
+
+        async def decide_beside_this_incident(live: int) -> TokenMove:
+            # The incident still open (closed after this) is this very token, not another branch's.
+            return await decide(live - 1 if row.task_id is None else live)
+
+        try:
+            move: TokenMove | None = await decide(None)
+        except JoinNeedsTokens:
+            move = None
+        if move is None or move.withdraws_other_branches:
+            await move_through_join(
+                conn, row.instance_id, row.task_id, None, decide_beside_this_incident, instance_locked=True
+            )
+        else:
+            await apply_move(conn, move)
 
 
 # These ask a person what happened in the world; a blind retry is exactly what they exist to prevent.

@@ -21,25 +21,38 @@ from abada_engine.definitions.model import Process
 from abada_engine.definitions.schemas import input_problem
 from abada_engine.errors import Category, EngineError, invalid, not_found
 from abada_engine.ids import new_id
-from abada_engine.runtime.flow.navigator import HistoryEntry, advance, evaluates_conditions, leave_node
+from abada_engine.runtime.flow.navigator import (
+    HistoryEntry,
+    JoinNeedsTokens,
+    advance,
+    evaluates_conditions,
+    leave_node,
+)
 from abada_engine.runtime.flow.tokens import (
     advance_move,
     apply_move,
     history_record,
+    move_through_join,
     start_move,
+    withdraw_tokens,
     write_history,
 )
 from abada_engine.runtime.offload import run_cpu_check, run_cpu_work
 from abada_engine.runtime.views import HistoryView, InstanceView, UserTaskView, WaitView
-from abada_engine.store import approvals as approval_store
 from abada_engine.store import history as history_store
-from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store import timers as timer_store
+from abada_engine.store import tokens as token_store
 from abada_engine.store.hand_written import HotPath
 from abada_engine.store.instances import ListedInstance
-from abada_engine.store.moves import NewInstance, StartToWrite, start_instance_once, start_instances
+from abada_engine.store.moves import (
+    NewInstance,
+    StartToWrite,
+    TokenMove,
+    start_instance_once,
+    start_instances,
+)
 from abada_engine.store.states import InstanceState, TaskKind, TaskState
 
 log = logging.getLogger(__name__)
@@ -134,7 +147,8 @@ class Instances:
                 business_key,
             )
             write = StartToWrite(new, start_move(instance_id, moved, [started]), must_be_latest=not version)
-            if request_id or process.unique_business_key:
+            # A start that forks writes its branches beside the instance: in a transaction of its own.
+            if request_id or process.unique_business_key or write.first_move.branches:
                 created_at = await self._start_once(write, request_id, process.unique_business_key)
                 if isinstance(created_at, InstanceView):
                     return Started(created_at, already_started=True)
@@ -205,9 +219,12 @@ class Instances:
         async with self._reads.connect() as conn:
             rows = await instance_store.listed(conn, instance_id=instance_id, limit=1)
             waits = await timer_store.waits_of_instance(conn, instance_id) if rows else []
+            active = await token_store.active_nodes(conn, instance_id) if rows else []
         if not rows:
             raise not_found("instance", str(instance_id), "instance_id")
-        return replace(_view(rows[0]), waits=tuple(WaitView(**asdict(w)) for w in waits))
+        return replace(
+            _view(rows[0]), waits=tuple(WaitView(**asdict(w)) for w in waits), active_node_ids=tuple(active)
+        )
 
     async def list(
         self,
@@ -277,20 +294,30 @@ class Instances:
             definition = await self._catalog.get(row.definition_id)
             node = definition.process.node(row.node_id)
             await task_store.mark_user_task_completed(conn, user_task_id)
-            new_variables, leaving, moved = await asyncio.to_thread(
-                leave_node, definition.process, node, row.variables, variables
-            )
-            preceding = [HistoryEntry("USER_TASK_COMPLETED", node.id), *leaving]
-            await apply_move(
-                conn,
-                advance_move(
+
+            async def decide(tokens_elsewhere: int | None) -> TokenMove:
+                _, leaving, moved = await asyncio.to_thread(
+                    leave_node, definition.process, node, row.variables, variables, tokens_elsewhere
+                )
+                return advance_move(
                     instance_id=row.instance_id,
                     advance=moved,
-                    variables=new_variables,
-                    preceding=preceding,
+                    # Only what the person wrote: a branch moving beside this one keeps its writes.
+                    variables=variables,
+                    preceding=[HistoryEntry("USER_TASK_COMPLETED", node.id), *leaving],
                     preceding_task_id=user_task_id,
-                ),
-            )
+                )
+
+            try:
+                move: TokenMove | None = await decide(None)
+            except JoinNeedsTokens:
+                move = None
+            if move is None or move.withdraws_other_branches:
+                await move_through_join(
+                    conn, row.instance_id, user_task_id, None, decide, instance_locked=True
+                )
+            else:
+                await apply_move(conn, move)
             instance_id = row.instance_id
         return await self.get(instance_id)
 
@@ -323,11 +350,7 @@ async def cancel_instance(conn: AsyncConnection, instance_id: uuid.UUID, reason:
             f"instance {instance_id} is {instance.state.lower()}",
             field="instance_id",
         )
-    await task_store.cancel_open_tasks(conn, instance_id)
-    await incident_store.close_all_of_instance(conn, instance_id)
-    await approval_store.cancel_pending_of_instance(
-        conn, instance_id, f"the instance was cancelled: {reason}"
-    )
+    await withdraw_tokens(conn, instance_id, f"the instance was cancelled: {reason}")
     await instance_store.mark_canceled(conn, instance_id)
     await write_history(
         conn, [history_record(instance_id, HistoryEntry("INSTANCE_CANCELED", None, {"reason": reason}))]

@@ -25,6 +25,9 @@ class InstanceView:
     open_incidents: int = 0
     # Its timers, receives and deadlines (GetInstance only).
     waits: tuple[WaitView, ...] = ()
+    # Where its live tokens rest, one entry a token (GetInstance only): several between a `parallel`
+    # and its join, else the one current node while active.
+    active_node_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -67,24 +67,24 @@ class Waits:
             due = await timer_store.claim_due(conn, limit)
             moves: list[TokenMove] = []
             fired: list[tuple[timer_store.DueTimer, Definition]] = []
-            moving: set[uuid.UUID] = set()
+            moving: set[uuid.UUID] = set()  # tasks
             for index, timer in enumerate(due):
                 if index % _YIELD_EVERY == _YIELD_EVERY - 1:
                     # Deciding the moves is Python on the event loop: let the calls it serves in between
                     # (a FetchAndLock, a Complete) run, rather than wait for the whole batch.
                     await asyncio.sleep(0)
-                # One move per instance per statement; a second due time of the same wait (a receive's
-                # timeout and its deadline together) finds the task gone once the first moved it.
+                # One move per task: a second due time of the same wait (a receive's timeout and its
+                # deadline together) finds the task gone once the first moved it.
                 if not timer.instance_active or timer.task_state not in OPEN_TASK_STATES:
                     continue
-                if timer.instance_id in moving:
+                if timer.task_id in moving:
                     continue
-                moving.add(timer.instance_id)
+                moving.add(timer.task_id)
                 definition = await self._catalog.get(timer.definition_id)
                 moves.append(_fired_move(definition.process, timer))
                 fired.append((timer, definition))
             if moves:
-                written = await move_tokens(conn, moves)
+                written = await _move_in_rounds(conn, moves)
                 withdrawn = [
                     (timer, definition)
                     for (timer, definition), applied in zip(fired, written, strict=True)
@@ -187,7 +187,8 @@ class Waits:
             advance_move(
                 instance_id=receive.instance_id,
                 advance=advance(definition.process, new_variables, node.next),
-                variables=new_variables,
+                # Only what the message wrote: a branch moving beside this one keeps its writes.
+                variables=written,
                 preceding=history,
                 preceding_task_id=receive.task_id,
                 finished_task_id=receive.task_id,
@@ -238,6 +239,22 @@ _FIRED = {
     TimerKind.RECEIVE_TIMEOUT: ("MESSAGE_TIMED_OUT", TaskState.CANCELED),
     TimerKind.DEADLINE: ("DEADLINE_PASSED", TaskState.CANCELED),
 }
+
+
+async def _move_in_rounds(conn: AsyncConnection, moves: list[TokenMove]) -> list[bool]:
+    """Write the moves, one move per instance per statement (the statement's rule): the due times of
+    two parallel branches of one instance are written one after the other, in the same transaction."""
+    written = [False] * len(moves)
+    pending = list(range(len(moves)))
+    while pending:
+        first_of: dict[uuid.UUID, int] = {}
+        for index in pending:
+            first_of.setdefault(moves[index].instance_id, index)
+        now = list(first_of.values())
+        for index, ok in zip(now, await move_tokens(conn, [moves[i] for i in now]), strict=True):
+            written[index] = ok
+        pending = [i for i in pending if i not in first_of.values()]
+    return written
 
 
 def _fired_move(process: Process, timer: timer_store.DueTimer) -> TokenMove:

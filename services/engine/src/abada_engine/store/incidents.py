@@ -18,6 +18,7 @@ from .hand_written import typed
 from .states import IncidentState, is_
 
 INSTANCE_CANCELED = "INSTANCE_CANCELED"  # the resolution recorded on incidents closed by a cancel
+BRANCH_WITHDRAWN = "BRANCH_WITHDRAWN"  # ... and on those of branches a join on `any` withdrew
 
 
 @dataclass(slots=True)
@@ -91,11 +92,13 @@ async def close_open_of_task(conn: AsyncConnection, task_id: uuid.UUID, resoluti
     )
 
 
-async def close_all_of_instance(conn: AsyncConnection, instance_id: uuid.UUID) -> None:
+async def close_all_of_instance(
+    conn: AsyncConnection, instance_id: uuid.UUID, resolution: str = INSTANCE_CANCELED
+) -> None:
     await conn.execute(
         update(incidents)
         .where(incidents.c.instance_id == instance_id, is_(incidents.c.state, IncidentState.OPEN))
-        .values(state=IncidentState.RESOLVED, resolved_at=func.now(), resolution=INSTANCE_CANCELED)
+        .values(state=IncidentState.RESOLVED, resolved_at=func.now(), resolution=resolution)
     )
 
 

@@ -4,7 +4,7 @@ the instance, and write the history, all or nothing."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -88,6 +88,11 @@ class TokenMove:
     guard: LeaseGuard | None = None
     # Move only if the finished task is still open (a due time that fired after the task moved on).
     only_if_open: bool = False
+    # A `parallel` forked: a move per branch (its task or incident and history), written with this one
+    # and only if it is (`move_token`, `start_instances`: in the caller's transaction, never grouped).
+    branches: tuple[TokenMove, ...] = ()
+    # A join on `any` let this token through: the other branches are withdrawn before it is written.
+    withdraws_other_branches: bool = False
 
 
 # A new due time: at the given time, or the given seconds after now (the database's clock, which every
@@ -174,7 +179,7 @@ MOVE_TOKENS = HandWritten(
     moved AS (
         UPDATE instances i
         SET current_node_id = p.current_node,
-            variables = COALESCE(p.variables, i.variables),
+            variables = CASE WHEN p.variables IS NULL THEN i.variables ELSE i.variables || p.variables END,
             state = CASE WHEN p.completed THEN '{InstanceState.COMPLETED}' ELSE i.state END,
             ended_at = CASE WHEN p.completed THEN now() ELSE i.ended_at END
         FROM proceed p WHERE i.id = p.instance_id
@@ -203,6 +208,7 @@ async def move_tokens(conn: Executor, moves: list[TokenMove]) -> list[bool]:
     """Write many moves in one statement, each under its own guard; per move, whether it was written.
     At most one move per instance (and so per task) in a call."""
     assert len({move.instance_id for move in moves}) == len(moves), "one move per instance"
+    assert not any(move.branches for move in moves), "a fork is written in a transaction (move_token)"
     rows = await MOVE_TOKENS.fetch(
         conn, {"moves": dumps([_move_json(n, move) for n, move in enumerate(moves)]), "channel": TASK_CHANNEL}
     )
@@ -211,9 +217,20 @@ async def move_tokens(conn: Executor, moves: list[TokenMove]) -> list[bool]:
 
 
 async def move_token(conn: Executor, move: TokenMove) -> bool:
-    """Write one move; False if its guard refused it (then nothing was written)."""
-    [written] = await move_tokens(conn, [move])
+    """Write one move; False if its guard refused it (then nothing was written). A move that forks
+    writes its branches next: call it in a transaction then."""
+    [written] = await move_tokens(conn, [replace(move, branches=())])
+    if written and move.branches:
+        await _write_branches(conn, move.branches)
     return written
+
+
+async def _write_branches(conn: Executor, branches: tuple[TokenMove, ...]) -> None:
+    """Each branch's task or incident and history, in one statement (none is guarded: the fork was)."""
+    await MOVE_TOKENS.fetch(
+        conn,
+        {"moves": dumps([_move_json(n, move) for n, move in enumerate(branches)]), "channel": TASK_CHANNEL},
+    )
 
 
 def _move_json(n: int, move: TokenMove) -> dict[str, Any]:
@@ -400,6 +417,11 @@ async def start_instances(conn: Executor, starts: list[StartToWrite]) -> list[da
         {"starts": dumps([_start_json(n, start) for n, start in enumerate(starts)]), "channel": TASK_CHANNEL},
     )
     created = {str(row["id"]): row["created_at"] for row in rows}
+    forked = tuple(
+        b for start in starts if str(start.instance.id) in created for b in start.first_move.branches
+    )
+    if forked:
+        await _write_branches(conn, forked)
     return [created.get(str(start.instance.id)) for start in starts]
 
 

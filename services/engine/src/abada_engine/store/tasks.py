@@ -511,12 +511,14 @@ async def announce_work(conn: AsyncConnection, topic: str) -> None:
     await conn.execute(select(func.pg_notify(TASK_CHANNEL, topic)))
 
 
-async def cancel_open_tasks(conn: AsyncConnection, instance_id: uuid.UUID) -> None:
-    await conn.execute(
-        update(tasks)
-        .where(tasks.c.instance_id == instance_id, one_of(tasks.c.state, OPEN_TASK_STATES))
-        .values(state=TaskState.CANCELED, lease_token_hash=None)
-    )
+async def cancel_open_tasks(
+    conn: AsyncConnection, instance_id: uuid.UUID, but: uuid.UUID | None = None
+) -> None:
+    """Withdraw the instance's open tasks (all of them, or all but `but`: a join passing on `any`)."""
+    condition = and_(tasks.c.instance_id == instance_id, one_of(tasks.c.state, OPEN_TASK_STATES))
+    if but is not None:
+        condition = and_(condition, tasks.c.id != but)
+    await conn.execute(update(tasks).where(condition).values(state=TaskState.CANCELED, lease_token_hash=None))
 
 
 @dataclass(slots=True)

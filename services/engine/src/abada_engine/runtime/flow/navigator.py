@@ -70,36 +70,101 @@ class Advance:
     task: TaskToCreate | None = None
     incident: IncidentToRaise | None = None
     completed: bool = False
+    # A `parallel` forked: one Advance per branch that rests at a task or an incident (the token that
+    # entered the fork is gone; a branch that reached the join in the same move is not here).
+    forked: list[Advance] = field(default_factory=list)
+    # The token reached a `join` that still waits for other branches: it ends here, resting nowhere.
+    joined: bool = False
+    # The token passed a `join` with `wait_for: any`: the other branches' tasks are withdrawn.
+    withdraw_other_branches: bool = False
+
+
+class JoinNeedsTokens(Exception):
+    """`advance` reached a join without being told how many other tokens are live: the caller reads
+    them (under the instance's version guard) and asks again."""
+
+    def __init__(self, join_id: str) -> None:
+        super().__init__(f"the join {join_id!r} is decided on the instance's live tokens")
+        self.join_id = join_id
+
+
+# `tokens_elsewhere` inside a fork: stop at the join, the fork decides it for all its branches at once.
+_IN_FORK = -1
 
 
 def advance(
-    process: Process, variables: dict[str, Any], node_id: str, context: dict[str, Any] | None = None
+    process: Process,
+    variables: dict[str, Any],
+    node_id: str,
+    context: dict[str, Any] | None = None,
+    *,
+    tokens_elsewhere: int | None = None,
 ) -> Advance:
     """Enter `node_id` and keep going until the token has to wait.
 
     `context` travels into the payload of the first task created (a reviewer
-    sees why the output was rejected, for example).
+    sees why the output was rejected, for example). `tokens_elsewhere` is how many other tokens of the
+    instance are live (resting at a task or an incident), needed only when the token reaches a join;
+    without it a join raises `JoinNeedsTokens`.
     """
     result = Advance(current_node_id=node_id)
+    _walk(process, variables, node_id, context, result, tokens_elsewhere)
+    return result
+
+
+def _walk(
+    process: Process,
+    variables: dict[str, Any],
+    node_id: str,
+    context: dict[str, Any] | None,
+    result: Advance,
+    tokens_elsewhere: int | None,
+) -> None:
     for _ in range(MAX_HOPS):
         node = process.node(node_id)
         result.current_node_id = node_id
         result.history.append(HistoryEntry("NODE_ENTERED", node_id))
+        if node.type == "join":
+            if tokens_elsewhere == _IN_FORK:
+                return
+            if tokens_elsewhere is None:
+                raise JoinNeedsTokens(node_id)
+            if node.wait_for == "any":
+                result.withdraw_other_branches = tokens_elsewhere > 0
+                result.history.append(HistoryEntry("JOIN_PASSED", node_id, {"wait_for": "any"}))
+            elif tokens_elsewhere > 0:
+                result.joined = True
+                result.history.append(
+                    HistoryEntry("JOIN_WAITING", node_id, {"branches_left": tokens_elsewhere})
+                )
+                return
+            else:
+                result.history.append(HistoryEntry("JOIN_PASSED", node_id, {"wait_for": "all"}))
+            assert node.next is not None
+            node_id = node.next
+            tokens_elsewhere = None
+            continue
+        if node.type == "parallel":
+            passed_to = _fork(process, variables, node, context, result)
+            if passed_to is None:
+                return
+            node_id = passed_to
+            continue
         if node.type == "end":
             result.history.append(HistoryEntry("INSTANCE_COMPLETED", node_id))
             result.completed = True
-            return result
+            return
         if node.type == "exclusive":
             try:
                 chosen = _choose_branch(node, variables)
             except ExpressionError as error:
                 result.incident = IncidentToRaise(node_id, CONDITION_FAILED, str(error))
-                return result
+                return
             if chosen is None:
                 result.incident = IncidentToRaise(
                     node_id, NO_BRANCH_MATCHED, f"no branch of {node_id!r} matched and it has no default"
                 )
-                return result
+                return
             condition, target = chosen
             result.history.append(HistoryEntry("BRANCH_TAKEN", node_id, {"when": condition, "next": target}))
             node_id = target
@@ -109,25 +174,66 @@ def advance(
             timers = _timers(node, variables)
         except ExpressionError as error:
             result.incident = IncidentToRaise(node_id, INPUT_MISSING, str(error))
-            return result
+            return
         if context:
             payload["context"] = context
         kind = _TASK_KINDS.get(node.type, TaskKind.EXTERNAL)
         result.task = TaskToCreate(node, kind, node.topic, payload, node.retries, timers)
-        return result
+        return
     result.incident = IncidentToRaise(node_id, TOO_MANY_HOPS, f"more than {MAX_HOPS} hops without waiting")
-    return result
+
+
+def _fork(
+    process: Process, variables: dict[str, Any], node: Node, context: dict[str, Any] | None, result: Advance
+) -> str | None:
+    """Give each branch of a `parallel` a token of its own and walk each until it waits or reaches the
+    join. Branches that reach the join at once are decided here, as the join would decide them: the
+    node after the join when that lets the token on, else None (the branches rest in `result.forked`)."""
+    result.history.append(HistoryEntry("FORKED", node.id, {"branches": list(node.forks)}))
+    resting: list[Advance] = []
+    arrived: list[Advance] = []
+    for first in node.forks:
+        branch = Advance(current_node_id=first)
+        _walk(process, variables, first, context, branch, _IN_FORK)
+        at_join = process.node(branch.current_node_id).type == "join" and branch.task is None
+        (arrived if at_join and branch.incident is None else resting).append(branch)
+    join_id = arrived[0].current_node_id if arrived else None
+    for branch in arrived:
+        result.history += branch.history
+    if join_id is not None:
+        join = process.node(join_id)
+        if join.wait_for == "any" or not resting:
+            result.history.append(HistoryEntry("JOIN_PASSED", join_id, {"wait_for": join.wait_for}))
+            for branch in resting:
+                # Never created: the join let a branch through before these waited anywhere.
+                result.history += branch.history
+                result.history.append(HistoryEntry("BRANCH_WITHDRAWN", branch.current_node_id))
+            assert join.next is not None
+            return join.next
+        for _ in arrived:
+            result.history.append(HistoryEntry("JOIN_WAITING", join_id, {"branches_left": len(resting)}))
+    result.forked = resting
+    return None
 
 
 def leave_node(
-    process: Process, node: Node, variables: dict[str, Any], written: dict[str, Any]
+    process: Process,
+    node: Node,
+    variables: dict[str, Any],
+    written: dict[str, Any],
+    tokens_elsewhere: int | None = None,
 ) -> tuple[dict[str, Any], list[HistoryEntry], Advance]:
-    """A task node finished and wrote `written`: the new variables, the history of leaving, and the move on."""
+    """A task node finished and wrote `written`: the new variables, the history of leaving, and the move on
+    (`tokens_elsewhere` as `advance` takes it)."""
     new_variables = {**variables, **written}
     history = [HistoryEntry("VARIABLE_WRITTEN", node.id, {"name": k, "value": v}) for k, v in written.items()]
     history.append(HistoryEntry("NODE_COMPLETED", node.id))
     assert node.next is not None
-    return new_variables, history, advance(process, new_variables, node.next)
+    return (
+        new_variables,
+        history,
+        advance(process, new_variables, node.next, tokens_elsewhere=tokens_elsewhere),
+    )
 
 
 def evaluates_conditions(process: Process, node_id: str) -> bool:

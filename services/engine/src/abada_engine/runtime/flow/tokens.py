@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -10,9 +11,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.ids import new_id
 from abada_engine.runtime.flow.navigator import Advance, HistoryEntry, TaskToCreate
+from abada_engine.store import approvals as approval_store
 from abada_engine.store import history as history_store
+from abada_engine.store import incidents as incident_store
+from abada_engine.store import tasks as task_store
+from abada_engine.store import tokens as token_store
 from abada_engine.store.hand_written import Executor
 from abada_engine.store.history import HistoryRecord
+from abada_engine.store.incidents import BRANCH_WITHDRAWN, INSTANCE_CANCELED
 from abada_engine.store.moves import (
     LeaseGuard,
     NewIncident,
@@ -30,7 +36,10 @@ __all__ = [
     "applied_advance",
     "apply_move",
     "history_record",
+    "move_through_join",
+    "needs_transaction",
     "start_move",
+    "withdraw_tokens",
     "write_history",
 ]
 
@@ -127,6 +136,11 @@ def _token_move(
             {"incident_id": str(new_incident.id), "type": incident.type, "message": incident.message},
         )
         records.append(history_record(instance_id, raised, incident.task_id))
+    # Each branch rests where its own walk stopped; the instance's current node stays the fork's.
+    branches = tuple(
+        replace(_token_move(instance_id, branch, None, [], None), current_node_id=advance.current_node_id)
+        for branch in advance.forked
+    )
     return TokenMove(
         instance_id=instance_id,
         current_node_id=advance.current_node_id,
@@ -135,7 +149,59 @@ def _token_move(
         history=records,
         new_task=new_task,
         new_incident=new_incident,
+        branches=branches,
+        withdraws_other_branches=advance.withdraw_other_branches,
     )
+
+
+def needs_transaction(advance: Advance) -> bool:
+    """Whether a move writes more than its own statement: branches of a fork, or the withdrawal of the
+    branches a join on `any` passed by."""
+    return bool(advance.forked) or advance.withdraw_other_branches
+
+
+async def withdraw_tokens(
+    conn: AsyncConnection,
+    instance_id: uuid.UUID,
+    why: str,
+    *,
+    but: uuid.UUID | None = None,
+    branches: bool = False,
+) -> None:
+    """End the instance's live tokens, in the caller's transaction: its open tasks are withdrawn (their
+    leases refused from now on), its incidents closed, its pending approvals cancelled. A cancel ends
+    them all; a join on `any` (`branches`) all but the task of the branch that passed it (`but`)."""
+    resolution = BRANCH_WITHDRAWN if branches else INSTANCE_CANCELED
+    await task_store.cancel_open_tasks(conn, instance_id, but)
+    await incident_store.close_all_of_instance(conn, instance_id, resolution)
+    await approval_store.cancel_pending_of_instance(conn, instance_id, why)
+
+
+async def move_through_join(
+    conn: AsyncConnection,
+    instance_id: uuid.UUID,
+    leaving_task_id: uuid.UUID | None,
+    decided_on_xmin: str | None,
+    decide: Callable[[int], Awaitable[TokenMove]],
+    *,
+    instance_locked: bool = False,
+) -> tuple[TokenMove, bool]:
+    """Move a token whose walk forks or reaches a join, in the caller's transaction: the instance's
+    live tokens are locked and counted, `decide` builds the move on that count, and a join on `any`
+    withdraws the other branches before the move is written. With `decided_on_xmin`, the instance
+    must still be at that version (the caller read its variables there), else nothing is written.
+    Answers the move and whether it was written; when it was not, the caller rolls back. A caller
+    that locked the instance row already (`instance_locked`) has the order of locks the other way
+    round: only the instance is locked again."""
+    locked = await token_store.lock_tokens(conn, instance_id, leaving_task_id, lock_tasks=not instance_locked)
+    if locked is None or (decided_on_xmin is not None and locked.instance_xmin != decided_on_xmin):
+        return await decide(0), False
+    move = await decide(locked.elsewhere)
+    if move.withdraws_other_branches:
+        await withdraw_tokens(
+            conn, instance_id, "a join on any let another branch through", but=leaving_task_id
+        )
+    return move, await move_token(conn, move)
 
 
 def _created_entry(task: TaskToCreate) -> HistoryEntry:
