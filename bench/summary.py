@@ -1,7 +1,8 @@
 """`make bench`: every benchmark against its target, with the peer measured in the same run, as one table.
 
 Each benchmark runs --runs times (default 3) and the table shows the median; a few minutes in all,
-and then once the volume row (volume.py): filling ABADA_BENCH_VOLUME finished instances (default
+then once the timers rows (timers.py: 100,000 timers due within a minute on 2 replicas, about four
+minutes), and then once the volume row (volume.py): filling ABADA_BENCH_VOLUME finished instances (default
 1,000,000; half an hour or so on a small machine) and every figure beside them.
 
     python bench/summary.py --runs 3
@@ -20,6 +21,7 @@ import quota_admission
 import schema_stall
 import start_instance
 import task_cycle
+import timers
 import volume
 from common import median
 
@@ -57,6 +59,11 @@ def main() -> None:
     print("== a 30 s provider outage with 1,000 instances in flight (provider_outage.py)")
     outage = provider_outage.measure(1000, 30.0)
     provider_outage.report(outage, 1000)
+
+    # Once: 100,000 timers take a minute to come due, after the minute or so it takes to set them.
+    print("== 100,000 timers due within one minute on 2 replicas (timers.py)")
+    fired = timers.measure(100_000, 60.0)
+    timers.report(fired, 100_000, 60.0)
 
     # Once: filling ABADA_BENCH_VOLUME finished instances (default 1,000,000) takes a while.
     size = volume.volume_from_env()
@@ -166,6 +173,19 @@ def main() -> None:
             f"alone {m(stalls, 'alone_p99') * 1000:.2f} ms (p50 {m(stalls, 'alone_p50') * 1000:.2f})",
             "< 100 ms",
             m(stalls, "p99") < 0.100,
+        ),
+        (
+            "100,000 timers due within 1 min, 2 replicas: p99 lateness (timers.py)",
+            f"{fired['late_p99'] * 1000:.0f} ms (p50 {fired['late_p50'] * 1000:.0f}; "
+            f"{fired['fired']:,.0f} fired, {fired['fired_twice']:.0f} twice)",
+            "<= 1 s",
+            fired["late_p99"] <= 1.0 and fired["fired"] == fired["timers"] and fired["fired_twice"] == 0,
+        ),
+        (
+            "  FetchAndLock p99 while they fire / without them",
+            f"{fired['fetch_p99'] * 1000:.2f} / {fired['peer_fetch_p99'] * 1000:.2f} ms = {fired['fetch_ratio']:.2f}x",
+            "<= 1.5x",
+            fired["fetch_ratio"] <= 1.5,
         ),
         (
             "context: raw single-row commits, 8 connections",

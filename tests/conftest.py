@@ -141,11 +141,15 @@ class EngineTokens:
     worker_pool: str  # identity "agent-pool": worker ids "agent-pool/...", topic abada:agent only
     callers_file: pathlib.Path
     approver: str = ""  # identity "carol": role approver only
+    publisher: str = ""  # identity "helpdesk": role publisher, message customer_reply only
 
 
 @pytest.fixture(scope="session")
 def engine_tokens(tmp_path_factory: pytest.TempPathFactory) -> EngineTokens:
-    tokens = {name: secrets.token_urlsafe(24) for name in ("suite", "operator", "broker", "pool", "approver")}
+    tokens = {
+        name: secrets.token_urlsafe(24)
+        for name in ("suite", "operator", "broker", "pool", "approver", "publisher")
+    }
     callers = [
         {
             "identity": "test-suite",
@@ -156,6 +160,12 @@ def engine_tokens(tmp_path_factory: pytest.TempPathFactory) -> EngineTokens:
         },
         {"identity": "ops", "roles": ["operator"], "token_sha256": token_sha256(tokens["operator"])},
         {"identity": "carol", "roles": ["approver"], "token_sha256": token_sha256(tokens["approver"])},
+        {
+            "identity": "helpdesk",
+            "roles": ["publisher"],
+            "messages": ["customer_reply"],
+            "token_sha256": token_sha256(tokens["publisher"]),
+        },
         {"identity": "abada-broker", "roles": ["broker"], "token_sha256": token_sha256(tokens["broker"])},
         {
             "identity": "agent-pool",
@@ -167,7 +177,13 @@ def engine_tokens(tmp_path_factory: pytest.TempPathFactory) -> EngineTokens:
     path = tmp_path_factory.mktemp("auth") / "callers.yaml"
     path.write_text(yaml.safe_dump({"callers": callers}))
     return EngineTokens(
-        tokens["suite"], tokens["operator"], tokens["broker"], tokens["pool"], path, tokens["approver"]
+        tokens["suite"],
+        tokens["operator"],
+        tokens["broker"],
+        tokens["pool"],
+        path,
+        tokens["approver"],
+        tokens["publisher"],
     )
 
 
@@ -211,7 +227,7 @@ async def empty_tables(db: AsyncEngine) -> None:
                 await conn.execute(
                     text(
                         "TRUNCATE approvals, tasks, instances, definitions, journal_steps, incidents, history, model_quota_usage, "
-                        "model_quota_calls, model_quota_waiters, dependencies "
+                        "model_quota_calls, model_quota_waiters, dependencies, timers, messages "
                         "RESTART IDENTITY CASCADE"
                     )
                 )

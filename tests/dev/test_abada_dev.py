@@ -38,6 +38,18 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _waiting_for_reply(workdir: pathlib.Path, instance_id: str, timeout: float = 90) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = sourced(workdir, f"abada show {instance_id} -o json")
+        assert shown.returncode == 0, shown.stderr
+        instance = json.loads(shown.stdout)["instance"]
+        if instance.get("currentNodeId") == "customer_reply" or time.monotonic() > deadline:
+            assert instance.get("currentNodeId") == "customer_reply", instance
+            return instance
+        time.sleep(0.5)
+
+
 def _stop(process: subprocess.Popen[str], workdir: pathlib.Path) -> None:
     """Ctrl-C: every service, and the embedded PostgreSQL, is gone afterwards."""
     services = _children(process.pid)
@@ -69,14 +81,24 @@ def test_abada_dev_runs_alice_triage_keeps_data_and_stops_on_ctrl_c(workdir: pat
         assert deployed.returncode == 0, deployed.stderr
         started = sourced(
             workdir,
-            "abada start support_triage --var customerId=C-42 "
-            "--var message='My parcel never arrived' --wait --timeout 90 -o json",
+            "abada start support_triage --var customerId=C-42 --var message='My parcel never arrived' -o json",
         )
         assert started.returncode == 0, started.stdout + started.stderr
-        instance = json.loads(started.stdout)["instance"]
+        instance_id = json.loads(started.stdout)["instance"]["id"]
+        # After notifying Alice the instance waits for her reply, correlated on her ticket id.
+        waiting = _waiting_for_reply(workdir, instance_id)
+        assert waiting["variables"]["triage"]["priority"] == "high"
+        assert waiting["variables"]["notification"]["to"] == "C-42"
+        ticket = waiting["variables"]["triage"]["ticketId"]
+        published = sourced(
+            workdir, f"abada publish customer_reply --correlation-key {ticket} --var text=thanks -o json"
+        )
+        assert published.returncode == 0, published.stderr
+        assert json.loads(published.stdout)["instanceId"] == instance_id
+        shown = sourced(workdir, f"abada show {instance_id} -o json")
+        instance = json.loads(shown.stdout)["instance"]
         assert instance["currentNodeId"] == "done"
-        assert instance["variables"]["triage"]["priority"] == "high"
-        assert instance["variables"]["notification"]["to"] == "C-42"
+        assert instance["variables"]["reply"] == {"text": "thanks"}
         _stop(dev, workdir)
 
     with abada_dev(workdir) as dev:

@@ -58,3 +58,47 @@ def test_an_input_reference_to_a_missing_variable_is_an_incident_at_the_task() -
     assert moved.task is not None
     missing = advance(route(), {"other": 1}, "pay")
     assert missing.task is None and missing.incident is not None and missing.incident.type == "INPUT_MISSING"
+
+
+WAITING = """\
+processes:
+  - id: wait
+    start: pause
+    nodes:
+      - { id: pause, type: timer, until: "${at}", next: reply }
+      - id: reply
+        type: receive
+        message: reply
+        correlation_key: "${order.id}"
+        timeout: PT30S
+        on_timeout: done
+        deadline: PT1M
+        on_deadline: done
+        next: done
+      - { id: done, type: end }
+"""
+
+
+def test_a_timer_waits_until_its_rfc3339_time_and_refuses_one_without_an_offset() -> None:
+    process = parse_bundle(WAITING).processes[0]
+    moved = advance(process, {"at": "2026-12-05T09:00:00+01:00"}, "pause")
+    assert moved.task is not None and moved.task.kind is TaskKind.TIMER
+    [timer] = moved.task.timers
+    assert timer.at is not None and timer.at.isoformat() == "2026-12-05T09:00:00+01:00"
+    for wrong in ("2026-12-05T09:00:00", "tomorrow", 1733389200):
+        refused = advance(process, {"at": wrong}, "pause")
+        assert refused.task is None and refused.incident is not None
+        assert refused.incident.type == "INPUT_MISSING"
+
+
+def test_a_receive_waits_for_its_key_with_its_timeout_and_deadline() -> None:
+    process = parse_bundle(WAITING).processes[0]
+    moved = advance(process, {"order": {"id": 7031}}, "reply")
+    assert moved.task is not None and moved.task.kind is TaskKind.RECEIVE
+    assert moved.task.payload == {"message": "reply", "correlation_key": "7031"}
+    assert [(t.kind.value, t.delay_seconds) for t in moved.task.timers] == [
+        ("RECEIVE_TIMEOUT", 30),
+        ("DEADLINE", 60),
+    ]
+    missing = advance(process, {}, "reply")
+    assert missing.incident is not None and missing.task is None

@@ -94,6 +94,9 @@ def test_the_keys_a_node_takes_are_the_model_fields_of_its_type(node_type: str) 
     assert {key.removesuffix("_seconds") for key in keys} <= fields_of_node | {
         "outage_budget",
         "approval_timeout",
+        "duration",
+        "timeout",
+        "deadline",
     }
 
 
@@ -129,3 +132,50 @@ def test_unique_business_key_is_a_yes_or_no_that_travels_with_the_version() -> N
         TRIAGE.replace("    start: triage\n", '    start: triage\n    unique_business_key: "yes"\n')
     )
     assert "processes[0].unique_business_key: must be true or false" in str(problem.problems[0])
+
+
+WAITING = """
+processes:
+  - id: waiting
+    start: pause
+    nodes:
+      - { id: pause, type: timer, duration: PT10S, next: reply }
+      - id: reply
+        type: receive
+        message: customer_reply
+        correlation_key: "${ticket.id}"
+        timeout: P2D
+        on_timeout: escalate
+        deadline: P3D
+        on_deadline: escalate
+        next: done
+      - { id: escalate, type: user_task, deadline: PT1H, on_deadline: done, next: done }
+      - { id: done, type: end }
+"""
+
+
+def test_timer_and_receive_nodes_parse_with_their_due_times_in_seconds() -> None:
+    [process] = parse_bundle(WAITING).processes
+    pause, reply, escalate = (process.node(n) for n in ("pause", "reply", "escalate"))
+    assert (pause.type, pause.duration_seconds, pause.next) == ("timer", 10, "reply")
+    assert (reply.message, reply.correlation_key) == ("customer_reply", "${ticket.id}")
+    assert (reply.timeout_seconds, reply.on_timeout) == (172_800, "escalate")
+    assert (reply.deadline_seconds, reply.on_deadline) == (259_200, "escalate")
+    assert (escalate.deadline_seconds, escalate.on_deadline) == (3600, "done")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "why"),
+    [
+        ("duration: PT10S, ", "", "processes[0].nodes[0]", "exactly one of duration"),
+        ("duration: PT10S", "duration: PT10S, until: '${x}'", "processes[0].nodes[0]", "exactly one of"),
+        ("on_timeout: escalate", "", "processes[0].nodes[1].on_timeout", "is required with timeout"),
+        ("deadline: PT1H, ", "", "processes[0].nodes[2].on_deadline", "needs a deadline"),
+        ("message: customer_reply", "message: 'no spaces'", "processes[0].nodes[1].message", "message name"),
+    ],
+)
+def test_timer_and_receive_mistakes_are_refused_where_they_are(
+    old: str, new: str, field: str, why: str
+) -> None:
+    refusal = refused(WAITING.replace(old, new, 1))
+    assert any(p.field == field and why in p.why for p in refusal.problems), refusal.problems

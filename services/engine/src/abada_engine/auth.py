@@ -14,10 +14,15 @@ no more than once a second, not on every request):
       - identity: alice
         roles: [operator]
         token_sha256: <hex>
+      - identity: helpdesk-webhook
+        roles: [publisher]
+        messages: [customer_reply]      # the message names it may publish ("*" for any)
+        token_sha256: <hex>
 
 Roles: `worker` (fetch, lease, journal and finish tasks of its topics), `operator` (deploy,
 instances, incidents, journals, approvals), `approver` (list and decide approvals of tool calls,
-nothing else), `broker` (VerifyLease), `metrics` (the HTTP queue-depth endpoint, for autoscalers).
+nothing else), `broker` (VerifyLease), `metrics` (the HTTP queue-depth endpoint, for autoscalers),
+`publisher` (PublishMessage of the message names it lists, nothing else).
 Tokens are stored only hashed.
 """
 
@@ -40,7 +45,7 @@ from abada_engine.private_files import write_private
 
 log = logging.getLogger(__name__)
 
-ROLES = ("worker", "operator", "approver", "broker", "metrics")
+ROLES = ("worker", "operator", "approver", "broker", "metrics", "publisher")
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,11 @@ class Caller:
     topics: frozenset[str] = frozenset()
     # A trusted test or development identity that may act under any worker id; never the default.
     act_as_any_worker: bool = False
+    # A publisher's messages: the names it may publish (an operator may publish any).
+    messages: frozenset[str] = frozenset()
+
+    def may_publish(self, name: str) -> bool:
+        return "operator" in self.roles or "*" in self.messages or name in self.messages
 
     def may_act_as(self, worker_id: str) -> bool:
         # `identity` or `identity/<name>` with a name: the same rule as the broker's.
@@ -138,7 +148,11 @@ def _parse(path: pathlib.Path) -> tuple[dict[str, Caller], dict[str, Caller]]:
         if not identity or not roles or not roles <= set(ROLES):
             raise ValueError(f"{where}: needs an identity and roles from {', '.join(ROLES)}")
         caller = Caller(
-            identity, roles, frozenset(entry.get("topics", [])), bool(entry.get("act_as_any_worker"))
+            identity,
+            roles,
+            frozenset(entry.get("topics", [])),
+            bool(entry.get("act_as_any_worker")),
+            frozenset(entry.get("messages", [])),
         )
         digest = entry.get("token_sha256")
         common_name = entry.get("certificate_cn")

@@ -17,6 +17,7 @@ from abada_engine.runtime.approvals import APPROVAL_TIMEOUT, Approvals
 from abada_engine.runtime.background.handed_out import HandedOut
 from abada_engine.runtime.background.periodic import Periodic
 from abada_engine.runtime.background.queue_upkeep import QueueUpkeep
+from abada_engine.runtime.background.timer_clock import Nudged, TimerClock
 from abada_engine.runtime.background.wakeups import TaskWakeups
 from abada_engine.runtime.completion import Completions
 from abada_engine.runtime.crypto.keys import IdempotencyKeys, KeyRing
@@ -26,8 +27,11 @@ from abada_engine.runtime.instances import Instances
 from abada_engine.runtime.journal import UNKEYED_WRITE_GRACE_SECONDS, Journal, JournalResolutions, Takeover
 from abada_engine.runtime.leases import TAKEOVER_GRACE_SECONDS, Leases
 from abada_engine.runtime.views import IncidentView
+from abada_engine.runtime.waits import FIRE_BATCH, Waits
 from abada_engine.store.dependencies import DEPENDENCY_CHANNEL
 from abada_engine.store.hand_written import HotPath
+from abada_engine.store.messages import RECEIVE_CHANNEL
+from abada_engine.store.timers import TIMER_CHANNEL
 
 
 @dataclass
@@ -58,6 +62,12 @@ class EngineCore:
     outage_budget_rounds: Periodic
     # Vacuums the queue's hot tables past a fixed number of dead rows (runtime/background/queue_upkeep.py).
     queue_upkeep: Periodic
+    # Due times and messages (runtime/waits.py): the clock that fires them, the matcher of buffered
+    # messages, and the round that forgets expired ones.
+    waits: Waits
+    timer_clock: TimerClock
+    message_matcher: Nudged
+    message_expiry: Periodic
     # Signs the lists' page tokens (a key derived from the idempotency secret every replica shares).
     page_tokens: PageTokens
 
@@ -75,6 +85,7 @@ class EngineCore:
         takeover_grace_seconds: float = TAKEOVER_GRACE_SECONDS,
         probe_round_seconds: float = 0.5,
         queue_upkeep_seconds: float = 10.0,
+        timer_idle_seconds: float = 5.0,
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
         handed_out = HandedOut()
@@ -104,7 +115,16 @@ class EngineCore:
         incidents.register(DEPENDENCY_UNAVAILABLE, "RETRY", dependencies.retry_after_outage)
         wakeups = TaskWakeups(plain_url(database_url))
         wakeups.listen(DEPENDENCY_CHANNEL, dependencies.board.changed)
+        waits = Waits(db, catalog)
+        timer_clock = TimerClock(waits.fire_due, waits.next_due, FIRE_BATCH, timer_idle_seconds)
+        message_matcher = Nudged("message matcher", waits.correlate_buffered, timer_idle_seconds, 100)
+        wakeups.listen(TIMER_CHANNEL, timer_clock.heard)
+        wakeups.listen(RECEIVE_CHANNEL, message_matcher.nudge)
         await wakeups.start()
+        timer_clock.start()
+        message_matcher.start()
+        message_expiry = Periodic("message expiry", waits.forget_expired, queue_upkeep_seconds)
+        message_expiry.start()
         reaper = Periodic(
             "outcome-unknown reaper", takeover.hold_expired_unkeyed_writes, reaper_interval_seconds
         )
@@ -154,10 +174,17 @@ class EngineCore:
             probe_rounds=probe_rounds,
             outage_budget_rounds=outage_budget_rounds,
             queue_upkeep=queue_upkeep,
+            waits=waits,
+            timer_clock=timer_clock,
+            message_matcher=message_matcher,
+            message_expiry=message_expiry,
             page_tokens=PageTokens.derived_from(idempotency.secret),
         )
 
     async def close(self) -> None:
+        await self.message_expiry.stop()
+        await self.message_matcher.stop()
+        await self.timer_clock.stop()
         await self.queue_upkeep.stop()
         await self.outage_budget_rounds.stop()
         await self.probe_rounds.stop()

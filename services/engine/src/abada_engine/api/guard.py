@@ -25,8 +25,11 @@ _SERVICE_ROLES = {
 _SERVICE_ANY_ROLE: dict[str, tuple[str, ...]] = {
     "abada.engine.v1.ApprovalService": ("approver", "operator"),
 }
-_METHOD_ROLES = {
+_METHOD_ROLES: dict[str, str | tuple[str, ...]] = {
     "abada.engine.v1.ExternalTaskService/GetJournal": "operator",
+    # A webhook's identity may publish the messages it is named for, and nothing else (the handler
+    # checks the name).
+    "abada.engine.v1.ProcessService/PublishMessage": ("operator", "publisher"),
 }
 
 

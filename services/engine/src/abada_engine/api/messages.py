@@ -25,6 +25,7 @@ from abada_engine.runtime.views import (
     LockedTask,
     StepView,
     UserTaskView,
+    WaitView,
 )
 from abada_engine.store.dependencies import ListedCircuit
 from abada_engine.store.states import DependencyState, IncidentState, InstanceState, StepKind, StepState
@@ -147,6 +148,27 @@ def instance(value: InstanceView) -> process_pb2.Instance:
         create_time=timestamp(value.created_at),
         end_time=timestamp(value.ended_at),
         open_incidents=value.open_incidents,
+        waits=[wait(w) for w in value.waits],
+    )
+
+
+_WAIT_KINDS = {
+    "TIMER": process_pb2.Wait.KIND_TIMER,
+    "MESSAGE": process_pb2.Wait.KIND_MESSAGE,
+    "RECEIVE_TIMEOUT": process_pb2.Wait.KIND_RECEIVE_TIMEOUT,
+    "DEADLINE": process_pb2.Wait.KIND_DEADLINE,
+}
+
+
+def wait(value: WaitView) -> process_pb2.Wait:
+    return process_pb2.Wait(
+        kind=_WAIT_KINDS.get(value.kind, process_pb2.Wait.KIND_UNSPECIFIED),
+        node_id=value.node_id,
+        task_id=str(value.task_id),
+        due_time=timestamp(value.due_at),
+        fire_time=timestamp(value.fired_at),
+        message=value.message or "",
+        correlation_key=value.correlation_key or "",
     )
 
 

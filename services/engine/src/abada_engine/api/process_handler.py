@@ -12,9 +12,11 @@ import grpc
 from abada.engine.v1 import process_pb2, process_pb2_grpc
 from abada.engine.v1.error_reason_pb2 import ErrorReason
 
-from abada_engine.errors import invalid
+from abada_engine.errors import Category, EngineError, invalid
 from abada_engine.paging import MAX_LISTED, PageTokens, listing
 from abada_engine.runtime.instances import MAX_VARIABLES_BYTES, Instances
+from abada_engine.runtime.waits import Waits
+from abada_engine.store.states import TaskKind
 
 from . import messages
 from .convert import (
@@ -27,7 +29,7 @@ from .convert import (
     storable_text,
 )
 from .errors import translates_errors
-from .guard import Guard
+from .guard import Guard, current_caller
 
 # A request id is the caller's own key for one start (a webhook's delivery id, a UUID).
 MAX_REQUEST_ID_CHARS = 200
@@ -68,9 +70,10 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
     SERVICE = "abada.engine.v1.ProcessService"
     guard: Guard | None = None
 
-    def __init__(self, instances: Instances, page_tokens: PageTokens) -> None:
+    def __init__(self, instances: Instances, page_tokens: PageTokens, waits: Waits) -> None:
         self._instances = instances
         self._pages = page_tokens
+        self._waits = waits
 
     async def StartInstance(
         self, request: process_pb2.StartInstanceRequest, context: grpc.aio.ServicerContext
@@ -118,6 +121,7 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
                 created_after=created_after,
                 created_before=created_before,
                 variables=json.dumps(holding, sort_keys=True),
+                waiting_for=str(request.waiting_for or ""),
             ),
             (datetime, uuid.UUID),
         )
@@ -130,6 +134,7 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
             created_after=created_after,
             created_before=created_before,
             variables_holding=holding,
+            waiting_for=_WAITING_FOR.get(request.waiting_for),
         )
         shown = found[: page.size]
         return process_pb2.ListInstancesResponse(
@@ -178,3 +183,43 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
             parse_uuid(request.user_task_id, "user_task_id"), _variables(request.variables, "variables")
         )
         return process_pb2.CompleteUserTaskResponse(instance=messages.instance(instance))
+
+    async def PublishMessage(
+        self, request: process_pb2.PublishMessageRequest, context: grpc.aio.ServicerContext
+    ) -> process_pb2.PublishMessageResponse:
+        caller = current_caller.get()
+        if not request.name:
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "name", "name the message")
+        if not request.correlation_key:
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "correlation_key", "give the key a receive waits for")
+        if caller is not None and not caller.may_publish(request.name):
+            raise EngineError(
+                Category.PERMISSION_DENIED,
+                ErrorReason.MESSAGE_NOT_ALLOWED,
+                f"{caller.identity!r} may not publish {request.name!r}",
+                field="name",
+            )
+        ttl = request.ttl.ToTimedelta().total_seconds() if request.HasField("ttl") else 0.0
+        if ttl < 0:
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "ttl", "must not be negative")
+        published = await self._waits.publish(
+            storable_text(request.name, "name"),
+            storable_text(request.correlation_key, "correlation_key"),
+            _variables(request.variables, "variables"),
+            ttl,
+            storable_text(request.message_id, "message_id") or None,
+            caller.identity if caller is not None else "",
+        )
+        instance_id = published.correlated_instance_id
+        return process_pb2.PublishMessageResponse(
+            message_key=str(published.message_key),
+            instance_id=str(instance_id) if instance_id else "",
+            correlated=instance_id is not None,
+            duplicate=published.duplicate,
+        )
+
+
+_WAITING_FOR = {
+    process_pb2.WAITING_FOR_TIMER: TaskKind.TIMER,
+    process_pb2.WAITING_FOR_MESSAGE: TaskKind.RECEIVE,
+}

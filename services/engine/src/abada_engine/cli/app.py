@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import enum
 import functools
 import itertools
@@ -24,6 +25,8 @@ from abada.engine.v1 import (
 from abada_common.struct_codec import to_struct
 from google.protobuf.message import Message
 from typer.core import TyperGroup
+
+from abada_engine.definitions.durations import iso_duration_seconds
 
 from . import views
 from .client import (
@@ -108,6 +111,17 @@ class InstanceStateChoice(enum.StrEnum):
     active = "active"
     completed = "completed"
     canceled = "canceled"
+
+
+class WaitingForChoice(enum.StrEnum):
+    timer = "timer"
+    message = "message"
+
+
+_WAITING_FOR = {
+    WaitingForChoice.timer: process_pb2.WAITING_FOR_TIMER,
+    WaitingForChoice.message: process_pb2.WAITING_FOR_MESSAGE,
+}
 
 
 _INSTANCE_STATES = {
@@ -379,6 +393,10 @@ def instances(
         ),
     ] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Every instance, whatever --limit says.")] = False,
+    waiting_for: Annotated[
+        WaitingForChoice | None,
+        typer.Option(help="Only active instances waiting on a timer, or on a message (a receive)."),
+    ] = None,
 ) -> None:
     """List instances, newest first, following the engine's pages up to --limit (or --all)."""
     client = _client(ctx)
@@ -386,6 +404,7 @@ def instances(
         process_id=process or "",
         state=_INSTANCE_STATES[state] if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
         business_key=business_key or "",
+        waiting_for=_WAITING_FOR[waiting_for] if waiting_for else process_pb2.WAITING_FOR_UNSPECIFIED,
     )
     if since:
         wanted.created_after.CopyFrom(rfc3339(since, "--since"))
@@ -838,6 +857,48 @@ def reject(
         ),
     )
     _emit(ctx, response, "rejected\n" + views.approval_card(response.approval))
+
+
+@app.command()
+def publish(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The message's name, as a receive node's `message:` names it.")],
+    correlation_key: Annotated[
+        str, typer.Option(help="The key a waiting receive's correlation_key must equal.")
+    ],
+    var: VarOption = None,
+    vars_json: VarsJsonOption = None,
+    ttl: Annotated[
+        str,
+        typer.Option(help="How long it waits for a receive when none waits now (ISO-8601, e.g. PT1H)."),
+    ] = "PT0S",
+    message_id: Annotated[
+        str | None,
+        typer.Option(help="Publish once: the same id again within the ttl answers the first publication."),
+    ] = None,
+) -> None:
+    """Publish a message to the oldest instance waiting for it, or buffer it for --ttl."""
+    _publish(ctx, name, correlation_key, variables(var or [], vars_json), ttl, message_id)
+
+
+def _publish(
+    ctx: typer.Context,
+    name: str,
+    correlation_key: str,
+    values: dict[str, Any],
+    ttl: str,
+    message_id: str | None,
+) -> None:
+    seconds = 0.0 if ttl in ("PT0S", "0") else iso_duration_seconds(ttl)
+    if seconds is None:
+        raise invalid_input(f"--ttl {ttl!r}: not an ISO-8601 duration (for example PT1H, P2D)")
+    request = process_pb2.PublishMessageRequest(
+        name=name, correlation_key=correlation_key, variables=to_struct(values), message_id=message_id or ""
+    )
+    request.ttl.FromTimedelta(datetime.timedelta(seconds=seconds))
+    client = _client(ctx)
+    response = client.call(client.processes.PublishMessage, request)
+    _emit(ctx, response, views.publication(response))
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ EXAMPLES: dict[str, str] = {
     "approvals": "abada approvals --state pending",
     "approve": """abada approve APPROVAL --args '{"priority": "urgent"}' --comment "gold customer\"""",
     "reject": 'abada reject APPROVAL --reason "not for this customer"',
+    "publish": 'abada publish customer_reply --correlation-key T-1042 --var text="It arrived, thanks" --ttl PT1H',
 }
 
 # Commands whose exit codes say more than the common ones.

@@ -205,8 +205,29 @@ def instance_card(instance: process_pb2.Instance, events: Sequence[process_pb2.H
     parts = [card, f"variables:\n{pretty_json(struct_value(instance.variables))}"]
     if any(e.task_id for e in events):
         parts.append(f"tasks (abada journal TASK):\n{tasks_of(events)}")
+    if instance.waits:
+        parts.append(f"timers, messages and deadlines:\n{waits_table(instance.waits)}")
     parts.append(f"history:\n{history}")
     return "\n\n".join(parts)
+
+
+def waits_table(waits: Sequence[process_pb2.Wait]) -> str:
+    """What an instance waits on besides workers and people, and when each fired (or was answered)."""
+    rows = []
+    for wait in waits:
+        kind = enum_label(process_pb2.Wait.Kind.Name(wait.kind), "KIND_")
+        what = f"{wait.message} (key {wait.correlation_key})" if wait.message else EMPTY
+        fired = moment(wait.fire_time, precise=True)
+        rows.append([kind, wait.node_id, moment(wait.due_time, precise=True), fired, what])
+    return table(["KIND", "NODE", "DUE", "FIRED/ANSWERED", "MESSAGE"], rows)
+
+
+def publication(response: process_pb2.PublishMessageResponse) -> str:
+    """How a publication went, in one line."""
+    said = "already published (same --message-id): " if response.duplicate else ""
+    if response.correlated:
+        return f"{said}correlated to instance {response.instance_id} (message {response.message_key})"
+    return f"{said}buffered: no instance waits for it yet (message {response.message_key})"
 
 
 def incidents_table(incidents: Sequence[incident_pb2.Incident], with_state: bool) -> str:

@@ -204,3 +204,30 @@ approvals = Table(
     Column("key_id", Text),
     Column("approved_request_digest", LargeBinary),
 )
+
+timers = Table(
+    "timers",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("instance_id", Uuid, ForeignKey("instances.id"), nullable=False),
+    Column("task_id", Uuid, ForeignKey("tasks.id"), nullable=False),
+    Column("node_id", Text, nullable=False),
+    Column("kind", Text, nullable=False),  # store.states.TimerKind
+    Column("due_at", DateTime(timezone=True), nullable=False),
+    Column("fired_at", DateTime(timezone=True)),
+)
+
+messages = Table(
+    "messages",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("correlation_key", Text, nullable=False),
+    Column("variables", JSONB, nullable=False),
+    Column("message_id", Text),
+    Column("published_by", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("correlated_instance_id", Uuid),
+    Column("correlated_at", DateTime(timezone=True)),
+)

@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-NodeType = Literal["agent", "service", "exclusive", "user_task", "end"]
-NODE_TYPES: tuple[str, ...] = ("agent", "service", "exclusive", "user_task", "end")
+NodeType = Literal["agent", "service", "exclusive", "user_task", "timer", "receive", "end"]
+NODE_TYPES: tuple[str, ...] = ("agent", "service", "exclusive", "user_task", "timer", "receive", "end")
+# The nodes a token waits in for a worker, a person or the world: each may carry a deadline.
+WAITING_NODE_TYPES: tuple[str, ...] = ("agent", "service", "user_task", "receive")
 AGENT_TOPIC = "abada:agent"
 AGENT_PROFILE = "abada.agent/v1"
 
@@ -133,7 +135,7 @@ def _on(*node_types: str, key: str = "") -> dict[str, Any]:
 class Node:
     id: str = field(metadata=_on(*NODE_TYPES))
     type: str = field(metadata=_on(*NODE_TYPES))
-    next: str | None = field(default=None, metadata=_on("agent", "service", "user_task"))
+    next: str | None = field(default=None, metadata=_on("agent", "service", "user_task", "timer", "receive"))
     # service and agent nodes
     topic: str | None = field(default=None, metadata=_on("service"))
     inputs: dict[str, Any] | None = field(default=None, metadata=_on("agent", "service", "user_task"))
@@ -150,7 +152,7 @@ class Node:
     provider: str | None = field(default=None, metadata=_on("agent"))
     prompt: str | None = field(default=None, metadata=_on("agent"))
     tools: tuple[str, ...] = field(default=(), metadata=_on("agent"))
-    result_variable: str | None = field(default=None, metadata=_on("agent"))
+    result_variable: str | None = field(default=None, metadata=_on("agent", "receive"))
     output_schema: dict[str, Any] | None = field(default=None, metadata=_on("agent"))
     confidence_threshold: float | None = field(default=None, metadata=_on("agent"))
     limits: Limits = field(default_factory=Limits, metadata=_on("agent"))
@@ -162,6 +164,20 @@ class Node:
         default=None, metadata=_on("agent", key="approval_timeout")
     )
     on_approval_timeout: str | None = field(default=None, metadata=_on("agent"))
+    # timer nodes: wait `duration` (seconds, parsed from ISO-8601), or until the RFC 3339 time the
+    # `until` template renders to from the instance's variables.
+    duration_seconds: float | None = field(default=None, metadata=_on("timer", key="duration"))
+    until: str | None = field(default=None, metadata=_on("timer"))
+    # receive nodes: the message's name and the template whose value a message's correlation key
+    # must equal; past `timeout` (seconds) with no message, the token goes to `on_timeout`.
+    message: str | None = field(default=None, metadata=_on("receive"))
+    correlation_key: str | None = field(default=None, metadata=_on("receive"))
+    timeout_seconds: float | None = field(default=None, metadata=_on("receive", key="timeout"))
+    on_timeout: str | None = field(default=None, metadata=_on("receive"))
+    # Any waiting node: past `deadline` (seconds after the token arrived) its task is withdrawn and
+    # the token goes to `on_deadline`.
+    deadline_seconds: float | None = field(default=None, metadata=_on(*WAITING_NODE_TYPES, key="deadline"))
+    on_deadline: str | None = field(default=None, metadata=_on(*WAITING_NODE_TYPES))
     # exclusive nodes
     branches: tuple[Branch, ...] = field(default=(), metadata=_on("exclusive"))
     default: str | None = field(default=None, metadata=_on("exclusive"))
@@ -169,6 +185,7 @@ class Node:
     def successors(self) -> list[str]:
         """Every node the token can move to from here, for reachability checks."""
         targets = [self.next, self.on_invalid_output, self.on_low_confidence, self.on_approval_timeout]
+        targets += [self.on_timeout, self.on_deadline]
         targets.append(self.default)
         targets += [branch.next for branch in self.branches]
         return [t for t in targets if t]

@@ -23,6 +23,7 @@ from .model import (
     AGENT_TOPIC,
     NODE_KEYS,
     NODE_TYPES,
+    WAITING_NODE_TYPES,
     Branch,
     Bundle,
     Limits,
@@ -298,7 +299,15 @@ def _check_process(
 
 
 def _targets(node: Node, path: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], str]]:
-    for key in ("next", "on_invalid_output", "on_low_confidence", "on_approval_timeout", "default"):
+    for key in (
+        "next",
+        "on_invalid_output",
+        "on_low_confidence",
+        "on_approval_timeout",
+        "on_timeout",
+        "on_deadline",
+        "default",
+    ):
         target = getattr(node, key)
         if target:
             yield (*path, key), target
@@ -336,7 +345,7 @@ def _check_node(
     node_id = checker.string(data, "id", path, pattern=_IDENTIFIER, what="node id")
     if node_id is None:
         return None
-    needs_next = node_type in ("agent", "service", "user_task")
+    needs_next = node_type in ("agent", "service", "user_task", "timer", "receive")
     next_node = checker.string(data, "next", path, required=needs_next)
     inputs = data.get("inputs")
     if inputs is not None:
@@ -359,7 +368,54 @@ def _check_node(
         values.update(_check_agent(checker, data, path, servers, models))
     elif node_type == "exclusive":
         values["branches"], values["default"] = _check_branches(checker, data, path)
+    elif node_type == "timer":
+        values.update(_check_timer(checker, data, path))
+    elif node_type == "receive":
+        values.update(_check_receive(checker, data, path))
+    if node_type in WAITING_NODE_TYPES:
+        values["deadline_seconds"], values["on_deadline"] = _paired_route(
+            checker, data, path, "deadline", "on_deadline"
+        )
     return Node(**values)
+
+
+def _paired_route(
+    checker: Checker, data: dict[str, Any], path: tuple[str | int, ...], when: str, route: str
+) -> tuple[float | None, str | None]:
+    """A duration and the node the token goes to once it passes: both or neither."""
+    seconds = checker.duration(data, when, path)
+    target = checker.string(data, route, path, required=False)
+    if data.get(when) is not None and data.get(route) is None:
+        checker.report((*path, route), f"is required with {when}: where the token goes once it passes")
+    if data.get(route) is not None and data.get(when) is None:
+        checker.report((*path, route), f"needs a {when} to ever be taken")
+    return seconds, target
+
+
+def _check_timer(checker: Checker, data: dict[str, Any], path: tuple[str | int, ...]) -> dict[str, Any]:
+    values: dict[str, Any] = {"duration_seconds": checker.duration(data, "duration", path)}
+    values["until"] = checker.string(data, "until", path, required=False)
+    if values["until"] is not None:
+        _check_references(checker, values["until"], (*path, "until"))
+    if (data.get("duration") is None) == (data.get("until") is None):
+        checker.report(path, "a timer needs exactly one of duration (ISO-8601) or until (an RFC 3339 time)")
+    return values
+
+
+def _check_receive(checker: Checker, data: dict[str, Any], path: tuple[str | int, ...]) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "message": checker.string(data, "message", path, pattern=_TOPIC, what="message name"),
+        "correlation_key": checker.string(data, "correlation_key", path),
+        "result_variable": checker.string(
+            data, "result_variable", path, required=False, pattern=_IDENTIFIER, what="variable name"
+        ),
+    }
+    if values["correlation_key"] is not None:
+        _check_references(checker, values["correlation_key"], (*path, "correlation_key"))
+    values["timeout_seconds"], values["on_timeout"] = _paired_route(
+        checker, data, path, "timeout", "on_timeout"
+    )
+    return values
 
 
 def _check_agent(

@@ -7,7 +7,7 @@ import builtins  # builtins.list: annotations after the class's own `list` metho
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -30,12 +30,13 @@ from abada_engine.runtime.flow.tokens import (
     write_history,
 )
 from abada_engine.runtime.offload import run_cpu_check, run_cpu_work
-from abada_engine.runtime.views import HistoryView, InstanceView, UserTaskView
+from abada_engine.runtime.views import HistoryView, InstanceView, UserTaskView, WaitView
 from abada_engine.store import approvals as approval_store
 from abada_engine.store import history as history_store
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
+from abada_engine.store import timers as timer_store
 from abada_engine.store.hand_written import HotPath
 from abada_engine.store.instances import ListedInstance
 from abada_engine.store.moves import NewInstance, StartToWrite, start_instance_once, start_instances
@@ -203,9 +204,10 @@ class Instances:
     async def get(self, instance_id: uuid.UUID) -> InstanceView:
         async with self._reads.connect() as conn:
             rows = await instance_store.listed(conn, instance_id=instance_id, limit=1)
+            waits = await timer_store.waits_of_instance(conn, instance_id) if rows else []
         if not rows:
             raise not_found("instance", str(instance_id), "instance_id")
-        return _view(rows[0])
+        return replace(_view(rows[0]), waits=tuple(WaitView(**asdict(w)) for w in waits))
 
     async def list(
         self,
@@ -217,7 +219,9 @@ class Instances:
         created_after: datetime | None = None,
         created_before: datetime | None = None,
         variables_holding: dict[str, Any] | None = None,
+        waiting_for: TaskKind | None = None,
     ) -> list[InstanceView]:
+        """Instances newest first; with `waiting_for` (TIMER or RECEIVE), only those waiting on one."""
         async with self._reads.connect() as conn:
             rows = await instance_store.listed(
                 conn,
@@ -229,6 +233,7 @@ class Instances:
                 created_after=created_after,
                 created_before=created_before,
                 variables_holding=variables_holding,
+                waiting_for=waiting_for,
             )
         return [_view(r) for r in rows]
 

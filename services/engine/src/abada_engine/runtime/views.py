@@ -23,6 +23,19 @@ class InstanceView:
     created_at: datetime
     ended_at: datetime | None
     open_incidents: int = 0
+    # Its timers, receives and deadlines (GetInstance only).
+    waits: tuple[WaitView, ...] = ()
+
+
+@dataclass(frozen=True)
+class WaitView:
+    kind: str  # TIMER, MESSAGE, RECEIVE_TIMEOUT or DEADLINE
+    node_id: str
+    task_id: uuid.UUID
+    due_at: datetime | None
+    fired_at: datetime | None
+    message: str | None = None
+    correlation_key: str | None = None
 
 
 @dataclass(frozen=True)

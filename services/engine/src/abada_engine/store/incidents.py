@@ -82,6 +82,15 @@ async def close(conn: AsyncConnection, incident_id: uuid.UUID, resolution: str) 
     )
 
 
+async def close_open_of_task(conn: AsyncConnection, task_id: uuid.UUID, resolution: str) -> None:
+    """The open incidents holding a task end with it (its deadline withdrew it)."""
+    await conn.execute(
+        update(incidents)
+        .where(incidents.c.task_id == task_id, is_(incidents.c.state, IncidentState.OPEN))
+        .values(state=IncidentState.RESOLVED, resolved_at=func.now(), resolution=resolution)
+    )
+
+
 async def close_all_of_instance(conn: AsyncConnection, instance_id: uuid.UUID) -> None:
     await conn.execute(
         update(incidents)

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select, true, update
+from sqlalchemy import ColumnElement, exists, func, select, true, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from abada_engine.db.schema import incidents, instances
+from abada_engine.db.schema import incidents, instances, tasks
 
 from . import keyset
 from .hand_written import typed
-from .states import IncidentState, InstanceState, is_
+from .states import IncidentState, InstanceState, TaskKind, TaskState, is_
 
 # How instances are listed: newest first, the id breaking ties.
 _ORDER = (instances.c.created_at, instances.c.id)
@@ -50,6 +50,7 @@ async def listed(
     created_after: datetime | None = None,
     created_before: datetime | None = None,
     variables_holding: dict[str, Any] | None = None,
+    waiting_for: TaskKind | None = None,
 ) -> list[ListedInstance]:
     """Instances, newest first (by `created_at`, then id), each with its count of open incidents; after
     `after_key`, the last row of the page before. Each filter has an index that yields its rows in this
@@ -74,6 +75,13 @@ async def listed(
         condition = condition & (instances.c.created_at >= created_after)
     if created_before is not None:
         condition = condition & (instances.c.created_at < created_before)
+    if waiting_for is not None:
+        # From the partial index of open waits (migration 0010), one probe per instance looked at.
+        condition = condition & exists().where(
+            tasks.c.instance_id == instances.c.id,
+            is_(tasks.c.kind, waiting_for),
+            is_(tasks.c.state, TaskState.WAITING),
+        )
     if after_key is not None:
         condition = condition & keyset.after(_ORDER, after_key, descending=True)
     open_incidents = (

@@ -17,8 +17,28 @@ from abada_engine.db.schema import instances, start_requests
 
 from .hand_written import Executor, HandWritten
 from .history import HistoryRecord
-from .states import IncidentState, InstanceState, TaskKind, TaskState, is_
+from .messages import RECEIVE_CHANNEL
+from .states import (
+    OPEN_TASK_STATES,
+    IncidentState,
+    InstanceState,
+    TaskKind,
+    TaskState,
+    TimerKind,
+    is_,
+    sql_list,
+)
 from .tasks import TASK_CHANNEL
+from .timers import TIMER_CHANNEL
+
+
+@dataclass(frozen=True, slots=True)
+class NewTimer:
+    """A due time of the new task: `delay_seconds` after the move (the database's clock), or at `at`."""
+
+    kind: TimerKind
+    delay_seconds: float | None
+    at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +49,7 @@ class NewTask:
     topic: str | None
     payload: dict[str, Any]
     retries: int
+    timers: tuple[NewTimer, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +86,28 @@ class TokenMove:
     finished_task_id: uuid.UUID | None = None
     finished_state: TaskState = TaskState.COMPLETED
     guard: LeaseGuard | None = None
+    # Move only if the finished task is still open (a due time that fired after the task moved on).
+    only_if_open: bool = False
+
+
+# A new due time: at the given time, or the given seconds after now (the database's clock, which every
+# replica shares; an engine's own clock may be off).
+_DUE_AT = (
+    "COALESCE(CAST(t.item ->> 'at' AS timestamptz), "
+    "now() + CAST(t.item ->> 'delay_seconds' AS double precision) * interval '1 second')"
+)
+# Tells every replica the earliest of the new due times (epoch seconds), so one sleeping until a later
+# one wakes in time (runtime/background/timer_clock.py). Only when there is one.
+_NOTIFY_TIMERS = (
+    f"SELECT count(pg_notify('{TIMER_CHANNEL}', CAST(EXTRACT(EPOCH FROM first) AS text))) AS due "
+    "FROM (SELECT min(due_at) AS first FROM new_timers) AS earliest WHERE first IS NOT NULL"
+)
+
+# A new receive may be matched by a message buffered before it: tells the replicas to look.
+_NOTIFY_RECEIVES = (
+    f"SELECT count(pg_notify('{RECEIVE_CHANNEL}', '')) AS sent FROM "
+    f"(SELECT 1 FROM new_task WHERE kind = '{TaskKind.RECEIVE}' LIMIT 1) AS created"
+)
 
 
 # Hand-written: every Complete runs it, and every other move of a token. One statement, so one round trip
@@ -84,12 +127,14 @@ MOVE_TOKENS = HandWritten(
             finished_task_id uuid, finished_state text, task_id uuid, task_node text, task_kind text,
             task_topic text, task_state text, task_payload jsonb, task_retries integer, incident_id uuid,
             incident_task uuid, incident_node text, incident_type text, incident_message text,
-            incident_details jsonb, current_node text, variables jsonb, completed boolean, history jsonb)
+            incident_details jsonb, current_node text, variables jsonb, completed boolean, history jsonb,
+            only_if_open boolean, timers jsonb)
     ),
     finished AS (
         UPDATE tasks t SET state = m.finished_state, completed_at = now(), lease_token_hash = NULL
         FROM move m
         WHERE t.id = m.finished_task_id
+          AND (m.only_if_open IS NOT TRUE OR t.state IN {sql_list(OPEN_TASK_STATES)})
           AND (m.guard_worker IS NULL OR (
                t.state = '{TaskState.LEASED}' AND t.lease_owner = m.guard_worker
                AND t.lease_token_hash = decode(m.guard_hash, 'hex') AND t.lease_expires_at > now()
@@ -108,8 +153,17 @@ MOVE_TOKENS = HandWritten(
                p.task_retries, now(), now()
         FROM proceed p WHERE p.task_id IS NOT NULL
         ORDER BY p.n
-        RETURNING topic
+        RETURNING topic, kind
     ),
+    receives_notified AS ({_NOTIFY_RECEIVES}),
+    new_timers AS (
+        INSERT INTO timers (instance_id, task_id, node_id, kind, due_at)
+        SELECT p.instance_id, p.task_id, p.task_node, t.item ->> 'kind', {_DUE_AT}
+        FROM proceed p, jsonb_array_elements(p.timers) AS t(item)
+        WHERE p.task_id IS NOT NULL
+        RETURNING due_at
+    ),
+    timers_notified AS ({_NOTIFY_TIMERS}),
     new_incident AS (
         INSERT INTO incidents (id, instance_id, task_id, node_id, type, message, details, state, created_at)
         SELECT p.incident_id, p.instance_id, p.incident_task, p.incident_node, p.incident_type, p.incident_message,
@@ -138,7 +192,9 @@ MOVE_TOKENS = HandWritten(
         SELECT count(pg_notify(CAST(:channel AS text), topic)) AS topics
         FROM (SELECT DISTINCT topic FROM new_task WHERE topic IS NOT NULL) AS created
     )
-    SELECT p.n, (SELECT topics FROM notified) AS notified FROM proceed p
+    SELECT p.n, (SELECT topics FROM notified) AS notified, (SELECT due FROM timers_notified) AS due,
+           (SELECT sent FROM receives_notified) AS receives
+    FROM proceed p
     """
 )
 
@@ -170,6 +226,7 @@ def _move_json(n: int, move: TokenMove) -> dict[str, Any]:
         "guard_xmin": guard.instance_xmin if guard else None,
         "finished_task_id": str(move.finished_task_id) if move.finished_task_id else None,
         "finished_state": move.finished_state.value,
+        "only_if_open": move.only_if_open,
         **_created_by(move),
         "current_node": move.current_node_id,
         "variables": move.variables,
@@ -197,6 +254,14 @@ def _created_by(move: TokenMove) -> dict[str, Any]:
         "incident_type": incident.type if incident else None,
         "incident_message": incident.message if incident else None,
         "incident_details": incident.details if incident else None,
+        "timers": [
+            {
+                "kind": timer.kind.value,
+                "delay_seconds": timer.delay_seconds,
+                "at": timer.at.isoformat() if timer.at else None,
+            }
+            for timer in (task.timers if task else ())
+        ],
     }
 
 
@@ -236,7 +301,7 @@ START_INSTANCES = HandWritten(
             completed boolean, variables jsonb, current_node text, business_key text, must_be_latest boolean,
             task_id uuid, task_node text, task_kind text, task_topic text, task_state text, task_payload jsonb,
             task_retries integer, incident_id uuid, incident_task uuid, incident_node text, incident_type text,
-            incident_message text, incident_details jsonb, history jsonb)
+            incident_message text, incident_details jsonb, history jsonb, timers jsonb)
     ),
     instance AS (
         INSERT INTO instances (id, definition_id, process_id, version, state, variables, current_node_id,
@@ -260,8 +325,17 @@ START_INSTANCES = HandWritten(
         FROM start s JOIN instance i ON i.id = s.instance_id
         WHERE s.task_id IS NOT NULL
         ORDER BY s.n
-        RETURNING topic
+        RETURNING topic, kind
     ),
+    receives_notified AS ({_NOTIFY_RECEIVES}),
+    new_timers AS (
+        INSERT INTO timers (instance_id, task_id, node_id, kind, due_at)
+        SELECT s.instance_id, s.task_id, s.task_node, t.item ->> 'kind', {_DUE_AT}
+        FROM start s JOIN instance i ON i.id = s.instance_id, jsonb_array_elements(s.timers) AS t(item)
+        WHERE s.task_id IS NOT NULL
+        RETURNING due_at
+    ),
+    timers_notified AS ({_NOTIFY_TIMERS}),
     new_incident AS (
         INSERT INTO incidents (id, instance_id, task_id, node_id, type, message, details, state, created_at)
         SELECT s.incident_id, s.instance_id, s.incident_task, s.incident_node, s.incident_type,
@@ -283,7 +357,10 @@ START_INSTANCES = HandWritten(
         SELECT count(pg_notify(CAST(:channel AS text), topic)) AS topics
         FROM (SELECT DISTINCT topic FROM new_task WHERE topic IS NOT NULL) AS created
     )
-    SELECT i.id, i.created_at, (SELECT topics FROM notified) AS notified FROM instance i
+    SELECT i.id, i.created_at, (SELECT topics FROM notified) AS notified,
+           (SELECT due FROM timers_notified) AS due,
+           (SELECT sent FROM receives_notified) AS receives
+    FROM instance i
     """
 )
 

@@ -45,6 +45,17 @@ OPEN_TASK_STATES = (
 class TaskKind(StrEnum):
     EXTERNAL = "external"
     USER = "user"
+    # The token waits on the world, in state WAITING: for its timer's due time, or for a message.
+    TIMER = "timer"
+    RECEIVE = "receive"
+
+
+class TimerKind(StrEnum):
+    """What a due time in the `timers` table does when it passes."""
+
+    TIMER = "TIMER"  # a timer node's: the token moves on to `next`
+    RECEIVE_TIMEOUT = "RECEIVE_TIMEOUT"  # no message came: the token moves to `on_timeout`
+    DEADLINE = "DEADLINE"  # the task is withdrawn and the token moves to `on_deadline`
 
 
 class StepKind(StrEnum):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from abada_engine.definitions.expressions import ExpressionError, evaluate_condition, render, render_prompt
@@ -20,7 +21,7 @@ from abada_engine.runtime.incident_types import (
     NO_BRANCH_MATCHED,
     TOO_MANY_HOPS,
 )
-from abada_engine.store.states import TaskKind
+from abada_engine.store.states import TaskKind, TimerKind
 
 # A cycle of gateways that never waits would spin forever; no real process takes this many hops.
 MAX_HOPS = 1000
@@ -34,12 +35,23 @@ class HistoryEntry:
 
 
 @dataclass(frozen=True)
+class TimerToSet:
+    """A due time set with a task: `delay_seconds` after the move is written (the database's clock), or
+    at `at`. `kind` is what firing does (runtime/waits.py)."""
+
+    kind: TimerKind
+    delay_seconds: float | None = None
+    at: datetime | None = None
+
+
+@dataclass(frozen=True)
 class TaskToCreate:
     node: Node
     kind: TaskKind
     topic: str | None
     payload: dict[str, Any]
     retries: int
+    timers: tuple[TimerToSet, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -94,13 +106,14 @@ def advance(
             continue
         try:
             payload = task_payload(node, variables)
+            timers = _timers(node, variables)
         except ExpressionError as error:
             result.incident = IncidentToRaise(node_id, INPUT_MISSING, str(error))
             return result
         if context:
             payload["context"] = context
-        kind = TaskKind.USER if node.type == "user_task" else TaskKind.EXTERNAL
-        result.task = TaskToCreate(node, kind, node.topic, payload, node.retries)
+        kind = _TASK_KINDS.get(node.type, TaskKind.EXTERNAL)
+        result.task = TaskToCreate(node, kind, node.topic, payload, node.retries, timers)
         return result
     result.incident = IncidentToRaise(node_id, TOO_MANY_HOPS, f"more than {MAX_HOPS} hops without waiting")
     return result
@@ -123,8 +136,53 @@ def evaluates_conditions(process: Process, node_id: str) -> bool:
     return process.node(node_id).type == "exclusive"
 
 
+_TASK_KINDS = {"user_task": TaskKind.USER, "timer": TaskKind.TIMER, "receive": TaskKind.RECEIVE}
+
+
+def _timers(node: Node, variables: dict[str, Any]) -> tuple[TimerToSet, ...]:
+    """The due times a node's task is created with: a timer's own, a receive's timeout, a deadline."""
+    timers: list[TimerToSet] = []
+    if node.type == "timer":
+        if node.until is not None:
+            timers.append(TimerToSet(TimerKind.TIMER, at=until_time(node.until, variables)))
+        else:
+            timers.append(TimerToSet(TimerKind.TIMER, delay_seconds=node.duration_seconds or 0.0))
+    if node.timeout_seconds is not None:
+        timers.append(TimerToSet(TimerKind.RECEIVE_TIMEOUT, delay_seconds=node.timeout_seconds))
+    if node.deadline_seconds is not None:
+        timers.append(TimerToSet(TimerKind.DEADLINE, delay_seconds=node.deadline_seconds))
+    return tuple(timers)
+
+
+def until_time(template: str, variables: dict[str, Any]) -> datetime:
+    """The RFC 3339 time a timer's `until` renders to; a time without an offset is refused, not guessed."""
+    text = render(template, variables)
+    if not isinstance(text, str):
+        raise ExpressionError(f"until must give an RFC 3339 time, not {text!r}")
+    try:
+        at = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ExpressionError(f"until gave {text!r}, which is not an RFC 3339 time") from None
+    if at.tzinfo is None:
+        raise ExpressionError(f"until gave {text!r}, an RFC 3339 time needs an offset (Z or +hh:mm)")
+    return at
+
+
+def correlation_key(node: Node, variables: dict[str, Any]) -> str:
+    """The key a message must carry to reach this receive: the template's value, numbers as text."""
+    value = render(node.correlation_key, variables)
+    if isinstance(value, bool) or not isinstance(value, str | int | float) or value == "":
+        raise ExpressionError(f"correlation_key of {node.id!r} gave {value!r}, not a string or number")
+    return value if isinstance(value, str) else format(value, "g") if isinstance(value, float) else str(value)
+
+
 def task_payload(node: Node, variables: dict[str, Any]) -> dict[str, Any]:
     """The resolved inputs (and for agents the rendered prompt) a task carries."""
+    if node.type == "timer":
+        return {}
+    if node.type == "receive":
+        assert node.message is not None
+        return {"message": node.message, "correlation_key": correlation_key(node, variables)}
     inputs = render(node.inputs, variables) if node.inputs is not None else dict(variables)
     if node.type == "agent":
         # References in a prompt point at inputs; no value is pasted into the instructions.

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.ids import new_id
-from abada_engine.runtime.flow.navigator import Advance, HistoryEntry
+from abada_engine.runtime.flow.navigator import Advance, HistoryEntry, TaskToCreate
 from abada_engine.store import history as history_store
 from abada_engine.store.hand_written import Executor
 from abada_engine.store.history import HistoryRecord
@@ -17,6 +17,7 @@ from abada_engine.store.moves import (
     LeaseGuard,
     NewIncident,
     NewTask,
+    NewTimer,
     TokenMove,
     move_token,
 )
@@ -70,15 +71,23 @@ def advance_move(
     finished_task_id: uuid.UUID | None = None,
     guard: LeaseGuard | None = None,
     finished_state: TaskState = TaskState.COMPLETED,
+    only_if_open: bool = False,
 ) -> TokenMove:
     """What `advance` decided, as one move to write (`apply_move`, or a group commit of them).
 
     `variables` is the instance's new variable map, or None when it did not change;
     `finished_task_id` is a task this move ends (in `finished_state`: COMPLETED, or INCIDENT when an
-    incident holds it for a retry), with `guard` only while that lease is live.
+    incident holds it for a retry), with `guard` only while that lease is live, and with
+    `only_if_open` only while that task is still open (a due time firing after the task moved on).
     """
     move = _token_move(instance_id, advance, variables, preceding, preceding_task_id)
-    return replace(move, finished_task_id=finished_task_id, finished_state=finished_state, guard=guard)
+    return replace(
+        move,
+        finished_task_id=finished_task_id,
+        finished_state=finished_state,
+        guard=guard,
+        only_if_open=only_if_open,
+    )
 
 
 def start_move(instance_id: uuid.UUID, advance: Advance, preceding: list[HistoryEntry]) -> TokenMove:
@@ -98,13 +107,9 @@ def _token_move(
     new_task = None
     if advance.task is not None:
         task = advance.task
-        new_task = NewTask(new_id(), task.node.id, task.kind, task.topic, task.payload, task.retries)
-        created = "USER_TASK_CREATED" if task.kind is TaskKind.USER else "TASK_CREATED"
-        records.append(
-            history_record(
-                instance_id, HistoryEntry(created, task.node.id, {"topic": task.topic}), new_task.id
-            )
-        )
+        timers = tuple(NewTimer(t.kind, t.delay_seconds, t.at) for t in task.timers)
+        new_task = NewTask(new_id(), task.node.id, task.kind, task.topic, task.payload, task.retries, timers)
+        records.append(history_record(instance_id, _created_entry(task), new_task.id))
     new_incident = None
     if advance.incident is not None:
         incident = advance.incident
@@ -131,6 +136,19 @@ def _token_move(
         new_task=new_task,
         new_incident=new_incident,
     )
+
+
+def _created_entry(task: TaskToCreate) -> HistoryEntry:
+    """The history line of a new task: what it waits for, and until when."""
+    data: dict[str, Any] = {"topic": task.topic}
+    if task.kind is TaskKind.USER:
+        return HistoryEntry("USER_TASK_CREATED", task.node.id, data)
+    due = {t.kind.lower(): t.at.isoformat() if t.at else f"in {t.delay_seconds:g}s" for t in task.timers}
+    if task.kind is TaskKind.TIMER:
+        return HistoryEntry("TIMER_STARTED", task.node.id, due)
+    if task.kind is TaskKind.RECEIVE:
+        return HistoryEntry("MESSAGE_AWAITED", task.node.id, {**task.payload, **due})
+    return HistoryEntry("TASK_CREATED", task.node.id, {**data, **due})
 
 
 def applied_advance(move: TokenMove, applied: bool) -> AppliedAdvance:

@@ -1,0 +1,121 @@
+"""Firing due times when they pass, without polling the table, and matching buffered messages.
+
+Each replica keeps the earliest unfired due time in memory (read from the partial index `timers_due`,
+one index entry) and sleeps until it. A transaction that sets a nearer one sends its time on
+`abada_timers` (store/moves.py), which wakes every replica early; one that creates a receive sends
+`abada_receives`, which makes a replica look for a message buffered before it. Both also look again
+every `idle_seconds`, in case a notification was lost while the LISTEN connection was away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger(__name__)
+
+_GATHER_SECONDS = 0.02
+
+
+class TimerClock:
+    def __init__(
+        self,
+        fire: Callable[[], Awaitable[int]],
+        next_due: Callable[[], Awaitable[tuple[float | None, float]]],
+        batch: int,
+        idle_seconds: float = 5.0,
+    ) -> None:
+        self._fire = fire
+        self._next_due = next_due
+        self._batch = batch
+        self._idle = idle_seconds
+        self._wake = asyncio.Event()
+        # When this replica will look next, on its own clock; and its clock's offset from the database's.
+        self._sleeping_until: float = 0.0
+        self._offset = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def heard(self, payload: str) -> None:
+        """A notification on `abada_timers`: the epoch seconds of a new due time ("" after a gap)."""
+        try:
+            due = float(payload) - self._offset
+        except ValueError:
+            self._wake.set()
+            return
+        if due < self._sleeping_until:
+            self._wake.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="abada-timer-clock")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                # Cleared before looking: a notification from here on wakes the sleep below.
+                self._wake.clear()
+                fired = await self._fire()
+                while fired >= self._batch:
+                    fired = await self._fire()
+                due, now = await self._next_due()
+                self._offset = now - time.time()
+                sleep = self._idle if due is None else min(max(due - now, 0.0), self._idle)
+                if fired and due is not None:
+                    # Due times coming thick and fast: let a few gather and fire them in one round,
+                    # at a few ms of lateness, rather than pay a round (three statements) for each.
+                    sleep = max(sleep, _GATHER_SECONDS)
+                self._sleeping_until = time.time() + sleep
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=sleep)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the database may be restarting; look again shortly
+                log.exception("firing due times failed; retrying in 1s")
+                self._sleeping_until = 0.0
+                await asyncio.sleep(1.0)
+
+
+class Nudged:
+    """Runs `duty` whenever nudged (coalescing nudges that arrive while it runs) and every
+    `idle_seconds` regardless; `duty` returns how many it handled, and runs again while it was busy."""
+
+    def __init__(self, name: str, duty: Callable[[], Awaitable[int]], idle_seconds: float, busy: int) -> None:
+        self._name = name
+        self._duty = duty
+        self._idle = idle_seconds
+        self._busy = busy
+        self._nudge = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def nudge(self, _payload: str = "") -> None:
+        self._nudge.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=self._name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._nudge.wait(), timeout=self._idle)
+            self._nudge.clear()
+            try:
+                while await self._duty() >= self._busy:
+                    pass
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s failed; trying again on the next nudge", self._name)
