@@ -6,6 +6,7 @@ import datetime
 import enum
 import functools
 import itertools
+import sys
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -384,12 +385,13 @@ def instances(
     until: Annotated[
         str | None, typer.Option(help="Only instances started before this time (RFC 3339).")
     ] = None,
-    where: Annotated[
+    var: Annotated[
         list[str] | None,
         typer.Option(
+            "--var",
             "--where",
             metavar="NAME=VALUE",
-            help="Only instances whose variable NAME equals VALUE (typed as --var is); repeatable.",
+            help="Only instances whose variable NAME equals VALUE (typed as start's --var); repeatable.",
         ),
     ] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Every instance, whatever --limit says.")] = False,
@@ -410,7 +412,7 @@ def instances(
         wanted.created_after.CopyFrom(rfc3339(since, "--since"))
     if until:
         wanted.created_before.CopyFrom(rfc3339(until, "--until"))
-    for name, value in variables(where or [], None, option="--where").items():
+    for name, value in variables(var or [], None).items():
         wanted.variables.add(name=name).value.CopyFrom(to_value(value))
 
     def page(size: int, token: str) -> process_pb2.ListInstancesResponse:
@@ -899,6 +901,64 @@ def _publish(
     client = _client(ctx)
     response = client.call(client.processes.PublishMessage, request)
     _emit(ctx, response, views.publication(response))
+
+
+def _confirmed(yes: bool, what: str) -> None:
+    """Deleting needs --yes, or a person at a terminal who answers yes."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise invalid_input(f"{what}: add --yes to go ahead (or --dry-run, where offered, to count first)")
+    if not typer.confirm(f"{what}: this cannot be undone. Go ahead?"):
+        raise typer.Exit(FAILURE)
+
+
+@app.command()
+def purge(
+    ctx: typer.Context,
+    before: Annotated[
+        str, typer.Option(help="Delete finished instances that ended before this time (RFC 3339).")
+    ],
+    process: Annotated[str | None, typer.Option(help="Only instances of this process.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would go; delete nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Delete without asking.")] = False,
+) -> None:
+    """Delete, now, finished instances that ended before --before, with their history and journals."""
+    request = process_pb2.PurgeInstancesRequest(process_id=process or "", dry_run=dry_run)
+    request.before.CopyFrom(rfc3339(before, "--before"))
+    if not dry_run:
+        _confirmed(yes, f"purge finished instances ended before {before}")
+    client = _client(ctx)
+    response = client.call(client.processes.PurgeInstances, request)
+    _emit(ctx, response, views.purged(response, before))
+
+
+@app.command()
+def erase(
+    ctx: typer.Context,
+    business_key: Annotated[str | None, typer.Option(help="The customer's business key.")] = None,
+    var: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--var", metavar="NAME=VALUE", help="Or instances whose variable NAME equals VALUE; repeatable."
+        ),
+    ] = None,
+    cancel_active: Annotated[
+        bool, typer.Option("--cancel-active", help="Cancel the customer's active instances first.")
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Erase without asking.")] = False,
+) -> None:
+    """Erase one customer's instances, journals and history, whatever their age (one audit row stays,
+    naming no one). Active instances refuse the erasure unless --cancel-active."""
+    request = process_pb2.EraseInstancesRequest(business_key=business_key or "", cancel_active=cancel_active)
+    for name, value in variables(var or [], None).items():
+        request.variables.add(name=name).value.CopyFrom(to_value(value))
+    if not request.business_key and not request.variables:
+        raise invalid_input("name the customer: --business-key K or --var NAME=VALUE")
+    _confirmed(yes, "erase this customer's instances")
+    client = _client(ctx)
+    response = client.call(client.processes.EraseInstances, request)
+    _emit(ctx, response, views.erased(response))
 
 
 def main() -> None:
