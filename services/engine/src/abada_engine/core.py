@@ -159,7 +159,8 @@ class EngineCore:
         queue_upkeep.start()
         retention = Retention(db)
         retention_rounds = Periodic("retention", retention.round, retention_round_seconds)
-        retention_rounds.start()
+        if retention_round_seconds > 0:
+            retention_rounds.start()
         database = DatabaseWatch(db, interval_seconds=database_check_seconds)
         database.subscribe(leases.database_changed)
         database.start()
