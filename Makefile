@@ -76,13 +76,13 @@ bench: venv proto
 REGISTRY ?=
 TAG ?= $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' charts/abada/Chart.yaml)
 IMAGE_PREFIX ?= $(if $(REGISTRY),$(REGISTRY)/abada,abada)
-IMAGES := engine:services/engine credential-broker:services/credential-broker agent-worker:services/agent-worker
+# Each is the root Dockerfile with SERVICE, its directory under services/ (and its image's name).
+SERVICES := engine credential-broker agent-worker
 
 images:
-	@set -e; for image in $(IMAGES); do \
-	  name=$${image%%:*}; dir=$${image#*:}; \
-	  echo "docker build -f $$dir/Dockerfile -t $(IMAGE_PREFIX)/$$name:$(TAG) ."; \
-	  docker build -f $$dir/Dockerfile -t $(IMAGE_PREFIX)/$$name:$(TAG) .; \
+	@set -e; for name in $(SERVICES); do \
+	  echo "docker build --build-arg SERVICE=$$name -t $(IMAGE_PREFIX)/$$name:$(TAG) ."; \
+	  docker build --build-arg SERVICE=$$name -t $(IMAGE_PREFIX)/$$name:$(TAG) .; \
 	  if [ -n "$(REGISTRY)" ]; then echo "docker push $(IMAGE_PREFIX)/$$name:$(TAG)"; docker push $(IMAGE_PREFIX)/$$name:$(TAG); fi; \
 	done
 

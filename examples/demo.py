@@ -114,7 +114,8 @@ def run(provider: ModelProvider) -> int:
             raise SystemExit(str(error)) from None
     if outcome == 0:
         say(
-            "\nNext: `abada dev` runs this stack until Ctrl-C, keeping its data; try it yourself (README: The CLI)."
+            "\nNext: `abada dev` runs this stack until Ctrl-C, keeping its data; try it yourself (README: The CLI),"
+            " or in the web console at the `console` address it prints (docs/console.md)."
         )
     return outcome
 

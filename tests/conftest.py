@@ -34,6 +34,7 @@ from abada_engine.db.migrate import migrate
 from abada_engine.definitions.tool_contracts import FileCredentials, McpContractCheck
 from abada_engine.runtime.crypto.keys import IdempotencyKeys, KeyRing
 from bearer import BearerToken
+from crm_mcp.testing import RunningCrmServer, running_crm_server
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -102,6 +103,23 @@ def deploy_credentials(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path
     path = tmp_path_factory.mktemp("deploy") / "credentials.yaml"
     path.write_text("{}\n")
     return path
+
+
+@pytest.fixture(scope="module")
+def crm() -> Iterator[RunningCrmServer]:
+    """The demo CRM MCP server, one a test module (its tickets start empty in each), with its control
+    endpoint so a test can switch its tool set (`set_variant`) or break it."""
+    with running_crm_server(enable_control=True) as server:
+        yield server
+
+
+@pytest.fixture
+def crm_credentials(crm: RunningCrmServer, deploy_credentials: pathlib.Path) -> Iterator[RunningCrmServer]:
+    """The CRM with its token in the engine's deploy credentials, and its standard tool set."""
+    deploy_credentials.write_text(f"crm-token: {crm.token}\n")
+    crm.set_variant("standard")
+    yield crm
+    crm.set_variant("standard")
 
 
 @pytest.fixture(scope="session")

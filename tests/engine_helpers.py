@@ -38,6 +38,53 @@ processes:
 """
 
 
+def support_triage(
+    crm_url: str,
+    *,
+    model: str = "gemini-3.6-flash",
+    idempotency: str = "key",
+    approval: bool = False,
+    review_on: tuple[str, ...] = ("invalid_output", "low_confidence"),
+    node_extra: str = "",
+) -> str:
+    """Alice's support triage (docs/scenario.md): an agent node reading the customer and opening a
+    ticket with the CRM's tools, then `notify_customer`. Each reason in `review_on` routes the answer to
+    a person's `review` task instead of an incident (none: no review task); `approval` puts
+    create_ticket under a person's approval; `node_extra` adds lines to the agent node."""
+    write = f"policy: write, idempotency: {idempotency}" + (", approval: required" if approval else "")
+    routes = "".join(f"on_{reason}: review\n        " for reason in review_on)
+    if node_extra:
+        routes += f"{node_extra}\n        "
+    review = "\n      - { id: review, type: user_task, next: done }" if review_on else ""
+    return f"""
+tool_servers:
+  - name: crm
+    transport: streamable-http
+    url: {crm_url}
+    credential: crm-token
+    tools:
+      get_customer:  {{ policy: read }}
+      create_ticket: {{ {write} }}
+processes:
+  - id: support_triage
+    start: triage
+    nodes:
+      - id: triage
+        type: agent
+        model: {model}
+        prompt: Read the message from ${{customerId}}, look the customer up, open a ticket and answer in JSON.
+        inputs: {{ customerId: "${{customerId}}", message: "${{message}}" }}
+        tools: [crm/get_customer, crm/create_ticket]
+        result_variable: triage
+        output_schema: {{ type: object, required: [ticketId, priority] }}
+        confidence_threshold: 80
+        limits: {{ max_model_calls: 8, max_tool_calls: 8, max_tokens: 50000 }}
+        {routes}next: notify_customer
+      - {{ id: notify_customer, type: service, topic: notify, next: done }}{review}
+      - {{ id: done, type: end }}
+"""
+
+
 async def until_lease_ran_out(*tasks: external_task_pb2.ExternalTask) -> None:
     """Sleeps to the latest of the tasks' lease expiries, read from the leases themselves (not a guessed
     length), plus 50 ms: afterwards the engine (PostgreSQL's clock, the same machine's) sees them expired.

@@ -20,7 +20,7 @@ for helper_dir in (HERE.parent / "vault", HERE.parent / "engine"):
         sys.path.insert(0, str(helper_dir))
 
 from broker_support import BROKER_POLICY, CRM_SECRET_PATH, BrokerProcess, running_broker  # noqa: E402
-from crm_mcp.testing import RunningCrmServer, running_crm_server  # noqa: E402
+from crm_mcp.testing import RunningCrmServer  # noqa: E402
 from fake_vault import FakeVault  # noqa: E402
 
 
@@ -31,12 +31,6 @@ class DevTokenFiles:
     worker_token: str
     engine_token: str
     printed: str
-
-
-@pytest.fixture(scope="module")
-def crm() -> Iterator[RunningCrmServer]:
-    with running_crm_server() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""The service images: what the Dockerfiles build and what the chart runs from them.
+"""The service images: what the one Dockerfile builds for each SERVICE and what the chart runs from them.
 
-No Docker daemon here, so the Dockerfiles are read, not built: every COPY source must exist and
+No Docker daemon here, so the Dockerfile is read, not built: every COPY source must exist and
 survive .dockerignore, the stages must be the ones the chart relies on (non-root 10001, stubs
 generated in the build stage), and each ENTRYPOINT must be a console script the service declares
 and the command the chart starts.
@@ -34,11 +34,21 @@ class Stage:
         return [args for key, args in self.instructions if key == keyword]
 
 
-def parse_dockerfile(text: str) -> tuple[dict[str, str], list[Stage]]:
-    """Global ARG defaults and the stages, with line continuations joined."""
+DOCKERFILE = REPO_ROOT / "Dockerfile"
+
+
+def parse_dockerfile(
+    text: str, build_args: dict[str, str] | None = None
+) -> tuple[dict[str, str], list[Stage]]:
+    """Global ARG defaults (overridden by `build_args`, as `--build-arg` does) and the stages, with line
+    continuations joined and `${NAME}` replaced by the argument's value."""
     joined = re.sub(r"\\\n", " ", text)
     args: dict[str, str] = {}
     stages: list[Stage] = []
+
+    def expand(value: str) -> str:
+        return re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], value)
+
     for raw in joined.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -48,15 +58,28 @@ def parse_dockerfile(text: str) -> tuple[dict[str, str], list[Stage]]:
         rest = rest.strip()
         if keyword == "FROM":
             parts = rest.split()
-            base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], parts[0])
             name = parts[2] if len(parts) == 3 and parts[1].upper() == "AS" else ""
-            stages.append(Stage(base, name))
+            stages.append(Stage(expand(parts[0]), name))
         elif keyword == "ARG" and not stages:
             key, _, default = rest.partition("=")
-            args[key] = default
+            args[key] = (build_args or {}).get(key, default)
         elif stages:
-            stages[-1].instructions.append((keyword, rest))
+            stages[-1].instructions.append((keyword, expand(rest)))
     return args, stages
+
+
+def image_of(service: str) -> tuple[Stage, Stage]:
+    """The build stage, and what `--build-arg SERVICE=service` makes the image from: the stages the
+    last one stands on, their instructions in order, as one."""
+    _, stages = parse_dockerfile(DOCKERFILE.read_text(), {"SERVICE": service})
+    named = {stage.name: stage for stage in stages if stage.name}
+    chain = [stages[-1]]
+    while chain[-1].base in named:
+        chain.append(named[chain[-1].base])
+    image = Stage(chain[-1].base, stages[-1].name)
+    for stage in reversed(chain):
+        image.instructions += stage.instructions
+    return named["build"], image
 
 
 def dockerignore_patterns() -> list[tuple[bool, str]]:
@@ -126,12 +149,19 @@ def test_the_matcher_reads_dockerignore_like_docker() -> None:
     assert not ignored("proto/abada/engine/v1/process.proto")
 
 
+def test_one_dockerfile_has_a_stage_for_each_service_and_no_other() -> None:
+    args, stages = parse_dockerfile(DOCKERFILE.read_text())
+    assert args["SERVICE"] in SERVICES
+    services = {stage.name.removeprefix("service-") for stage in stages if stage.name.startswith("service-")}
+    projects = {p.parent.name for p in REPO_ROOT.glob("services/*/pyproject.toml")} - {"common"}
+    assert services == set(SERVICES) == projects
+    assert not list(REPO_ROOT.glob("services/*/Dockerfile")), "the root Dockerfile builds every service"
+
+
 @pytest.mark.parametrize("service", SERVICES)
 def test_dockerfile_builds_stubs_then_runs_unprivileged(service: str) -> None:
-    _, stages = parse_dockerfile((REPO_ROOT / "services" / service / "Dockerfile").read_text())
-    assert [s.name for s in stages] == ["build", "runtime"]
-    assert {s.base for s in stages} == {"python:3.11-slim"}
-    build, runtime = stages
+    build, runtime = image_of(service)
+    assert {build.base, runtime.base} == {"python:3.11-slim"}
     pinned = re.search(r"^grpcio-tools==(\S+)$", (REPO_ROOT / "requirements-dev.txt").read_text(), re.M)
     assert pinned is not None
     assert any(f"grpcio-tools=={pinned.group(1)}" in run for run in build.all("RUN"))
@@ -149,8 +179,8 @@ def test_dockerfile_builds_stubs_then_runs_unprivileged(service: str) -> None:
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_every_copied_source_is_in_the_build_context(service: str) -> None:
-    _, stages = parse_dockerfile((REPO_ROOT / "services" / service / "Dockerfile").read_text())
-    copies = [shlex.split(c) for stage in stages for c in stage.all("COPY")]
+    build, image = image_of(service)
+    copies = [shlex.split(c) for stage in (build, image) for c in stage.all("COPY")]
     assert copies
     for *sources, _destination in copies:
         for source in sources:
@@ -166,13 +196,13 @@ def test_every_copied_source_is_in_the_build_context(service: str) -> None:
 @pytest.mark.parametrize("service", SERVICES)
 def test_the_entrypoint_is_the_services_script_and_the_charts_command(service: str) -> None:
     component, project = SERVICES[service]
-    _, stages = parse_dockerfile((REPO_ROOT / "services" / service / "Dockerfile").read_text())
-    (entrypoint,) = stages[-1].all("ENTRYPOINT")
+    _, image = image_of(service)
+    (entrypoint,) = image.all("ENTRYPOINT")
     (script,) = eval_exec_form(entrypoint)
     pyproject = tomllib.loads((REPO_ROOT / "services" / service / "pyproject.toml").read_text())
     assert pyproject["project"]["name"] == project
     assert script in pyproject["project"]["scripts"]
-    (install,) = [run for run in stages[-1].all("RUN") if "pip install" in run]
+    (install,) = [run for run in image.all("RUN") if "pip install" in run]
     assert install.split()[-1] == project
     assert only_container(render_set("default").deployment_of(component))["command"] == [script]
 
@@ -186,8 +216,8 @@ def eval_exec_form(instruction: str) -> list[str]:
 def test_the_image_exposes_what_the_chart_probes() -> None:
     exposed = {}
     for service, (component, _) in SERVICES.items():
-        _, stages = parse_dockerfile((REPO_ROOT / "services" / service / "Dockerfile").read_text())
-        exposed[component] = {int(p) for line in stages[-1].all("EXPOSE") for p in line.split()}
+        _, image = image_of(service)
+        exposed[component] = {int(p) for line in image.all("EXPOSE") for p in line.split()}
     release = render_set("default")
     for component, ports in exposed.items():
         container = only_container(release.deployment_of(component))

@@ -112,6 +112,21 @@ def test_keda_reaches_the_stats_port_only_when_it_polls_it() -> None:
     assert not allowed(metrics_api, PROMETHEUS, one_pod(metrics_api, "engine"), 8080)
 
 
+INGRESS_CONTROLLER = Endpoint(
+    "the ingress controller", "10.244.5.5", "ingress-nginx", {"app": "ingress-nginx"}
+)
+
+
+def test_the_console_is_opened_through_the_ingress_controller_only_when_let_in() -> None:
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}]
+    shut, opened = render({}), render({"engine": {"console": {"ingressFrom": peers}}})
+    assert not allowed(shut, INGRESS_CONTROLLER, one_pod(shut, "engine"), 8080)
+    assert allowed(opened, INGRESS_CONTROLLER, one_pod(opened, "engine"), 8080)
+    # The HTTP port only: the gRPC port stays for workers, the broker and operators.
+    assert not allowed(opened, INGRESS_CONTROLLER, one_pod(opened, "engine"), 50051)
+    assert not allowed(opened, OTHER_APP, one_pod(opened, "engine"), 8080)
+
+
 def test_broker_is_reached_by_workers_and_the_engine_only(value_set: str) -> None:
     release = render_set(value_set)
     broker = one_pod(release, "broker")

@@ -1,4 +1,5 @@
-"""`make images REGISTRY=… TAG=…` builds the three images the chart runs and pushes them.
+"""`make images REGISTRY=… TAG=…` builds the three images the chart runs (one Dockerfile, SERVICE
+chosen with --build-arg) and pushes them.
 
 A `docker` on PATH that records its arguments stands in for the Docker engine (none on CI machines);
 what is checked is what the target asks of it.
@@ -39,7 +40,7 @@ def test_images_are_built_and_pushed_under_the_registry_and_tag(tmp_path):
     expected = []
     for component in COMPONENTS:
         image = f"registry.example.com/team/abada/{component}:1.2.3"
-        expected += [f"build -f services/{component}/Dockerfile -t {image} .", f"push {image}"]
+        expected += [f"build --build-arg SERVICE={component} -t {image} .", f"push {image}"]
     assert calls == expected
 
 
@@ -47,6 +48,6 @@ def test_without_a_registry_the_images_are_only_built_with_the_charts_version(tm
     app_version = yaml.safe_load((ROOT / "charts" / "abada" / "Chart.yaml").read_text())["appVersion"]
     calls = _docker_calls(tmp_path)
     assert calls == [
-        f"build -f services/{component}/Dockerfile -t abada/{component}:{app_version} ."
+        f"build --build-arg SERVICE={component} -t abada/{component}:{app_version} ."
         for component in COMPONENTS
     ]

@@ -12,11 +12,3 @@ def cli_token_for_the_test_engine(engine_channel, engine_tokens):
     cli_support.ENGINE_TOKENS[address] = engine_tokens.suite
     yield
     cli_support.ENGINE_TOKENS.pop(address, None)
-
-
-@pytest.fixture
-def crm():
-    from crm_mcp.testing import running_crm_server
-
-    with running_crm_server() as server:
-        yield server

@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 from approval_helpers import parked_with_proposed_calls
 from cli_support import abada
-from crm_mcp.testing import RunningCrmServer, running_crm_server
-
-
-@pytest.fixture(scope="module")
-def crm() -> Iterator[RunningCrmServer]:
-    with running_crm_server() as server:
-        yield server
+from crm_mcp.testing import RunningCrmServer
 
 
 async def two_proposed_calls(engine, crm: RunningCrmServer, deploy_credentials) -> tuple[str, list[str]]:  # type: ignore[no-untyped-def]

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
 from abada.engine.v1 import external_task_pb2, incident_pb2
 from abada_engine.cli import views
 from cli_support import abada, fetch_one
-from crm_mcp.testing import running_crm_server
 from engine_helpers import append, deploy, fetch, start, struct
 
 NOTIFY = """
@@ -173,12 +171,6 @@ processes:
         next: done
       - {{ id: done, type: end }}
 """
-
-
-@pytest.fixture(scope="module")
-def crm():
-    with running_crm_server() as server:
-        yield server
 
 
 async def test_the_incident_card_of_a_real_outcome_unknown_incident_leads_with_the_call(

@@ -16,7 +16,7 @@ import pytest
 from abada_broker.engine_client import _error_info as broker_error_info
 from abada_common.errors import Category
 from abada_common.rpc_status import DETAILS_KEY, Violation, status_message
-from abada_engine.cli.errors import from_rpc_error
+from abada_engine.cli.errors import from_status
 from abada_sdk.status import read_status, status_from_trailers
 from abada_worker.rpc_errors import failure_of
 from google.protobuf import any_pb2
@@ -102,7 +102,7 @@ async def test_a_status_without_a_readable_error_info_keeps_its_code_and_message
     # Each service's reader survives it too, and still tells the caller what happened.
     assert failure_of(error).code is grpc.StatusCode.FAILED_PRECONDITION and failure_of(error).reason == ""
     assert broker_error_info(error) == ("", None)
-    assert from_rpc_error(error, "127.0.0.1:1", 5).lines() == [
+    assert from_status(read_status(error), "127.0.0.1:1", 5).lines() == [
         "error: FAILED_PRECONDITION: refused on purpose"
     ]
 

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 
 import pytest
-from crm_mcp.testing import RunningCrmServer, running_crm_server
+from crm_mcp.testing import RunningCrmServer
 from crm_mcp_client import call_tool, crm_session, result_json, result_text
 
 PARCEL_TICKET = {"customerId": "C-42", "subject": "Parcel not received", "priority": "high"}
-
-
-@pytest.fixture(scope="module")
-def crm() -> Iterator[RunningCrmServer]:
-    with running_crm_server() as server:
-        yield server
 
 
 def fresh_key() -> str:

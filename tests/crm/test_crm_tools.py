@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from crm_mcp.testing import RunningCrmServer, running_crm_server
 from crm_mcp_client import call_tool, crm_session, result_json, result_text
-
-
-@pytest.fixture(scope="module")
-def crm() -> Iterator[RunningCrmServer]:
-    with running_crm_server() as server:
-        yield server
 
 
 async def test_tools_list_offers_both_tools_with_typed_input_schemas(crm: RunningCrmServer) -> None:

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import grpc
+import httpx2
 import pytest
 from abada.engine.v1 import external_task_pb2, lease_pb2, lease_pb2_grpc, process_pb2, process_pb2_grpc
 from bearer import BearerToken
@@ -24,6 +25,7 @@ from engine_helpers import (
     struct,
 )
 from google.protobuf import duration_pb2
+from sqlalchemy import text
 
 FLOWS = """
 processes:
@@ -314,3 +316,49 @@ async def test_a_publisher_publishes_only_the_messages_it_is_named_for(engine, e
         with pytest.raises(grpc.aio.AioRpcError) as starting:
             await helpdesk.StartInstance(process_pb2.StartInstanceRequest(process_id="reply"))
         assert error_info(starting.value).reason == "ROLE_REQUIRED"
+
+
+async def test_a_webhook_publishes_over_http_and_a_resend_is_answered_with_the_first(
+    engine, engine_http, engine_tokens
+):
+    await deploy(engine, FLOWS)
+    waiting = await start(engine, "reply", ticket={"id": "T-8"})
+    headers = {"authorization": f"Bearer {engine_tokens.publisher}"}
+    async with httpx2.AsyncClient(base_url=engine_http, headers=headers) as client:
+        listed = await client.get("/v1/instances", params={"waitingFor": "MESSAGE"})
+        assert listed.status_code == 403  # a publisher publishes, and reads nothing
+        body = {"name": "customer_reply", "correlationKey": "T-8", "ttl": "3600s", "messageId": "hook-1"}
+        first = await client.post("/v1/messages:publish", json={**body, "variables": {"text": "yes"}})
+        again = await client.post("/v1/messages:publish", json={**body, "variables": {"text": "yes"}})
+    assert first.status_code == 200, first.text
+    assert first.json()["instanceId"] == waiting.id and first.json()["correlated"] is True
+    assert again.json()["duplicate"] is True and again.json()["messageKey"] == first.json()["messageKey"]
+    assert plain((await instance(engine, waiting.id)).variables)["reply"] == {"text": "yes"}
+
+
+async def test_a_step_begun_while_its_task_is_being_withdrawn_waits_and_is_refused(
+    engine, db, crm_credentials
+):
+    """A withdrawal (a deadline, a cancel) updates the task row, then reads the journal for writes in
+    flight: a STARTED write racing it must not be checked against the row as it was before and land
+    after that read, unseen. Here the withdrawal is held open between the two."""
+    await deploy(engine, AGENT.format(url=crm_credentials.url))
+    await start(engine, "timed_triage", customerId="C-42")
+    [task] = await fetch(engine, "w", "abada:agent")
+    ticket = {"callId": "call_0", "name": "crm__create_ticket", "arguments": {"customerId": "C-42"}}
+    async with db.connect() as conn:
+        withdrawal = await conn.begin()
+        await conn.execute(
+            text("UPDATE tasks SET state = 'CANCELED', lease_token_hash = NULL WHERE id = :id"),
+            {"id": task.id},
+        )
+        begun = asyncio.create_task(
+            append(engine, task, 1, "TOOL_CALL", "STARTED", tool_ref="crm/create_ticket", request=ticket)
+        )
+        await asyncio.sleep(0.5)
+        assert not begun.done(), "the write was checked against the task row as it was"
+        await withdrawal.commit()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await begun
+    assert error_info(caught.value).reason == "TASK_NOT_LEASED"
+    assert await journal(engine, task.id) == []

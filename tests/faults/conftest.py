@@ -11,15 +11,8 @@ from collections.abc import Iterator
 
 import asyncpg
 import pytest
-from crm_mcp.testing import RunningCrmServer, running_crm_server
 from fault_stack import alice_script
 from scripted_gemini.testing import running_scripted_gemini
-
-
-@pytest.fixture(scope="module")
-def crm() -> Iterator[RunningCrmServer]:
-    with running_crm_server(enable_control=True) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

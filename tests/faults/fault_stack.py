@@ -36,6 +36,7 @@ from abada.engine.v1 import (
     process_pb2_grpc,
 )
 from crm_mcp.testing import RunningCrmServer
+from engine_helpers import support_triage
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from scripted_gemini.testing import fetch_calls, load_script, reset_calls
 
@@ -75,37 +76,12 @@ def alice_bundle(
 ) -> str:
     """Alice's triage; with `review_route`, an answer below the confidence threshold goes to a
     person's review task instead of an incident; `outage_budget` (ISO-8601) on the triage node."""
-    route = "on_low_confidence: review\n        " if review_route else ""
-    if outage_budget is not None:
-        route += f"outage_budget: {outage_budget}\n        "
-    review = "\n      - { id: review, type: user_task, next: done }" if review_route else ""
-    return f"""
-tool_servers:
-  - name: crm
-    transport: streamable-http
-    url: {crm_url}
-    credential: crm-token
-    tools:
-      get_customer:  {{ policy: read }}
-      create_ticket: {{ policy: write, idempotency: {idempotency} }}
-processes:
-  - id: support_triage
-    start: triage
-    nodes:
-      - id: triage
-        type: agent
-        model: gemini-3.6-flash
-        prompt: Read the message from ${{customerId}}, look the customer up, open a ticket and answer in JSON.
-        inputs: {{ customerId: "${{customerId}}", message: "${{message}}" }}
-        tools: [crm/get_customer, crm/create_ticket]
-        result_variable: triage
-        output_schema: {{ type: object, required: [ticketId, priority] }}
-        confidence_threshold: 80
-        limits: {{ max_model_calls: 8, max_tool_calls: 8, max_tokens: 50000 }}
-        {route}next: notify_customer
-      - {{ id: notify_customer, type: service, topic: notify, next: done }}{review}
-      - {{ id: done, type: end }}
-"""
+    return support_triage(
+        crm_url,
+        idempotency=idempotency,
+        review_on=("low_confidence",) if review_route else (),
+        node_extra=f"outage_budget: {outage_budget}" if outage_budget is not None else "",
+    )
 
 
 def alice_script(delay_ms: int = 0) -> dict[str, Any]:

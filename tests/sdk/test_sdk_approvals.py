@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 from abada_sdk import ApprovalState, AsyncEngineClient, EngineClient, FailedPrecondition, PermissionDenied
 from approval_helpers import PROPOSED, parked_with_proposed_calls
-from crm_mcp.testing import RunningCrmServer, running_crm_server
-
-
-@pytest.fixture(scope="module")
-def crm() -> Iterator[RunningCrmServer]:
-    with running_crm_server() as server:
-        yield server
 
 
 async def test_an_approver_lists_approves_with_edits_and_rejects(

@@ -15,6 +15,7 @@ from abada_sdk import (
     NotFound,
     Resolution,
     Unauthenticated,
+    requests,
 )
 from engine_helpers import fetch, struct
 
@@ -176,6 +177,36 @@ async def test_iterating_instances_follows_the_page_tokens(sdk_client):
     keyed = [i.id async for i in sdk_client.iter_instances(business_key="K-1", page_size=2)]
     assert keyed == started[1::2][::-1]
     assert [i.id for i in await sdk_client.list_instances("review", limit=3)] == started[::-1][:3]
+
+
+async def test_what_operators_watch_and_resolving_incidents_by_the_hundred(engine, engine_tokens, sdk_client):
+    await sdk_client.deploy(BUNDLE)
+    held = [(await sdk_client.start("review", {"n": n})).id for n in range(2)]
+    waiting = (await sdk_client.start("review", {"n": 2})).id
+    for task in await fetch(engine, "sdk-test", "sdk-check", max_tasks=2):
+        await engine.tasks.Fail(
+            external_task_pb2.FailRequest(
+                task_id=task.id, worker_id="sdk-test", lease_token=task.lease_token, error_message="down"
+            )
+        )
+    [topic] = [t for t in (await sdk_client.topics()).topics if t.name == "sdk-check"]
+    assert (topic.ready, topic.leased) == (1, 0)
+    assert await sdk_client.dependencies() == [], "no worker reported a dependency"
+
+    outcome = await sdk_client.resolve_incidents(
+        "FAILED_TASK", Resolution.CANCEL_INSTANCE, process_id="review", comment="cleanup"
+    )
+    assert sorted(i.instance_id for i in outcome.resolved) == sorted(held)
+    assert (list(outcome.refused), outcome.remaining) == ([], 0)
+    assert {(await sdk_client.get(i)).state for i in held} == {InstanceState.CANCELED}
+
+    def open_tasks() -> list[str]:
+        # The sync client answers any call the typed methods leave out with the engine's own reply.
+        with EngineClient(engine.address, token=engine_tokens.suite, timeout=10) as client:
+            reply = client.call(lambda stubs: stubs.queue.ListTasks, requests.list_open_tasks("sdk-check"))
+            return [task.instance_id for task in reply.tasks]
+
+    assert await asyncio.to_thread(open_tasks) == [waiting]
 
 
 async def test_a_start_with_a_request_id_sent_again_is_the_first_start(sdk_client):

@@ -20,7 +20,7 @@ from abada.engine.v1 import external_task_pb2, incident_pb2, process_pb2
 from abada_common.struct_codec import from_struct
 from bearer import BearerToken
 from crm_mcp.testing import RunningCrmServer
-from engine_helpers import append, error_info, fetch, struct
+from engine_helpers import append, error_info, fetch, struct, support_triage
 from google.protobuf import json_format
 from scripted_gemini.testing import fetch_calls
 from test_worker_e2e import POOL, journal, settled, triage_task_id
@@ -43,37 +43,7 @@ PROPOSED = {"customerId": "C-42", "subject": "Parcel not received", "priority": 
 
 
 def bundle(crm_url: str, node_extra: str = "") -> str:
-    return f"""
-tool_servers:
-  - name: crm
-    transport: streamable-http
-    url: {crm_url}
-    credential: crm-token
-    tools:
-      get_customer:  {{ policy: read }}
-      create_ticket: {{ policy: write, idempotency: key, approval: required }}
-processes:
-  - id: support_triage
-    start: triage
-    nodes:
-      - id: triage
-        type: agent
-        model: gemini-3.6-flash
-        prompt: Read the message from ${{customerId}}, look the customer up, open a ticket and answer in JSON.
-        inputs: {{ customerId: "${{customerId}}", message: "${{message}}" }}
-        tools: [crm/get_customer, crm/create_ticket]
-        result_variable: triage
-        output_schema: {{ type: object, required: [ticketId, priority] }}
-        confidence_threshold: 80
-        limits: {{ max_model_calls: 8, max_tool_calls: 8, max_tokens: 50000 }}
-        on_invalid_output: review
-        on_low_confidence: review
-        {node_extra}
-        next: notify_customer
-      - {{ id: notify_customer, type: service, topic: notify, next: done }}
-      - {{ id: review, type: user_task, next: done }}
-      - {{ id: done, type: end }}
-"""
+    return support_triage(crm_url, approval=True, node_extra=node_extra)
 
 
 def shape(steps: list[external_task_pb2.JournalStep]) -> list[tuple[int, str, str]]:

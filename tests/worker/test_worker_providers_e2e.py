@@ -20,6 +20,7 @@ import pytest
 from abada.engine.v1 import external_task_pb2, incident_pb2, process_pb2
 from abada_common.struct_codec import from_struct
 from crm_mcp.testing import RunningCrmServer
+from engine_helpers import support_triage
 from google.protobuf import json_format
 from scripted_gemini import SUPPORT_TRIAGE_SCRIPT
 from scripted_gemini.testing import fetch_calls, load_script, reset_calls, running_scripted_endpoint
@@ -59,36 +60,7 @@ MODELS = {"gemini": "gemini-3.6-flash", "openai": "gpt-5-mini", "anthropic": "cl
 
 
 def bundle(crm_url: str, model: str) -> str:
-    return f"""
-tool_servers:
-  - name: crm
-    transport: streamable-http
-    url: {crm_url}
-    credential: crm-token
-    tools:
-      get_customer:  {{ policy: read }}
-      create_ticket: {{ policy: write, idempotency: key }}
-processes:
-  - id: support_triage
-    start: triage
-    nodes:
-      - id: triage
-        type: agent
-        model: {model}
-        prompt: Read the message from ${{customerId}}, look the customer up, open a ticket and answer in JSON.
-        inputs: {{ customerId: "${{customerId}}", message: "${{message}}" }}
-        tools: [crm/get_customer, crm/create_ticket]
-        result_variable: triage
-        output_schema: {{ type: object, required: [ticketId, priority] }}
-        confidence_threshold: 80
-        limits: {{ max_model_calls: 8, max_tool_calls: 8, max_tokens: 50000 }}
-        on_invalid_output: review
-        on_low_confidence: review
-        next: notify_customer
-      - {{ id: notify_customer, type: service, topic: notify, next: done }}
-      - {{ id: review, type: user_task, next: done }}
-      - {{ id: done, type: end }}
-"""
+    return support_triage(crm_url, model=model)
 
 
 ALL = pytest.mark.parametrize("provider", ["gemini", "openai", "anthropic"], indirect=True)

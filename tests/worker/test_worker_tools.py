@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
@@ -16,18 +16,12 @@ from abada_worker.engine_client import LeaseRef
 from abada_worker.tool_session import ToolServer, ToolServerRefused, description_sha256, schema_sha256
 from abada_worker.toolbox import ContractBroken, Toolbox
 from abada_worker.work import ToolBinding
-from crm_mcp.testing import RunningCrmServer, running_crm_server
+from crm_mcp.testing import RunningCrmServer
 from worker_servers import FakeBroker, running_broker, running_echo_mcp
 from worker_support import CREATE_TICKET, GET_CUSTOMER, agent_work
 
 LEASE = LeaseRef(task_id="task-7f3", lease_token="lease-token-1", attempt=1)
 PARCEL = {"customerId": "C-42", "subject": "Parcel not received", "priority": "high"}
-
-
-@pytest.fixture(scope="module")
-def crm() -> Iterator[RunningCrmServer]:
-    with running_crm_server(enable_control=True) as server:
-        yield server
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,7 @@
 """Abada's Python SDK: a typed engine client (AsyncEngineClient, EngineClient) and a task Worker."""
 
-from .client import AsyncEngineClient, InstanceHandle
+from .client import AsyncEngineClient, InstanceHandle, Stubs
+from .connection import Connection
 from .errors import (
     AbadaError,
     AlreadyExists,
@@ -39,6 +40,7 @@ __all__ = [
     "Approval",
     "ApprovalState",
     "AsyncEngineClient",
+    "Connection",
     "Definition",
     "Deployment",
     "EngineClient",
@@ -56,6 +58,7 @@ __all__ = [
     "NotFound",
     "PermissionDenied",
     "Resolution",
+    "Stubs",
     "SyncInstanceHandle",
     "Task",
     "TaskFailed",

@@ -6,25 +6,30 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, Unpack, overload
 
 import grpc
 from abada.engine.v1 import (
     approval_pb2,
     approval_pb2_grpc,
-    definition_pb2,
     definition_pb2_grpc,
+    dependency_pb2,
+    dependency_pb2_grpc,
     external_task_pb2,
     external_task_pb2_grpc,
     incident_pb2,
     incident_pb2_grpc,
     process_pb2,
     process_pb2_grpc,
+    queue_pb2,
+    queue_pb2_grpc,
 )
 
-from .connection import Connection
+from . import requests
+from .connection import Connection, ConnectionOptions
 from .errors import AbadaError, InstanceFailed, error_from_rpc
 from .models import (
     Approval,
@@ -38,7 +43,6 @@ from .models import (
     JournalStep,
     Resolution,
     UserTask,
-    to_struct,
 )
 
 Reply = TypeVar("Reply")
@@ -48,6 +52,31 @@ _PAGE_SIZE = 500
 _LONG_PAGE_SIZE = 1000
 _FIRST_POLL_SECONDS = 0.1
 _MAX_POLL_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Stubs:
+    """The engine's services over one channel, for `call`: `client.call(lambda: client.stubs.queue.ListTopics, ...)`."""
+
+    definitions: definition_pb2_grpc.DefinitionServiceAsyncStub
+    processes: process_pb2_grpc.ProcessServiceAsyncStub
+    tasks: external_task_pb2_grpc.ExternalTaskServiceAsyncStub
+    incidents: incident_pb2_grpc.IncidentServiceAsyncStub
+    approvals: approval_pb2_grpc.ApprovalServiceAsyncStub
+    queue: queue_pb2_grpc.QueueServiceAsyncStub
+    dependencies: dependency_pb2_grpc.DependencyServiceAsyncStub
+
+    @classmethod
+    def over(cls, channel: grpc.aio.Channel) -> Stubs:
+        return cls(
+            definitions=definition_pb2_grpc.DefinitionServiceStub(channel),
+            processes=process_pb2_grpc.ProcessServiceStub(channel),
+            tasks=external_task_pb2_grpc.ExternalTaskServiceStub(channel),
+            incidents=incident_pb2_grpc.IncidentServiceStub(channel),
+            approvals=approval_pb2_grpc.ApprovalServiceStub(channel),
+            queue=queue_pb2_grpc.QueueServiceStub(channel),
+            dependencies=dependency_pb2_grpc.DependencyServiceStub(channel),
+        )
 
 
 class InstanceHandle:
@@ -76,36 +105,23 @@ class InstanceHandle:
 
 
 class AsyncEngineClient:
-    """The engine's operator API. Address and token from the arguments or ABADA_ENGINE_ADDRESS,
-    ABADA_TOKEN / ABADA_TOKEN_FILE; use as `async with AsyncEngineClient(...) as client:`."""
+    """The engine's operator API; use as `async with AsyncEngineClient(...) as client:`.
+
+    Address, token (`token` or `token_file`), TLS (`tls_ca`, `tls_cert`, `tls_key`) and `timeout` from
+    the arguments or ABADA_ENGINE_ADDRESS, ABADA_TOKEN / ABADA_TOKEN_FILE, ABADA_TLS_*; or a whole
+    `connection`."""
 
     def __init__(
         self,
         address: str | None = None,
         *,
-        token: str | None = None,
-        token_file: str | os.PathLike[str] | None = None,
-        tls_ca: str | os.PathLike[str] | None = None,
-        tls_cert: str | os.PathLike[str] | None = None,
-        tls_key: str | os.PathLike[str] | None = None,
-        timeout: float = 30.0,
+        connection: Connection | None = None,
+        **options: Unpack[ConnectionOptions],
     ) -> None:
-        self.connection = Connection.resolve(
-            address,
-            token=token,
-            token_file=token_file,
-            tls_ca=tls_ca,
-            tls_cert=tls_cert,
-            tls_key=tls_key,
-            timeout=timeout,
-        )
-        self.timeout = timeout
+        self.connection = connection or Connection.resolve(address, **options)
+        self.timeout = self.connection.timeout
         self._channel: grpc.aio.Channel | None = None
-        self._definitions: definition_pb2_grpc.DefinitionServiceAsyncStub
-        self._processes: process_pb2_grpc.ProcessServiceAsyncStub
-        self._incidents: incident_pb2_grpc.IncidentServiceAsyncStub
-        self._approvals: approval_pb2_grpc.ApprovalServiceAsyncStub
-        self.tasks: external_task_pb2_grpc.ExternalTaskServiceAsyncStub
+        self._stubs: Stubs | None = None
 
     async def __aenter__(self) -> AsyncEngineClient:
         return self
@@ -117,16 +133,20 @@ class AsyncEngineClient:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+            self._stubs = None
 
-    def _open(self) -> None:
-        # aio channels belong to the loop that made them, so the channel is opened on first use.
-        if self._channel is None:
+    @property
+    def stubs(self) -> Stubs:
+        """The generated stubs; the channel is opened on first use, as aio channels belong to the
+        loop that made them."""
+        if self._stubs is None:
             self._channel = self.connection.open_aio_channel()
-            self._definitions = definition_pb2_grpc.DefinitionServiceStub(self._channel)
-            self._processes = process_pb2_grpc.ProcessServiceStub(self._channel)
-            self._incidents = incident_pb2_grpc.IncidentServiceStub(self._channel)
-            self._approvals = approval_pb2_grpc.ApprovalServiceStub(self._channel)
-            self.tasks = external_task_pb2_grpc.ExternalTaskServiceStub(self._channel)
+            self._stubs = Stubs.over(self._channel)
+        return self._stubs
+
+    @property
+    def tasks(self) -> external_task_pb2_grpc.ExternalTaskServiceAsyncStub:
+        return self.stubs.tasks
 
     async def call(
         self,
@@ -135,24 +155,10 @@ class AsyncEngineClient:
         timeout: float | None = None,
     ) -> Reply:
         """One RPC with the token and a deadline; a refusal becomes an AbadaError."""
-        self._open()
         try:
             return await method()(request, timeout=timeout or self.timeout, metadata=self.connection.metadata)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
-
-    # Definitions
-
-    async def deploy(self, bundle: str | os.PathLike[str], *, source_name: str | None = None) -> Deployment:
-        """Deploys a YAML bundle, given as a path or as its text (then name it with `source_name`)."""
-        content, name = await asyncio.to_thread(_bundle_text, bundle)
-        reply = await self.call(
-            lambda: self._definitions.Deploy,
-            definition_pb2.DeployRequest(source_name=source_name or name, content=content),
-        )
-        return Deployment(
-            [Definition.from_proto(d) for d in reply.definitions], list(reply.created_process_ids)
-        )
 
     async def pages(
         self,
@@ -174,11 +180,23 @@ class AsyncEngineClient:
                 return
             request.page_token = reply.next_page_token
 
+    # Definitions
+
+    async def deploy(self, bundle: str | os.PathLike[str], *, source_name: str | None = None) -> Deployment:
+        """Deploys a YAML bundle, given as a path or as its text (then name it with `source_name`)."""
+        content, name = await asyncio.to_thread(_bundle_text, bundle)
+        reply = await self.call(
+            lambda: self.stubs.definitions.Deploy, requests.deploy(content, source_name or name)
+        )
+        return Deployment(
+            [Definition.from_proto(d) for d in reply.definitions], list(reply.created_process_ids)
+        )
+
     async def definitions(self, process_id: str = "") -> list[Definition]:
-        request = definition_pb2.ListDefinitionsRequest(process_id=process_id)
+        request = requests.list_definitions(process_id)
         return [
             Definition.from_proto(d)
-            async for d in self.pages(lambda: self._definitions.ListDefinitions, request, "definitions")
+            async for d in self.pages(lambda: self.stubs.definitions.ListDefinitions, request, "definitions")
         ]
 
     # Instances
@@ -225,13 +243,9 @@ class AsyncEngineClient:
         A `request_id` makes the start idempotent for a day: sent again, it starts nothing and answers
         the first start's instance (a re-sent webhook starts one instance)."""
         reply = await self.call(
-            lambda: self._processes.StartInstance,
-            process_pb2.StartInstanceRequest(
-                process_id=process_id,
-                version=version,
-                variables=to_struct(variables),
-                business_key=business_key,
-                request_id=request_id,
+            lambda: self.stubs.processes.StartInstance,
+            requests.start_instance(
+                process_id, variables, business_key=business_key, version=version, request_id=request_id
             ),
         )
         handle = InstanceHandle(self, Instance.from_proto(reply.instance), reply.already_started)
@@ -239,13 +253,13 @@ class AsyncEngineClient:
 
     async def get(self, instance_id: str) -> Instance:
         reply = await self.call(
-            lambda: self._processes.GetInstance, process_pb2.GetInstanceRequest(instance_id=instance_id)
+            lambda: self.stubs.processes.GetInstance, process_pb2.GetInstanceRequest(instance_id=instance_id)
         )
         return Instance.from_proto(reply.instance)
 
     async def history(self, instance_id: str) -> list[HistoryEvent]:
         reply = await self.call(
-            lambda: self._processes.GetHistory, process_pb2.GetHistoryRequest(instance_id=instance_id)
+            lambda: self.stubs.processes.GetHistory, process_pb2.GetHistoryRequest(instance_id=instance_id)
         )
         return [HistoryEvent.from_proto(e) for e in reply.events]
 
@@ -290,25 +304,22 @@ class AsyncEngineClient:
         """Every instance that matches, newest first, read page by page as the caller goes; with
         `created_after` (inclusive) and `created_before`, only those started in that range; with
         `where` ({"customerId": "C-42"}), only those whose top-level variables equal those values."""
-        request = process_pb2.ListInstancesRequest(
-            process_id=process_id,
-            state=state.to_proto() if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
+        request = requests.list_instances(
+            process_id,
+            state,
             business_key=business_key,
+            created_after=created_after,
+            created_before=created_before,
+            where=where,
         )
-        if created_after is not None:
-            request.created_after.FromDatetime(created_after)
-        if created_before is not None:
-            request.created_before.FromDatetime(created_before)
-        for name, value in (where or {}).items():
-            request.variables.add(name=name).value.CopyFrom(to_struct({name: value}).fields[name])
         async for instance in self.pages(
-            lambda: self._processes.ListInstances, request, "instances", page_size
+            lambda: self.stubs.processes.ListInstances, request, "instances", page_size
         ):
             yield Instance.from_proto(instance)
 
     async def cancel(self, instance_id: str, reason: str = "") -> Instance:
         reply = await self.call(
-            lambda: self._processes.CancelInstance,
+            lambda: self.stubs.processes.CancelInstance,
             process_pb2.CancelInstanceRequest(instance_id=instance_id, reason=reason),
         )
         return Instance.from_proto(reply.instance)
@@ -346,16 +357,13 @@ class AsyncEngineClient:
     async def incidents(
         self, *, instance_id: str = "", include_resolved: bool = False, type: str = ""
     ) -> list[Incident]:
-        states = [incident_pb2.INCIDENT_STATE_OPEN]
-        if include_resolved:
-            states.append(incident_pb2.INCIDENT_STATE_RESOLVED)
         found: list[Incident] = []
-        for state in states:
-            request = incident_pb2.ListIncidentsRequest(instance_id=instance_id, state=state, type=type)
+        for state in requests.incident_states(include_resolved):
+            request = requests.list_incidents(state, instance_id=instance_id, type=type)
             found += [
                 Incident.from_proto(i)
                 async for i in self.pages(
-                    lambda: self._incidents.ListIncidents, request, "incidents", _LONG_PAGE_SIZE
+                    lambda: self.stubs.incidents.ListIncidents, request, "incidents", _LONG_PAGE_SIZE
                 )
             ]
         return sorted(found, key=lambda i: (i.created_at is None, i.created_at))
@@ -368,20 +376,40 @@ class AsyncEngineClient:
         result: dict[str, Any] | None = None,
         comment: str = "",
     ) -> Incident:
-        request = incident_pb2.ResolveIncidentRequest(
-            incident_id=incident_id, resolution=resolution.to_proto(), comment=comment
-        )
-        if result is not None:
-            request.result.CopyFrom(to_struct(result))
-        reply = await self.call(lambda: self._incidents.ResolveIncident, request)
+        request = requests.resolve_incident(incident_id, resolution, result=result, comment=comment)
+        reply = await self.call(lambda: self.stubs.incidents.ResolveIncident, request)
         return Incident.from_proto(reply.incident)
 
+    async def resolve_incidents(
+        self,
+        type: str,
+        resolution: Resolution,
+        *,
+        dependency: dependency_pb2.Dependency | None = None,
+        process_id: str = "",
+        comment: str = "",
+    ) -> incident_pb2.ResolveIncidentsResponse:
+        """Resolves every open incident of `type` (RETRY or CANCEL_INSTANCE), a thousand a call, until
+        none is left or a call resolves none; the answer gathers every call's resolved and refused ones."""
+        request = requests.resolve_incidents(
+            type, resolution, dependency=dependency, process_id=process_id, comment=comment
+        )
+        total = incident_pb2.ResolveIncidentsResponse()
+        while True:
+            reply = await self.call(lambda: self.stubs.incidents.ResolveIncidents, request)
+            total.resolved.extend(reply.resolved)
+            total.refused.extend(reply.refused)
+            # Refused ones stay open and are not asked again: a call that resolves none is the last.
+            if not reply.remaining or not reply.resolved:
+                total.remaining = reply.remaining
+                return total
+
     async def user_tasks(self, instance_id: str = "") -> list[UserTask]:
-        request = process_pb2.ListUserTasksRequest(instance_id=instance_id)
+        request = requests.list_user_tasks(instance_id)
         return [
             UserTask.from_proto(t)
             async for t in self.pages(
-                lambda: self._processes.ListUserTasks, request, "user_tasks", _LONG_PAGE_SIZE
+                lambda: self.stubs.processes.ListUserTasks, request, "user_tasks", _LONG_PAGE_SIZE
             )
         ]
 
@@ -389,8 +417,8 @@ class AsyncEngineClient:
         self, user_task_id: str, variables: dict[str, Any] | None = None
     ) -> Instance:
         reply = await self.call(
-            lambda: self._processes.CompleteUserTask,
-            process_pb2.CompleteUserTaskRequest(user_task_id=user_task_id, variables=to_struct(variables)),
+            lambda: self.stubs.processes.CompleteUserTask,
+            requests.complete_user_task(user_task_id, variables),
         )
         return Instance.from_proto(reply.instance)
 
@@ -405,19 +433,19 @@ class AsyncEngineClient:
         state: ApprovalState = ApprovalState.PENDING,
     ) -> list[Approval]:
         """Tool calls waiting for a decision (or, with `state`, decided ones), oldest first."""
-        request = approval_pb2.ListApprovalsRequest(
-            process_id=process_id, business_key=business_key, tool_ref=tool_ref, state=state.to_proto()
+        request = requests.list_approvals(
+            process_id=process_id, business_key=business_key, tool_ref=tool_ref, state=state
         )
         return [
             Approval.from_proto(a)
             async for a in self.pages(
-                lambda: self._approvals.ListApprovals, request, "approvals", _LONG_PAGE_SIZE
+                lambda: self.stubs.approvals.ListApprovals, request, "approvals", _LONG_PAGE_SIZE
             )
         ]
 
     async def get_approval(self, approval_id: str) -> Approval:
         reply = await self.call(
-            lambda: self._approvals.GetApproval, approval_pb2.GetApprovalRequest(approval_id=approval_id)
+            lambda: self.stubs.approvals.GetApproval, approval_pb2.GetApprovalRequest(approval_id=approval_id)
         )
         return Approval.from_proto(reply.approval)
 
@@ -425,29 +453,35 @@ class AsyncEngineClient:
         self, approval_id: str, *, arguments: dict[str, Any] | None = None, comment: str = ""
     ) -> Approval:
         """Approves a call: it runs when the task is offered again, with `arguments` if given (edited)."""
-        request = approval_pb2.DecideApprovalRequest(
-            approval_id=approval_id, decision=approval_pb2.APPROVAL_DECISION_APPROVE, comment=comment
-        )
-        if arguments is not None:
-            request.arguments.CopyFrom(to_struct(arguments))
-        reply = await self.call(lambda: self._approvals.DecideApproval, request)
+        request = requests.approve(approval_id, arguments=arguments, comment=comment)
+        reply = await self.call(lambda: self.stubs.approvals.DecideApproval, request)
         return Approval.from_proto(reply.approval)
 
     async def reject(self, approval_id: str, reason: str) -> Approval:
         """Rejects a call: it never runs; the model reads "rejected by a person: <reason>" and goes on."""
         reply = await self.call(
-            lambda: self._approvals.DecideApproval,
-            approval_pb2.DecideApprovalRequest(
-                approval_id=approval_id, decision=approval_pb2.APPROVAL_DECISION_REJECT, comment=reason
-            ),
+            lambda: self.stubs.approvals.DecideApproval, requests.reject(approval_id, reason)
         )
         return Approval.from_proto(reply.approval)
 
     async def journal(self, task_id: str) -> list[JournalStep]:
         reply = await self.call(
-            lambda: self.tasks.GetJournal, external_task_pb2.GetJournalRequest(task_id=task_id)
+            lambda: self.stubs.tasks.GetJournal, external_task_pb2.GetJournalRequest(task_id=task_id)
         )
         return sorted((JournalStep.from_proto(s) for s in reply.steps), key=lambda s: s.sequence)
+
+    # What operators watch: the queue and the dependencies agent tasks need
+
+    async def topics(self) -> queue_pb2.ListTopicsResponse:
+        """Queue figures per topic (ready, leased, delayed, demand, oldest wait) and per model profile."""
+        return await self.call(lambda: self.stubs.queue.ListTopics, queue_pb2.ListTopicsRequest())
+
+    async def dependencies(self) -> list[dependency_pb2.DependencyStatus]:
+        """Each dependency workers reported (models, tool servers, the broker, its secret store)."""
+        reply = await self.call(
+            lambda: self.stubs.dependencies.ListDependencies, dependency_pb2.ListDependenciesRequest()
+        )
+        return list(reply.dependencies)
 
 
 def _bundle_text(bundle: str | os.PathLike[str]) -> tuple[str, str]:

@@ -23,6 +23,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import grpc
 
@@ -158,6 +159,18 @@ class ClientTls:
         )
 
 
+class ConnectionOptions(TypedDict, total=False):
+    """What a client takes to reach the engine, each read from the environment when not given."""
+
+    token: str | None
+    token_file: str | os.PathLike[str] | None
+    tls_ca: str | os.PathLike[str] | None
+    tls_cert: str | os.PathLike[str] | None
+    tls_key: str | os.PathLike[str] | None
+    # Seconds a call may take unless it says otherwise.
+    timeout: float
+
+
 @dataclass(frozen=True)
 class Connection:
     address: str = DEFAULT_ADDRESS
@@ -168,19 +181,11 @@ class Connection:
     options: tuple[tuple[str, int], ...] = RECONNECT_OPTIONS
 
     @classmethod
-    def resolve(
-        cls,
-        address: str | None = None,
-        *,
-        token: str | None = None,
-        token_file: str | os.PathLike[str] | None = None,
-        tls_ca: str | os.PathLike[str] | None = None,
-        tls_cert: str | os.PathLike[str] | None = None,
-        tls_key: str | os.PathLike[str] | None = None,
-        timeout: float = DEFAULT_TIMEOUT_SECONDS,
-    ) -> Connection:
+    def resolve(cls, address: str | None = None, **options: Unpack[ConnectionOptions]) -> Connection:
         """Arguments first, then ABADA_ENGINE_ADDRESS, ABADA_TOKEN / ABADA_TOKEN_FILE and ABADA_TLS_*."""
         env = os.environ
+        token = options.get("token")
+        token_file = options.get("token_file")
         if token is None and token_file is None:
             token = env.get("ABADA_TOKEN") or None
             token_file = env.get("ABADA_TOKEN_FILE") or None
@@ -193,11 +198,11 @@ class Connection:
             address=address or env.get("ABADA_ENGINE_ADDRESS") or DEFAULT_ADDRESS,
             token=BearerToken(token, None if token else path(token_file, "ABADA_TOKEN_FILE")),
             tls=ClientTls(
-                ca_file=path(tls_ca, "ABADA_TLS_CA_FILE"),
-                cert_file=path(tls_cert, "ABADA_TLS_CERT_FILE"),
-                key_file=path(tls_key, "ABADA_TLS_KEY_FILE"),
+                ca_file=path(options.get("tls_ca"), "ABADA_TLS_CA_FILE"),
+                cert_file=path(options.get("tls_cert"), "ABADA_TLS_CERT_FILE"),
+                key_file=path(options.get("tls_key"), "ABADA_TLS_KEY_FILE"),
             ),
-            timeout=timeout,
+            timeout=options.get("timeout", DEFAULT_TIMEOUT_SECONDS),
         )
 
     @property

@@ -37,8 +37,11 @@ class AbadaError(Exception):
         reason: str = "",
         metadata: Mapping[str, str] | None = None,
         violations: list[str] | None = None,
+        status: RpcStatus | None = None,
     ) -> None:
         super().__init__(f"{reason or code.name}: {message}")
+        # The failed call as read, for callers that word it their own way (the `abada` CLI).
+        self.status = status
         self.message = message
         self.code = code
         self.reason = reason
@@ -167,4 +170,5 @@ def _error_of(status: RpcStatus) -> AbadaError:
         reason=status.reason,
         metadata=status.metadata,
         violations=status.violations,
+        status=status,
     )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import enum
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from abada.engine.v1 import approval_pb2, definition_pb2, external_task_pb2, incident_pb2, process_pb2
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf.message import Message
 
 
 def to_struct(values: dict[str, Any] | None) -> struct_pb2.Struct:
@@ -20,17 +22,18 @@ def to_struct(values: dict[str, Any] | None) -> struct_pb2.Struct:
 
 def from_struct(message: struct_pb2.Struct) -> dict[str, Any]:
     """A Struct as JSON values; whole numbers come back as ints (Struct carries every number as a double)."""
-    values: dict[str, Any] = _whole_numbers(json_format.MessageToDict(message))
+    values: dict[str, Any] = plain_numbers(json_format.MessageToDict(message))
     return values
 
 
-def _whole_numbers(value: Any) -> Any:
+def plain_numbers(value: Any) -> Any:
+    """Struct holds every number as a double: `3.0` back as `3`, as the user wrote it, at any depth."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, dict):
-        return {key: _whole_numbers(item) for key, item in value.items()}
+        return {key: plain_numbers(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_whole_numbers(item) for item in value]
+        return [plain_numbers(item) for item in value]
     return value
 
 
@@ -38,6 +41,22 @@ def _time(stamp: timestamp_pb2.Timestamp) -> datetime.datetime | None:
     if not (stamp.seconds or stamp.nanos):
         return None
     return stamp.ToDatetime(tzinfo=datetime.UTC)
+
+
+View = TypeVar("View")
+
+
+def _copied(cls: type[View], message: Message, **converted: Any) -> View:
+    """A view of `message`: every field of `cls` not in `converted` is the message's field of the same
+    name, as it is (ids, names, counts); `converted` gives the others (structs, times, enums)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    plain = {name: getattr(message, name) for name in names if name not in converted}
+    return cls(**plain, **converted)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 class InstanceState(enum.StrEnum):
@@ -111,23 +130,14 @@ class Approval:
 
     @classmethod
     def from_proto(cls, message: approval_pb2.Approval) -> Approval:
-        return cls(
-            id=message.id,
+        return _copied(
+            cls,
+            message,
             state=ApprovalState.of(message.state),
-            tool_ref=message.tool_ref,
             arguments=from_struct(message.arguments),
-            model_text=message.model_text,
-            instance_id=message.instance_id,
-            process_id=message.process_id,
-            business_key=message.business_key,
-            node_id=message.node_id,
-            task_id=message.task_id,
-            sequence=message.sequence,
             created_at=_time(message.create_time),
             expires_at=_time(message.expire_time),
-            decided_by=message.decided_by,
             decided_at=_time(message.decide_time),
-            comment=message.comment,
             approved_arguments=(
                 from_struct(message.approved_arguments) if message.HasField("approved_arguments") else None
             ),
@@ -154,16 +164,11 @@ class Instance:
 
     @classmethod
     def from_proto(cls, message: process_pb2.Instance) -> Instance:
-        return cls(
-            id=message.id,
-            process_id=message.process_id,
-            version=message.version,
-            definition_id=message.definition_id,
+        return _copied(
+            cls,
+            message,
             state=InstanceState.of(message.state),
             variables=from_struct(message.variables),
-            current_node_id=message.current_node_id,
-            business_key=message.business_key,
-            open_incidents=message.open_incidents,
             created_at=_time(message.create_time),
             ended_at=_time(message.end_time),
         )
@@ -180,14 +185,7 @@ class HistoryEvent:
 
     @classmethod
     def from_proto(cls, message: process_pb2.HistoryEvent) -> HistoryEvent:
-        return cls(
-            message.id,
-            message.type,
-            message.node_id,
-            message.task_id,
-            from_struct(message.data),
-            _time(message.create_time),
-        )
+        return _copied(cls, message, data=from_struct(message.data), created_at=_time(message.create_time))
 
 
 @dataclass(frozen=True)
@@ -206,17 +204,11 @@ class Incident:
 
     @classmethod
     def from_proto(cls, message: incident_pb2.Incident) -> Incident:
-        return cls(
-            id=message.id,
-            type=message.type,
-            instance_id=message.instance_id,
-            process_id=message.process_id,
-            node_id=message.node_id,
-            task_id=message.task_id,
-            message=message.message,
+        return _copied(
+            cls,
+            message,
             details=from_struct(message.details),
             open=message.state == incident_pb2.INCIDENT_STATE_OPEN,
-            resolution=message.resolution,
             created_at=_time(message.create_time),
         )
 
@@ -232,13 +224,8 @@ class UserTask:
 
     @classmethod
     def from_proto(cls, message: process_pb2.UserTask) -> UserTask:
-        return cls(
-            message.id,
-            message.instance_id,
-            message.process_id,
-            message.node_id,
-            from_struct(message.variables),
-            _time(message.create_time),
+        return _copied(
+            cls, message, variables=from_struct(message.variables), created_at=_time(message.create_time)
         )
 
 
@@ -258,18 +245,15 @@ class JournalStep:
 
     @classmethod
     def from_proto(cls, message: external_task_pb2.JournalStep) -> JournalStep:
-        return cls(
-            sequence=message.sequence,
-            attempt=message.attempt,
+        return _copied(
+            cls,
+            message,
             kind=external_task_pb2.StepKind.Name(message.kind).removeprefix("STEP_KIND_"),
             state=external_task_pb2.StepState.Name(message.state).removeprefix("STEP_STATE_"),
-            tool_ref=message.tool_ref,
             request=from_struct(message.request) if message.HasField("request") else None,
             response=from_struct(message.response) if message.HasField("response") else None,
             input_tokens=message.tokens.input_tokens,
             output_tokens=message.tokens.output_tokens,
-            idempotency_key=message.idempotency_key,
-            abandoned=message.abandoned,
         )
 
 
@@ -285,14 +269,11 @@ class Definition:
 
     @classmethod
     def from_proto(cls, message: definition_pb2.Definition) -> Definition:
-        return cls(
-            message.id,
-            message.process_id,
-            message.version,
-            message.content_sha256,
-            message.source_name,
-            _time(message.create_time),
-            tuple(f"{b.server}/{b.tool}" for b in message.tool_bindings),
+        return _copied(
+            cls,
+            message,
+            created_at=_time(message.create_time),
+            tools=tuple(f"{b.server}/{b.tool}" for b in message.tool_bindings),
         )
 
 
@@ -323,15 +304,10 @@ class Task:
 
     @classmethod
     def from_proto(cls, message: external_task_pb2.ExternalTask) -> Task:
-        return cls(
-            id=message.id,
+        return _copied(
+            cls,
+            message,
             topic=message.topic_name,
-            instance_id=message.instance_id,
-            process_id=message.process_id,
-            node_id=message.node_id,
-            business_key=message.business_key,
             variables=from_struct(message.variables),
-            attempt=message.attempt,
-            retries_left=message.retries_left,
             lease_expires_at=_time(message.lease_expires_at),
         )

@@ -7,27 +7,20 @@ So there is one implementation of every call, and the sync client works from any
 from __future__ import annotations
 
 import asyncio
-import os
+import functools
 import threading
-from collections.abc import Coroutine
-from typing import Any, Literal, TypeVar, overload
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, Unpack, overload
 
-from .client import AsyncEngineClient, InstanceHandle
-from .models import (
-    Approval,
-    ApprovalState,
-    Definition,
-    Deployment,
-    HistoryEvent,
-    Incident,
-    Instance,
-    InstanceState,
-    JournalStep,
-    Resolution,
-    UserTask,
-)
+import grpc
+
+from .client import AsyncEngineClient, InstanceHandle, Stubs
+from .connection import Connection, ConnectionOptions
+from .models import Instance
 
 Result = TypeVar("Result")
+Reply = TypeVar("Reply")
+P = ParamSpec("P")
 
 
 class _LoopThread:
@@ -63,6 +56,19 @@ class SyncInstanceHandle:
         return self._runner.run(self._handle.result(timeout, stop_on_incident=stop_on_incident))
 
 
+def _blocking(
+    method: Callable[Concatenate[AsyncEngineClient, P], Coroutine[Any, Any, Result]],
+) -> Callable[Concatenate[EngineClient, P], Result]:
+    """AsyncEngineClient's `method` as a blocking one: run on the client's loop thread and waited for.
+    Same parameters, same answer, same errors; written once, in the async client."""
+
+    @functools.wraps(method)
+    def blocking(self: EngineClient, /, *args: P.args, **kwargs: P.kwargs) -> Result:
+        return self._runner.run(method(self._async, *args, **kwargs))
+
+    return blocking
+
+
 class EngineClient:
     """Blocking twin of AsyncEngineClient; use as `with EngineClient(...) as client:`."""
 
@@ -70,22 +76,10 @@ class EngineClient:
         self,
         address: str | None = None,
         *,
-        token: str | None = None,
-        token_file: str | os.PathLike[str] | None = None,
-        tls_ca: str | os.PathLike[str] | None = None,
-        tls_cert: str | os.PathLike[str] | None = None,
-        tls_key: str | os.PathLike[str] | None = None,
-        timeout: float = 30.0,
+        connection: Connection | None = None,
+        **options: Unpack[ConnectionOptions],
     ) -> None:
-        self._async = AsyncEngineClient(
-            address,
-            token=token,
-            token_file=token_file,
-            tls_ca=tls_ca,
-            tls_cert=tls_cert,
-            tls_key=tls_key,
-            timeout=timeout,
-        )
+        self._async = AsyncEngineClient(address, connection=connection, **options)
         self.connection = self._async.connection
         self._runner = _LoopThread()
 
@@ -99,11 +93,16 @@ class EngineClient:
         self._runner.run(self._async.close())
         self._runner.stop()
 
-    def deploy(self, bundle: str | os.PathLike[str], *, source_name: str | None = None) -> Deployment:
-        return self._runner.run(self._async.deploy(bundle, source_name=source_name))
-
-    def definitions(self, process_id: str = "") -> list[Definition]:
-        return self._runner.run(self._async.definitions(process_id))
+    def call(
+        self,
+        method: Callable[[Stubs], grpc.aio.UnaryUnaryMultiCallable[Any, Reply]],
+        request: Any,
+        timeout: float | None = None,
+    ) -> Reply:
+        """One RPC the typed methods do not cover, answered with the engine's own reply message:
+        `client.call(lambda stubs: stubs.queue.ListTasks, request)`. A refusal raises an AbadaError."""
+        # The stubs are reached inside the coroutine: the channel must be opened on the loop's thread.
+        return self._runner.run(self._async.call(lambda: method(self._async.stubs), request, timeout))
 
     @overload
     def start(
@@ -150,74 +149,22 @@ class EngineClient:
         synced = SyncInstanceHandle(self._runner, handle)
         return synced.result(timeout) if wait else synced
 
-    def get(self, instance_id: str) -> Instance:
-        return self._runner.run(self._async.get(instance_id))
-
-    def history(self, instance_id: str) -> list[HistoryEvent]:
-        return self._runner.run(self._async.history(instance_id))
-
-    def list_instances(
-        self, process_id: str = "", state: InstanceState | None = None, limit: int = 100
-    ) -> list[Instance]:
-        return self._runner.run(self._async.list_instances(process_id, state, limit))
-
-    def cancel(self, instance_id: str, reason: str = "") -> Instance:
-        return self._runner.run(self._async.cancel(instance_id, reason))
-
-    def wait(
-        self, instance_id: str, timeout: float | None = None, *, stop_on_incident: bool = True
-    ) -> Instance:
-        return self._runner.run(self._async.wait(instance_id, timeout, stop_on_incident=stop_on_incident))
-
-    def incidents(
-        self, *, instance_id: str = "", include_resolved: bool = False, type: str = ""
-    ) -> list[Incident]:
-        return self._runner.run(
-            self._async.incidents(instance_id=instance_id, include_resolved=include_resolved, type=type)
-        )
-
-    def resolve_incident(
-        self,
-        incident_id: str,
-        resolution: Resolution,
-        *,
-        result: dict[str, Any] | None = None,
-        comment: str = "",
-    ) -> Incident:
-        return self._runner.run(
-            self._async.resolve_incident(incident_id, resolution, result=result, comment=comment)
-        )
-
-    def user_tasks(self, instance_id: str = "") -> list[UserTask]:
-        return self._runner.run(self._async.user_tasks(instance_id))
-
-    def complete_user_task(self, user_task_id: str, variables: dict[str, Any] | None = None) -> Instance:
-        return self._runner.run(self._async.complete_user_task(user_task_id, variables))
-
-    def list_approvals(
-        self,
-        *,
-        process_id: str = "",
-        business_key: str = "",
-        tool_ref: str = "",
-        state: ApprovalState = ApprovalState.PENDING,
-    ) -> list[Approval]:
-        return self._runner.run(
-            self._async.list_approvals(
-                process_id=process_id, business_key=business_key, tool_ref=tool_ref, state=state
-            )
-        )
-
-    def get_approval(self, approval_id: str) -> Approval:
-        return self._runner.run(self._async.get_approval(approval_id))
-
-    def approve(
-        self, approval_id: str, *, arguments: dict[str, Any] | None = None, comment: str = ""
-    ) -> Approval:
-        return self._runner.run(self._async.approve(approval_id, arguments=arguments, comment=comment))
-
-    def reject(self, approval_id: str, reason: str) -> Approval:
-        return self._runner.run(self._async.reject(approval_id, reason))
-
-    def journal(self, task_id: str) -> list[JournalStep]:
-        return self._runner.run(self._async.journal(task_id))
+    deploy = _blocking(AsyncEngineClient.deploy)
+    definitions = _blocking(AsyncEngineClient.definitions)
+    get = _blocking(AsyncEngineClient.get)
+    history = _blocking(AsyncEngineClient.history)
+    list_instances = _blocking(AsyncEngineClient.list_instances)
+    cancel = _blocking(AsyncEngineClient.cancel)
+    wait = _blocking(AsyncEngineClient.wait)
+    incidents = _blocking(AsyncEngineClient.incidents)
+    resolve_incident = _blocking(AsyncEngineClient.resolve_incident)
+    resolve_incidents = _blocking(AsyncEngineClient.resolve_incidents)
+    user_tasks = _blocking(AsyncEngineClient.user_tasks)
+    complete_user_task = _blocking(AsyncEngineClient.complete_user_task)
+    list_approvals = _blocking(AsyncEngineClient.list_approvals)
+    get_approval = _blocking(AsyncEngineClient.get_approval)
+    approve = _blocking(AsyncEngineClient.approve)
+    reject = _blocking(AsyncEngineClient.reject)
+    journal = _blocking(AsyncEngineClient.journal)
+    topics = _blocking(AsyncEngineClient.topics)
+    dependencies = _blocking(AsyncEngineClient.dependencies)

@@ -36,46 +36,59 @@ def agent_handler(services: AgentServices) -> TaskHandler:
     return handle
 
 
-def providers_for(settings: WorkerSettings) -> ProviderSet:
-    """Every provider this worker has a key or an endpoint for; the rest are named with what is missing.
+# Each SDK is imported only when its provider is configured: together they take seconds to load.
+def _gemini(api_key: str | None, base_url: str | None, timeout_seconds: float) -> ModelProvider:
+    from .providers.gemini import GeminiProvider
 
-    Each SDK is imported only when its provider is configured: together they take seconds to load.
-    """
-    timeout = settings.model_timeout_seconds
+    return GeminiProvider(api_key=api_key, base_url=base_url, timeout_seconds=timeout_seconds)
+
+
+def _openai(api_key: str | None, base_url: str | None, timeout_seconds: float) -> ModelProvider:
+    from .providers.openai_chat import OpenAIChatProvider
+
+    return OpenAIChatProvider(api_key=api_key, base_url=base_url, timeout_seconds=timeout_seconds)
+
+
+def _anthropic(api_key: str | None, base_url: str | None, timeout_seconds: float) -> ModelProvider:
+    from .providers.anthropic_messages import AnthropicMessagesProvider
+
+    return AnthropicMessagesProvider(api_key=api_key, base_url=base_url, timeout_seconds=timeout_seconds)
+
+
+def providers_for(settings: WorkerSettings) -> ProviderSet:
+    """Every provider this worker has a key or an endpoint for; the rest are named with what is missing."""
     configured: dict[str, ModelProvider] = {}
     missing: dict[str, str] = {}
-    for key in (settings.gemini_api_key, settings.openai_api_key, settings.anthropic_api_key):
-        # Held for the worker's life: a key quoted by an SDK exception never reaches a log line.
+    for name, key, base_url, build, hint in (
+        (
+            "gemini",
+            settings.gemini_api_key,
+            settings.gemini_base_url,
+            _gemini,
+            "set GEMINI_API_KEY (or --gemini-api-key-file), or --gemini-base-url",
+        ),
+        (
+            "openai",
+            settings.openai_api_key,
+            settings.openai_base_url,
+            _openai,
+            "set OPENAI_API_KEY (or --openai-api-key-file), or OPENAI_BASE_URL / --openai-base-url",
+        ),
+        (
+            "anthropic",
+            settings.anthropic_api_key,
+            settings.anthropic_base_url,
+            _anthropic,
+            "set ANTHROPIC_API_KEY (or --anthropic-api-key-file), or ANTHROPIC_BASE_URL / --anthropic-base-url",
+        ),
+    ):
         if key:
+            # Held for the worker's life: a key quoted by an SDK exception never reaches a log line.
             redactor.hold(key)
-    if settings.gemini_api_key or settings.gemini_base_url:
-        from .providers.gemini import GeminiProvider
-
-        configured["gemini"] = GeminiProvider(
-            api_key=settings.gemini_api_key, base_url=settings.gemini_base_url, timeout_seconds=timeout
-        )
-    else:
-        missing["gemini"] = "set GEMINI_API_KEY (or --gemini-api-key-file), or --gemini-base-url"
-    if settings.openai_api_key or settings.openai_base_url:
-        from .providers.openai_chat import OpenAIChatProvider
-
-        configured["openai"] = OpenAIChatProvider(
-            api_key=settings.openai_api_key, base_url=settings.openai_base_url, timeout_seconds=timeout
-        )
-    else:
-        missing["openai"] = (
-            "set OPENAI_API_KEY (or --openai-api-key-file), or OPENAI_BASE_URL / --openai-base-url"
-        )
-    if settings.anthropic_api_key or settings.anthropic_base_url:
-        from .providers.anthropic_messages import AnthropicMessagesProvider
-
-        configured["anthropic"] = AnthropicMessagesProvider(
-            api_key=settings.anthropic_api_key, base_url=settings.anthropic_base_url, timeout_seconds=timeout
-        )
-    else:
-        missing["anthropic"] = (
-            "set ANTHROPIC_API_KEY (or --anthropic-api-key-file), or ANTHROPIC_BASE_URL / --anthropic-base-url"
-        )
+        if key or base_url:
+            configured[name] = build(key, base_url, settings.model_timeout_seconds)
+        else:
+            missing[name] = hint
     return ProviderSet(configured, missing)
 
 

@@ -9,21 +9,25 @@ import contextlib
 import logging
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Coroutine
 from importlib import metadata
 from typing import Any
 
 from abada_common.logs import JsonFormatter, configure_logging
 from abada_common.telemetry import configure_tracing
+from abada_sdk.connection import Connection
 
 from .api.guard import Guard
 from .api.http import HttpServer, build_app
 from .api.server import ServerTls, start_grpc_server
 from .auth import CallerRegistry, write_dev_callers
 from .config import EXTRA_PROCESS, EngineSettings, SettingsError
+from .console import Engine, build_console
 from .core import EngineCore
 from .db.database import create_engine
 from .db.embedded import start_embedded_postgres
@@ -70,22 +74,31 @@ async def serve(settings: EngineSettings) -> None:
         retention_round_seconds=settings.retention_round_seconds,
     )
     registry = CallerRegistry(_callers_file(settings))
+    # The web console reaches this engine's gRPC API over a Unix socket in a private directory (0700):
+    # no TLS client certificate to hand it, and nothing off this machine (or of another user) gets in.
+    console_dir = None if settings.extra_process else pathlib.Path(tempfile.mkdtemp(prefix="abada-console-"))
+    console_socket = str(console_dir / "engine.sock") if console_dir is not None else None
     running = await start_grpc_server(
         core,
         settings.grpc_address,
         Guard(registry),
         _server_tls(settings),
         shared_port=settings.processes > 1,
+        local_socket=console_socket,
     )
     http = None
     extra: list[subprocess.Popen[bytes]] = []
+    console_engine = Engine(Connection(address=f"unix:{console_socket}"))
     if not settings.extra_process:
+        # Session cookies are sealed with a key derived from the idempotency secret: every replica has it.
+        console = build_console(console_engine, idempotency.secret)
         http = HttpServer(
             build_app(
                 QueueStats(db),
                 registry,
                 database=core.database,
                 servicers=running.servicers if settings.http_api else None,
+                console=console,
             ),
             settings.http_address,
         )
@@ -102,7 +115,10 @@ async def serve(settings: EngineSettings) -> None:
         process.terminate()
     if http is not None:
         await http.stop()
+    await console_engine.close()
     await running.stop()
+    if console_dir is not None:
+        shutil.rmtree(console_dir, ignore_errors=True)
     for process in extra:
         await asyncio.to_thread(process.wait)
     await core.close()

@@ -31,12 +31,13 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import grpc
 from abada.engine.v1 import external_task_pb2
 
 from ..client import AsyncEngineClient
+from ..connection import ConnectionOptions
 from ..errors import AbadaError, LeaseLost, TaskFailed
 from ..models import Task, to_struct
 from .completions import Completions, with_retries
@@ -68,15 +69,11 @@ class Worker:
         engine: str | None = None,
         *,
         worker_id: str | None = None,
-        token: str | None = None,
-        token_file: str | os.PathLike[str] | None = None,
-        tls_ca: str | os.PathLike[str] | None = None,
-        tls_cert: str | os.PathLike[str] | None = None,
-        tls_key: str | os.PathLike[str] | None = None,
         concurrency: int = 8,
         poll_wait_ms: int = 10_000,
         drain_seconds: float = 20.0,
         client: AsyncEngineClient | None = None,
+        **connection: Unpack[ConnectionOptions],
     ) -> None:
         """`engine`, `token`/`token_file` and `worker_id` default to ABADA_ENGINE_ADDRESS,
         ABADA_TOKEN / ABADA_TOKEN_FILE and ABADA_WORKER_ID. The worker id must be the token's
@@ -87,9 +84,7 @@ class Worker:
         if not chosen_id:
             raise ValueError("a worker needs a worker_id (or ABADA_WORKER_ID): its identity at the engine")
         self.worker_id = chosen_id
-        self.client = client or AsyncEngineClient(
-            engine, token=token, token_file=token_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
-        )
+        self.client = client or AsyncEngineClient(engine, **connection)
         self.concurrency = concurrency
         self.poll_wait_ms = poll_wait_ms
         self.drain_seconds = drain_seconds

@@ -53,6 +53,8 @@ def approval_message(value: ApprovalView) -> approval_pb2.Approval:
     )
     if value.approved_arguments is not None:
         message.approved_arguments.CopyFrom(to_struct(value.approved_arguments))
+    if value.input_schema is not None:
+        message.input_schema.CopyFrom(to_struct(value.input_schema))
     return message
 
 

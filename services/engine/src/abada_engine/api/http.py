@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from abada_engine import metrics
 from abada_engine.auth import CallerRegistry
@@ -38,6 +38,7 @@ def build_app(
     metrics_max_age_seconds: float = METRICS_MAX_AGE_SECONDS,
     database: DatabaseWatch | None = None,
     servicers: dict[str, Any] | None = None,
+    console: Starlette | None = None,
 ) -> Starlette:
     """`servicers`: the gRPC server's (RunningServer.servicers), served as HTTP/JSON too; None serves
     only the figures and the health check."""
@@ -89,11 +90,14 @@ def build_app(
             return JSONResponse({"status": "unavailable", "reason": "DATABASE_UNAVAILABLE"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    routes = [
+    routes: list[Route | Mount] = [
         Route("/v1/topics/{topic:path}/stats", topic_stats),
         Route("/metrics", prometheus),
         Route("/healthz", healthz),
     ]
+    if console is not None:
+        # The web console (abada_engine.console), which calls the engine's gRPC API like any client.
+        routes.append(Mount("/console", console))
     if servicers is None:
         return Starlette(routes=routes)
     # The same limit as the gRPC port's largest message.

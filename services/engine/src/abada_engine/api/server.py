@@ -89,8 +89,11 @@ async def start_grpc_server(
     guard: Guard | None,
     tls: ServerTls | None = None,
     shared_port: bool = False,
+    local_socket: str | None = None,
 ) -> RunningServer:
-    """`shared_port`: several engine processes listen on one port (SO_REUSEPORT)."""
+    """`shared_port`: several engine processes listen on one port (SO_REUSEPORT). `local_socket`: also
+    listen on this Unix socket path, without TLS (the web console's way in, see main.py); callers
+    there are authenticated by token like anywhere else."""
     options: list[tuple[str, int]] = [("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)]
     if shared_port:
         options.append(("grpc.so_reuseport", 1))
@@ -121,6 +124,8 @@ async def start_grpc_server(
             require_client_auth=tls.client_ca is not None,
         )
         port = server.add_secure_port(address, credentials)
+    if local_socket is not None:
+        server.add_insecure_port(f"unix:{local_socket}")
     await server.start()
     log.info("engine gRPC listening", extra={"address": address, "port": port})
     servicers = {handler.SERVICE: handler for _, handler in handlers}

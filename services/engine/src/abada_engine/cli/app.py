@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import datetime
 import enum
-import functools
 import itertools
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from abada.engine.v1 import (
@@ -23,29 +23,24 @@ from abada.engine.v1 import (
     process_pb2,
     queue_pb2,
 )
-from abada_common.struct_codec import to_struct
+from abada_sdk import ApprovalState, InstanceState, Resolution, requests
+from abada_sdk.client import Stubs
+from abada_sdk.connection import DEFAULT_ADDRESS, DEFAULT_TIMEOUT_SECONDS
 from google.protobuf.message import Message
 from typer.core import TyperGroup
 
 from abada_engine.definitions.durations import iso_duration_seconds
 
 from . import views
-from .client import (
-    DEFAULT_ADDRESS,
-    DEFAULT_TIMEOUT_SECONDS,
-    ConnectionSettings,
-    EngineClient,
-    LazyEngine,
-    read_token_file,
-)
 from .dev import dev
 from .errors import FAILURE, CliError, invalid_input
 from .global_options import HELP_OPTIONS, hoist
 from .help_text import COMMON_EXIT_CODES, epilog
-from .inputs import json_object, rfc3339, to_value, variables
+from .inputs import json_object, rfc3339, variables
 from .output import OutputFormat, data_of, emit
 from .paging import follow
 from .render import compact_json, message_dict
+from .session import ConnectionSettings, LazyEngine, read_token_file
 
 # The engine caps a page at 500; asking for full pages keeps long listings to a few round trips.
 _MAX_PAGE_SIZE = 500
@@ -58,6 +53,8 @@ _POLL_SECONDS = 0.5
 
 
 _HELP_ONLY = "abada.help_only"
+
+Row = TypeVar("Row")
 
 
 class _ReportingGroup(TyperGroup):
@@ -122,13 +119,6 @@ class WaitingForChoice(enum.StrEnum):
 _WAITING_FOR = {
     WaitingForChoice.timer: process_pb2.WAITING_FOR_TIMER,
     WaitingForChoice.message: process_pb2.WAITING_FOR_MESSAGE,
-}
-
-
-_INSTANCE_STATES = {
-    InstanceStateChoice.active: process_pb2.INSTANCE_STATE_ACTIVE,
-    InstanceStateChoice.completed: process_pb2.INSTANCE_STATE_COMPLETED,
-    InstanceStateChoice.canceled: process_pb2.INSTANCE_STATE_CANCELED,
 }
 
 
@@ -229,8 +219,27 @@ def _state(ctx: typer.Context) -> CliState:
     return state
 
 
-def _client(ctx: typer.Context) -> EngineClient:
-    return _state(ctx).engine.client
+def _client(ctx: typer.Context) -> LazyEngine:
+    return _state(ctx).engine
+
+
+def _pages(
+    ctx: typer.Context,
+    method: Callable[[Stubs], Any],
+    request: Any,
+    rows: Callable[[Any], Iterable[Row]],
+    page_size: int,
+    limit: int | None = None,
+) -> tuple[list[Row], str]:
+    """The rows of a listing, page after page (see `follow`), and the token of the page after them."""
+    client = _client(ctx)
+
+    def page(size: int, token: str) -> Any:
+        request.page_size = size
+        request.page_token = token
+        return client.call(method, request)
+
+    return follow(page, rows, page_size, limit)
 
 
 def _emit(ctx: typer.Context, payload: Message | dict[str, Any], human: str) -> None:
@@ -251,10 +260,7 @@ def deploy(
         content = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise invalid_input(f"cannot read {file}: {error}") from None
-    client = _client(ctx)
-    response = client.call(
-        client.definitions.Deploy, definition_pb2.DeployRequest(source_name=file.name, content=content)
-    )
+    response = _client(ctx).call(lambda s: s.definitions.Deploy, requests.deploy(content, file.name))
     _emit(ctx, response, views.deployment(file.name, response))
 
 
@@ -264,12 +270,10 @@ def definitions(
     process: Annotated[str | None, typer.Option(help="Only versions of this process.")] = None,
 ) -> None:
     """List definition versions, newest first."""
-    client = _client(ctx)
-    found, _ = follow(
-        lambda size, token: client.call(
-            client.definitions.ListDefinitions,
-            definition_pb2.ListDefinitionsRequest(process_id=process or "", page_size=size, page_token=token),
-        ),
+    found, _ = _pages(
+        ctx,
+        lambda s: s.definitions.ListDefinitions,
+        requests.list_definitions(process or ""),
         lambda response: response.definitions,
         _MAX_PAGE_SIZE,
     )
@@ -304,13 +308,9 @@ def start(
     values = variables(var or [], vars_json)
     client = _client(ctx)
     response = client.call(
-        client.processes.StartInstance,
-        process_pb2.StartInstanceRequest(
-            process_id=process,
-            version=version,
-            variables=to_struct(values),
-            business_key=business_key or "",
-            request_id=request_id or "",
+        lambda s: s.processes.StartInstance,
+        requests.start_instance(
+            process, values, business_key=business_key or "", version=version, request_id=request_id or ""
         ),
     )
     if not wait:
@@ -326,13 +326,11 @@ def start(
 _STILL_RUNNING = 3
 
 
-def _wait_and_report(
-    ctx: typer.Context, client: EngineClient, instance_id: str, timeout: float | None
-) -> None:
+def _wait_and_report(ctx: typer.Context, client: LazyEngine, instance_id: str, timeout: float | None) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         instance = client.call(
-            client.processes.GetInstance, process_pb2.GetInstanceRequest(instance_id=instance_id)
+            lambda s: s.processes.GetInstance, process_pb2.GetInstanceRequest(instance_id=instance_id)
         ).instance
         ended = instance.state != process_pb2.INSTANCE_STATE_ACTIVE
         if ended or instance.open_incidents or (deadline is not None and time.monotonic() >= deadline):
@@ -342,7 +340,8 @@ def _wait_and_report(
     if instance.open_incidents:
         incidents = list(
             client.call(
-                client.incidents.ListIncidents, incident_pb2.ListIncidentsRequest(instance_id=instance_id)
+                lambda s: s.incidents.ListIncidents,
+                incident_pb2.ListIncidentsRequest(instance_id=instance_id),
             ).incidents
         )
     payload = {"instance": message_dict(instance), "incidents": [message_dict(i) for i in incidents]}
@@ -365,7 +364,7 @@ def cancel(
     """Cancel a running instance: its open tasks are withdrawn and it ends CANCELED."""
     client = _client(ctx)
     response = client.call(
-        client.processes.CancelInstance,
+        lambda s: s.processes.CancelInstance,
         process_pb2.CancelInstanceRequest(instance_id=instance, reason=reason or ""),
     )
     _emit(ctx, response, "canceled\n" + views.started(response.instance))
@@ -401,28 +400,18 @@ def instances(
     ] = None,
 ) -> None:
     """List instances, newest first, following the engine's pages up to --limit (or --all)."""
-    client = _client(ctx)
-    wanted = process_pb2.ListInstancesRequest(
-        process_id=process or "",
-        state=_INSTANCE_STATES[state] if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
-        business_key=business_key or "",
-        waiting_for=_WAITING_FOR[waiting_for] if waiting_for else process_pb2.WAITING_FOR_UNSPECIFIED,
-    )
-    if since:
-        wanted.created_after.CopyFrom(rfc3339(since, "--since"))
-    if until:
-        wanted.created_before.CopyFrom(rfc3339(until, "--until"))
-    for name, value in variables(var or [], None).items():
-        wanted.variables.add(name=name).value.CopyFrom(to_value(value))
-
-    def page(size: int, token: str) -> process_pb2.ListInstancesResponse:
-        request = process_pb2.ListInstancesRequest()
-        request.CopyFrom(wanted)
-        request.page_size, request.page_token = size, token
-        return client.call(client.processes.ListInstances, request)
-
-    found, page_token = follow(
-        page,
+    found, page_token = _pages(
+        ctx,
+        lambda s: s.processes.ListInstances,
+        requests.list_instances(
+            process or "",
+            InstanceState(state.upper()) if state else None,
+            business_key=business_key or "",
+            created_after=rfc3339(since, "--since") if since else None,
+            created_before=rfc3339(until, "--until") if until else None,
+            where=variables(var or [], None),
+            waiting_for=_WAITING_FOR[waiting_for] if waiting_for else process_pb2.WAITING_FOR_UNSPECIFIED,
+        ),
         lambda response: response.instances,
         _MAX_PAGE_SIZE,
         None if show_all else limit,
@@ -444,8 +433,12 @@ def show(
 ) -> None:
     """Show one instance: state, current node, variables, its tasks and history."""
     client = _client(ctx)
-    found = client.call(client.processes.GetInstance, process_pb2.GetInstanceRequest(instance_id=instance))
-    history = client.call(client.processes.GetHistory, process_pb2.GetHistoryRequest(instance_id=instance))
+    found = client.call(
+        lambda s: s.processes.GetInstance, process_pb2.GetInstanceRequest(instance_id=instance)
+    )
+    history = client.call(
+        lambda s: s.processes.GetHistory, process_pb2.GetHistoryRequest(instance_id=instance)
+    )
     if not follow:
         payload = {
             "instance": message_dict(found.instance),
@@ -458,7 +451,7 @@ def show(
 
 def _follow(
     ctx: typer.Context,
-    client: EngineClient,
+    client: LazyEngine,
     instance: process_pb2.Instance,
     events: list[process_pb2.HistoryEvent],
 ) -> None:
@@ -486,11 +479,11 @@ def _follow(
             break
         time.sleep(_POLL_SECONDS)
         instance = client.call(
-            client.processes.GetInstance, process_pb2.GetInstanceRequest(instance_id=instance.id)
+            lambda s: s.processes.GetInstance, process_pb2.GetInstanceRequest(instance_id=instance.id)
         ).instance
         events = list(
             client.call(
-                client.processes.GetHistory, process_pb2.GetHistoryRequest(instance_id=instance.id)
+                lambda s: s.processes.GetHistory, process_pb2.GetHistoryRequest(instance_id=instance.id)
             ).events
         )
     if people:
@@ -513,30 +506,19 @@ def incidents(
     dependency: DependencyOption = None,
 ) -> None:
     """List open incidents (with --all, resolved ones too)."""
-    client = _client(ctx)
     held_by = _dependency(dependency)
-    states = (
-        (incident_pb2.INCIDENT_STATE_OPEN, incident_pb2.INCIDENT_STATE_RESOLVED)
-        if show_all
-        else (incident_pb2.INCIDENT_STATE_OPEN,)
-    )
     found: list[incident_pb2.Incident] = []
-
-    def page_of(state: Any, size: int, token: str) -> Any:
-        return client.call(
-            client.incidents.ListIncidents,
-            incident_pb2.ListIncidentsRequest(
-                instance_id=instance or "",
-                state=state,
-                type=incident_type or "",
-                dependency=held_by,
-                page_size=size,
-                page_token=token,
-            ),
+    for state in requests.incident_states(show_all):
+        request = requests.list_incidents(
+            state, instance_id=instance or "", type=incident_type or "", dependency=held_by
         )
-
-    for state in states:
-        shown, _ = follow(functools.partial(page_of, state), lambda response: response.incidents, _MAX_LISTED)
+        shown, _ = _pages(
+            ctx,
+            lambda s: s.incidents.ListIncidents,
+            request,
+            lambda response: response.incidents,
+            _MAX_LISTED,
+        )
         found += shown
     found.sort(key=lambda i: (i.create_time.seconds, i.create_time.nanos))
     listed = incident_pb2.ListIncidentsResponse(incidents=found)
@@ -574,8 +556,9 @@ def _dependency(text: str | None) -> dependency_pb2.Dependency | None:
 def dependencies(ctx: typer.Context) -> None:
     """The dependencies agent tasks need (models, tool servers, the broker, its secret store), as workers
     report them: up, down or probing, since when, the tasks held for each and the next probe."""
-    client = _client(ctx)
-    response = client.call(client.dependencies.ListDependencies, dependency_pb2.ListDependenciesRequest())
+    response = dependency_pb2.ListDependenciesResponse(
+        dependencies=_client(ctx).run(lambda client: client.dependencies())
+    )
     _emit(
         ctx,
         response,
@@ -629,26 +612,24 @@ def resolve(
     chosen = [
         resolution
         for flag, resolution in (
-            (retry, incident_pb2.RESOLUTION_RETRY),
-            (happened, incident_pb2.RESOLUTION_HAPPENED),
-            (did_not_happen, incident_pb2.RESOLUTION_DID_NOT_HAPPEN),
-            (cancel, incident_pb2.RESOLUTION_CANCEL_INSTANCE),
+            (retry, Resolution.RETRY),
+            (happened, Resolution.HAPPENED),
+            (did_not_happen, Resolution.DID_NOT_HAPPEN),
+            (cancel, Resolution.CANCEL_INSTANCE),
         )
         if flag
     ]
     if len(chosen) != 1:
         raise invalid_input("choose exactly one of --retry, --happened, --did-not-happen, --cancel")
-    request = incident_pb2.ResolveIncidentRequest(
-        incident_id=incident, resolution=chosen[0], comment=comment or ""
-    )
+    returned = None
     if happened:
         if result is None:
             raise invalid_input("--happened needs --result JSON: what the tool returned")
-        request.result.CopyFrom(to_struct(json_object(result, "--result")))
+        returned = json_object(result, "--result")
     elif result is not None:
         raise invalid_input("--result only goes with --happened")
-    client = _client(ctx)
-    response = client.call(client.incidents.ResolveIncident, request)
+    request = requests.resolve_incident(incident, chosen[0], result=returned, comment=comment or "")
+    response = _client(ctx).call(lambda s: s.incidents.ResolveIncident, request)
     _emit(ctx, response, "resolved\n" + views.resolved(response.incident))
 
 
@@ -667,23 +648,15 @@ def _resolve_many(
         raise invalid_input("resolve many with --all --reason TYPE (and no incident id)")
     if retry == cancel:
         raise invalid_input("--all resolves with exactly one of --retry or --cancel")
-    request = incident_pb2.ResolveIncidentsRequest(
-        type=reason,
-        dependency=dependency,
-        process_id=process or "",
-        resolution=incident_pb2.RESOLUTION_RETRY if retry else incident_pb2.RESOLUTION_CANCEL_INSTANCE,
-        comment=comment or "",
+    total = _client(ctx).run(
+        lambda client: client.resolve_incidents(
+            reason,
+            Resolution.RETRY if retry else Resolution.CANCEL_INSTANCE,
+            dependency=dependency,
+            process_id=process or "",
+            comment=comment or "",
+        )
     )
-    client = _client(ctx)
-    total = incident_pb2.ResolveIncidentsResponse()
-    while True:
-        response = client.call(client.incidents.ResolveIncidents, request)
-        total.resolved.extend(response.resolved)
-        total.refused.extend(response.refused)
-        # Each call takes at most a thousand; refused ones stay open and are not asked again.
-        if not response.remaining or not response.resolved:
-            total.remaining = response.remaining
-            break
     _emit(ctx, total, views.bulk_resolved(total))
     if total.refused:
         raise typer.Exit(FAILURE)
@@ -695,12 +668,10 @@ def user_tasks(
     instance: Annotated[str | None, typer.Option(help="Only user tasks of this instance.")] = None,
 ) -> None:
     """List the user tasks waiting for a person."""
-    client = _client(ctx)
-    found, _ = follow(
-        lambda size, token: client.call(
-            client.processes.ListUserTasks,
-            process_pb2.ListUserTasksRequest(instance_id=instance or "", page_size=size, page_token=token),
-        ),
+    found, _ = _pages(
+        ctx,
+        lambda s: s.processes.ListUserTasks,
+        requests.list_user_tasks(instance or ""),
         lambda response: response.user_tasks,
         _MAX_LISTED,
     )
@@ -721,10 +692,8 @@ def complete_user_task(
 ) -> None:
     """Complete a waiting user task, optionally writing variables."""
     values = variables(var or [], vars_json)
-    client = _client(ctx)
-    response = client.call(
-        client.processes.CompleteUserTask,
-        process_pb2.CompleteUserTaskRequest(user_task_id=task, variables=to_struct(values)),
+    response = _client(ctx).call(
+        lambda s: s.processes.CompleteUserTask, requests.complete_user_task(task, values)
     )
     _emit(ctx, response, views.user_task_completed(task, response.instance))
 
@@ -736,7 +705,7 @@ def journal(
 ) -> None:
     """Show a task's step journal across all attempts (--json for the full payloads)."""
     client = _client(ctx)
-    response = client.call(client.tasks.GetJournal, external_task_pb2.GetJournalRequest(task_id=task))
+    response = client.call(lambda s: s.tasks.GetJournal, external_task_pb2.GetJournalRequest(task_id=task))
     steps = sorted(response.steps, key=lambda s: s.sequence)
     _emit(ctx, response, views.journal_table(steps) if steps else f"no journal steps for task {task}")
 
@@ -750,14 +719,10 @@ def tasks(
     show_all: Annotated[bool, typer.Option("--all", help="Every open task, whatever --limit says.")] = False,
 ) -> None:
     """List open external tasks, oldest first: state, attempt, the worker holding it, age."""
-    client = _client(ctx)
-    found, page_token = follow(
-        lambda size, token: client.call(
-            client.queue.ListTasks,
-            queue_pb2.ListTasksRequest(
-                topic_name=topic or "", instance_id=instance or "", page_size=size, page_token=token
-            ),
-        ),
+    found, page_token = _pages(
+        ctx,
+        lambda s: s.queue.ListTasks,
+        requests.list_open_tasks(topic or "", instance or ""),
         lambda response: response.tasks,
         _MAX_LISTED,
         None if show_all else limit,
@@ -770,8 +735,7 @@ def tasks(
 def topics(ctx: typer.Context) -> None:
     """Queue figures per topic (what autoscalers read): ready, leased, delayed, demand, oldest wait;
     and per model profile: calls admitted in the current window, waiting for quota, refused."""
-    client = _client(ctx)
-    response = client.call(client.queue.ListTopics, queue_pb2.ListTopicsRequest())
+    response = _client(ctx).run(lambda client: client.topics())
     text = views.topics_table(response.topics) if response.topics else "no open tasks on any topic"
     if response.models:
         text += "\n\n" + views.models_table(response.models)
@@ -799,18 +763,14 @@ def approvals(
     ] = ApprovalStateChoice.pending,
 ) -> None:
     """List tool calls waiting for a person's approval (or, with --state, decided ones)."""
-    client = _client(ctx)
-    found, _ = follow(
-        lambda size, token: client.call(
-            client.approvals.ListApprovals,
-            approval_pb2.ListApprovalsRequest(
-                process_id=process or "",
-                business_key=business_key or "",
-                tool_ref=tool or "",
-                state=f"APPROVAL_STATE_{state.value.upper()}",
-                page_size=size,
-                page_token=token,
-            ),
+    found, _ = _pages(
+        ctx,
+        lambda s: s.approvals.ListApprovals,
+        requests.list_approvals(
+            process_id=process or "",
+            business_key=business_key or "",
+            tool_ref=tool or "",
+            state=ApprovalState(state.value.upper()),
         ),
         lambda response: response.approvals,
         _MAX_LISTED,
@@ -832,13 +792,9 @@ def approve(
     comment: Annotated[str | None, typer.Option(help="Why; kept in the instance's history.")] = None,
 ) -> None:
     """Approve a tool call: it runs (with --args, as edited) when the task is offered again."""
-    request = approval_pb2.DecideApprovalRequest(
-        approval_id=approval, decision=approval_pb2.APPROVAL_DECISION_APPROVE, comment=comment or ""
-    )
-    if args is not None:
-        request.arguments.CopyFrom(to_struct(json_object(args, "--args")))
-    client = _client(ctx)
-    response = client.call(client.approvals.DecideApproval, request)
+    edited = json_object(args, "--args") if args is not None else None
+    request = requests.approve(approval, arguments=edited, comment=comment or "")
+    response = _client(ctx).call(lambda s: s.approvals.DecideApproval, request)
     _emit(ctx, response, "approved\n" + views.approval_card(response.approval))
 
 
@@ -851,13 +807,7 @@ def reject(
     """Reject a tool call: it never runs; the model reads "rejected by a person: REASON" and goes on."""
     if not reason.strip():
         raise invalid_input("--reason must say why: the model reads it")
-    client = _client(ctx)
-    response = client.call(
-        client.approvals.DecideApproval,
-        approval_pb2.DecideApprovalRequest(
-            approval_id=approval, decision=approval_pb2.APPROVAL_DECISION_REJECT, comment=reason
-        ),
-    )
+    response = _client(ctx).call(lambda s: s.approvals.DecideApproval, requests.reject(approval, reason))
     _emit(ctx, response, "rejected\n" + views.approval_card(response.approval))
 
 
@@ -894,12 +844,10 @@ def _publish(
     seconds = 0.0 if ttl in ("PT0S", "0") else iso_duration_seconds(ttl)
     if seconds is None:
         raise invalid_input(f"--ttl {ttl!r}: not an ISO-8601 duration (for example PT1H, P2D)")
-    request = process_pb2.PublishMessageRequest(
-        name=name, correlation_key=correlation_key, variables=to_struct(values), message_id=message_id or ""
+    request = requests.publish_message(
+        name, correlation_key, values, ttl=datetime.timedelta(seconds=seconds), message_id=message_id or ""
     )
-    request.ttl.FromTimedelta(datetime.timedelta(seconds=seconds))
-    client = _client(ctx)
-    response = client.call(client.processes.PublishMessage, request)
+    response = _client(ctx).call(lambda s: s.processes.PublishMessage, request)
     _emit(ctx, response, views.publication(response))
 
 
@@ -924,12 +872,11 @@ def purge(
     yes: Annotated[bool, typer.Option("--yes", help="Delete without asking.")] = False,
 ) -> None:
     """Delete, now, finished instances that ended before --before, with their history and journals."""
-    request = process_pb2.PurgeInstancesRequest(process_id=process or "", dry_run=dry_run)
-    request.before.CopyFrom(rfc3339(before, "--before"))
+    request = requests.purge_instances(rfc3339(before, "--before"), process or "", dry_run=dry_run)
     if not dry_run:
         _confirmed(yes, f"purge finished instances ended before {before}")
     client = _client(ctx)
-    response = client.call(client.processes.PurgeInstances, request)
+    response = client.call(lambda s: s.processes.PurgeInstances, request)
     _emit(ctx, response, views.purged(response, before))
 
 
@@ -950,14 +897,14 @@ def erase(
 ) -> None:
     """Erase one customer's instances, journals and history, whatever their age (one audit row stays,
     naming no one). Active instances refuse the erasure unless --cancel-active."""
-    request = process_pb2.EraseInstancesRequest(business_key=business_key or "", cancel_active=cancel_active)
-    for name, value in variables(var or [], None).items():
-        request.variables.add(name=name).value.CopyFrom(to_value(value))
+    request = requests.erase_instances(
+        business_key or "", variables(var or [], None), cancel_active=cancel_active
+    )
     if not request.business_key and not request.variables:
         raise invalid_input("name the customer: --business-key K or --var NAME=VALUE")
     _confirmed(yes, "erase this customer's instances")
     client = _client(ctx)
-    response = client.call(client.processes.EraseInstances, request)
+    response = client.call(lambda s: s.processes.EraseInstances, request)
     _emit(ctx, response, views.erased(response))
 
 

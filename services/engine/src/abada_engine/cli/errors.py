@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import grpc
-from abada_sdk.status import read_status
+from abada_sdk.status import RpcStatus
 
 INVALID_INPUT = 2
 FAILURE = 1
@@ -34,12 +34,13 @@ def invalid_input(message: str) -> CliError:
 NO_TOKEN_HINT = "give --token-file FILE (or set ABADA_TOKEN_FILE), or --token / ABADA_TOKEN"
 
 
-def from_rpc_error(
-    error: grpc.RpcError, address: str, timeout: float, has_token: bool = True, token_source: str = ""
+def from_status(
+    status: RpcStatus, address: str, timeout: float, has_token: bool = True, token_source: str = ""
 ) -> CliError:
-    status = read_status(error)
+    """A refused call (as the SDK read it) in the CLI's words: which flag to fix, or what the engine said."""
     code = status.code
-    text = error.details() or ""
+    # The status stands in its code's name for an empty message; said once here, not twice.
+    text = "" if status.message == code.name else status.message
     violations = status.violations
     exit_code = INVALID_INPUT if code in _INVALID_INPUT_CODES else FAILURE
     if code == grpc.StatusCode.UNAUTHENTICATED:

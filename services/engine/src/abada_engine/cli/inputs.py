@@ -7,9 +7,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from abada_common.struct_codec import to_struct
-from google.protobuf import struct_pb2, timestamp_pb2
-
 from .errors import invalid_input
 
 
@@ -58,12 +55,7 @@ def variables(assignments: Sequence[str], vars_json: str | None, option: str = "
     return values
 
 
-def to_value(value: Any) -> struct_pb2.Value:
-    """A plain JSON value as a protobuf Value."""
-    return to_struct({"v": value}).fields["v"]
-
-
-def rfc3339(text: str, option: str) -> timestamp_pb2.Timestamp:
+def rfc3339(text: str, option: str) -> datetime:
     """An RFC 3339 time (`2026-12-04T09:00:00Z`, `2026-12-04T10:00:00+01:00`); one without a zone is
     refused rather than guessed."""
     try:
@@ -72,6 +64,4 @@ def rfc3339(text: str, option: str) -> timestamp_pb2.Timestamp:
         raise invalid_input(f"{option} {text!r}: not an RFC 3339 time (like 2026-12-04T09:00:00Z)") from None
     if moment.tzinfo is None:
         raise invalid_input(f"{option} {text!r}: give the zone too (Z for UTC, or +01:00)")
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromDatetime(moment)
-    return stamp
+    return moment

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from abada_sdk.models import plain_numbers
 from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
 
@@ -94,17 +95,6 @@ def fields(pairs: Sequence[tuple[str, str]], indent: str = "") -> str:
         aligned = continuation.join(value.splitlines()) or value
         lines.append(f"{indent}{key.ljust(width)}  {aligned}")
     return "\n".join(lines)
-
-
-def plain_numbers(value: Any) -> Any:
-    """Struct holds every number as a double; show `3`, as the user wrote it, rather than `3.0`."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {key: plain_numbers(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [plain_numbers(item) for item in value]
-    return value
 
 
 def message_dict(message: Message) -> dict[str, Any]:

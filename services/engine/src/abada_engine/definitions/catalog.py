@@ -33,10 +33,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ObservedTool:
-    """What deploy saw of one live tool: hashes of the input schema and of the description."""
+    """What deploy saw of one live tool: hashes of the input schema and of the description, and the
+    input schema itself (the approvals inbox builds its argument forms from it)."""
 
     input_schema_sha256: str
     description_sha256: str
+    input_schema: dict[str, Any] | None = None
 
 
 # What deploy learned from the live tool servers, by (server, tool).
@@ -75,6 +77,17 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def _digested(frozen: dict[str, Any]) -> dict[str, Any]:
+    """What a version's digest covers: the schemas themselves are left out, as their sha256 pins them
+    (so a bundle deployed before schemas were kept is still recognised as the same one)."""
+    return {
+        **frozen,
+        "tool_bindings": [
+            {k: v for k, v in binding.items() if k != "input_schema"} for binding in frozen["tool_bindings"]
+        ],
+    }
+
+
 def freeze_bindings(bundle: Bundle, process: Process, observed: ObservedSchemas) -> list[ToolBinding]:
     bindings = []
     for server, tool in bundle.bound_tools(process):
@@ -97,6 +110,7 @@ def _binding(server: ToolServerSpec, tool: ToolSpec, seen: ObservedTool) -> Tool
         input_schema_sha256=seen.input_schema_sha256,
         description_sha256=seen.description_sha256,
         approval=tool.approval,
+        input_schema=seen.input_schema,
     )
 
 
@@ -129,7 +143,7 @@ class DefinitionCatalog:
                     "process": process.to_json(),
                     "tool_bindings": [b.to_json() for b in bindings],
                 }
-                digest = hashlib.sha256(_canonical(frozen).encode()).hexdigest()
+                digest = hashlib.sha256(_canonical(_digested(frozen)).encode()).hexdigest()
                 latest = await definition_store.latest(conn, process.id)
                 if latest is not None and latest.content_sha256 == digest:
                     results.append(self._from_row(latest))

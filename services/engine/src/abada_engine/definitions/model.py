@@ -54,6 +54,9 @@ class ToolBinding:
     approval: str = "none"
     # The description the model reads, pinned like the schema; "" in versions frozen before it was.
     description_sha256: str = ""
+    # The tool's input schema as deploy listed it (its sha256 above pins it); None in versions frozen
+    # before schemas were kept, or deployed without a live contract check.
+    input_schema: dict[str, Any] | None = None
 
     @property
     def ref(self) -> str:
@@ -67,6 +70,8 @@ class ToolBinding:
         data = asdict(self)
         if data["approval"] == "none":
             del data["approval"]  # so a bundle without approvals freezes exactly as it did before
+        if data["input_schema"] is None:
+            del data["input_schema"]
         return data
 
     @staticmethod

@@ -9,10 +9,11 @@ that changed after deploy.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import pathlib
 from collections.abc import Generator
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 import httpx2
@@ -31,6 +32,7 @@ from abada_engine.errors import Category, EngineError
 
 from .catalog import ObservedSchemas, ObservedTool
 from .model import Bundle, ToolServerSpec
+from .schemas import MAX_SCHEMA_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +151,9 @@ class McpContractCheck:
                     f"sha256 {tool.input_schema_sha256}, server has {digest}",
                 )
             observed[(server.name, tool.name)] = ObservedTool(
-                digest, description_sha256(listed[tool.name].description)
+                digest,
+                description_sha256(listed[tool.name].description),
+                _kept_schema(listed[tool.name].input_schema),
             )
         return observed
 
@@ -302,3 +306,11 @@ def credentials_from_env(env: dict[str, str]) -> CredentialSource | None:
     if env.get("ABADA_DEPLOY_CREDENTIALS_FILE"):
         return FileCredentials(pathlib.Path(env["ABADA_DEPLOY_CREDENTIALS_FILE"]))
     return None
+
+
+def _kept_schema(schema: dict[str, Any]) -> dict[str, Any] | None:
+    """The input schema to freeze with the binding (approval forms are built from it), or None when it
+    is larger than any schema the engine keeps: its sha256 still pins it."""
+    if len(json.dumps(schema, separators=(",", ":"))) > MAX_SCHEMA_BYTES:
+        return None
+    return dict(schema)

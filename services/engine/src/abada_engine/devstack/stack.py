@@ -239,6 +239,10 @@ def running_stack(
         )
         wait_for_grpc(engine_address, engine, "engine", logs)
         say(f"engine      {engine_address} (gRPC), http://{engine_http} (/metrics, /healthz)")
+        say(
+            f"console     http://{engine_http}/console/ (sign in with the token in "
+            f"{identities.operator_token_file}, or {identities.approver_token_file.name} as an approver)"
+        )
 
         broker = start(
             "broker",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import builtins  # builtins.list: annotations after the class's own `list` method, which shadows it
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -62,6 +62,8 @@ class ApprovalView:
     decided_at: datetime | None
     comment: str
     approved_arguments: dict[str, Any] | None
+    # The tool's input schema as frozen at deploy: set by `get` only, when the version kept it.
+    input_schema: dict[str, Any] | None = None
 
 
 def rejection_result(reason: str) -> dict[str, Any]:
@@ -166,7 +168,12 @@ class Approvals:
             rows = await approval_store.listed(conn, approval_id=approval_id)
         if not rows:
             raise not_found("approval", str(approval_id), "approval_id")
-        return self._view(rows[0])
+        view = self._view(rows[0])
+        definition = await self._catalog.get(rows[0].definition_id)
+        binding = next((b for b in definition.tool_bindings if b.ref == view.tool_ref), None)
+        if binding is None or binding.input_schema is None:
+            return view
+        return replace(view, input_schema=binding.input_schema)
 
     async def decide(
         self,

@@ -43,7 +43,7 @@ from abada_engine.store.states import (
 _WITHDRAWN = "the node's deadline passed and withdrew the task"
 # How many due times one round claims: one transaction, one statement for all their moves.
 FIRE_BATCH = 200
-_YIELD_EVERY = 25
+_YIELD_EVERY = 10
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from abada_engine.db.schema import journal_steps
 
 from .hand_written import Executor, HandWritten, typed
 from .states import StepKind, StepState, TaskState
+from .tasks import LeaseRow
 
 
 @dataclass(slots=True)
@@ -42,23 +43,11 @@ class StepRow:
 
 
 @dataclass(slots=True)
-class AppendContext:
-    """What a careful append decides on: the lease row, the journal's counts for the limits, and the
-    step already at the requested sequence (its `taken_sequence` is None if the sequence is free)."""
+class AppendContext(LeaseRow):
+    """What a careful append decides on: the lease row (checked as `read_lease`'s is), the journal's
+    counts for the limits, and the step already at the requested sequence (its `taken_sequence` is
+    None if the sequence is free)."""
 
-    id: uuid.UUID
-    instance_id: uuid.UUID
-    node_id: str
-    state: str
-    attempt: int
-    retries_left: int
-    lease_owner: str | None
-    lease_token_hash: bytes | None
-    lease_expires_at: datetime | None
-    live: bool | None
-    definition_id: uuid.UUID
-    variables: dict[str, Any]
-    instance_state: str
     steps: int
     model_calls: int
     tool_calls: int
@@ -75,7 +64,6 @@ class AppendContext:
     input_tokens: int | None
     output_tokens: int | None
     abandoned: bool | None
-    instance_xmin: str | None
 
 
 _STEP_COLUMNS = (
@@ -117,6 +105,7 @@ APPEND_CONTEXT = HandWritten(
     """
 )
 
+
 # The guard every step write carries: the writer still holds the task's lease, for this attempt, and
 # nobody has taken the task over (a fetch changes owner, token and attempt). Finishing a step needs no
 # more: a result that came back while the engine was out of reach is kept (runtime/leases.py says why).
@@ -125,16 +114,25 @@ APPEND_CONTEXT = HandWritten(
 # would rather scan the queue's smaller partial index `tasks_fetchable` and filter on the id, a cost
 # that follows the queue's open and dead entries. Reading the row first (a materialized CTE is planned
 # on its own) keeps it one primary-key lookup.
-_HELD_LEASE = f"""
+def _lease_held(lock: str = "") -> str:
+    return f"""
     WITH t AS MATERIALIZED (
         SELECT state, lease_owner, lease_token_hash, attempt, lease_expires_at
-        FROM tasks WHERE id = CAST(:task_id AS uuid)
+        FROM tasks WHERE id = CAST(:task_id AS uuid) {lock}
     )
     SELECT 1 FROM t WHERE t.state = '{TaskState.LEASED}'
       AND t.lease_owner = CAST(:worker_id AS text) AND t.lease_token_hash = CAST(:token_hash AS bytea)
       AND t.attempt = CAST(:attempt AS integer)
 """
-_LIVE_LEASE = _HELD_LEASE + " AND t.lease_expires_at > now()"
+
+
+_HELD_LEASE = _lease_held()
+# Beginning a step share-locks the task row until the statement commits. A withdrawal (a deadline, a
+# cancel, a takeover) updates that row first and then reads the journal for writes in flight, so a
+# STARTED step either lands before that read, and is seen, or waits and finds the task withdrawn;
+# without the lock it could be checked against the row as it was and land after the read, unseen. The
+# lock is shared: a task's parallel calls do not wait for each other.
+_LIVE_LEASE = _lease_held("FOR SHARE") + " AND t.lease_expires_at > now()"
 
 
 def _insert_step_sql(gate: str) -> str:

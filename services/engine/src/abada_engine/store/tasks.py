@@ -260,10 +260,17 @@ async def offer_again(conn: AsyncConnection, task_id: uuid.UUID, retries_left: i
     values: dict[str, Any] = {"state": TaskState.READY, "due_at": func.now(), **_NO_OUTAGE}
     if retries_left is not None:
         values["retries_left"] = retries_left
+    return await _move_and_announce(conn, task_id, TaskState.INCIDENT, values)
+
+
+async def _move_and_announce(
+    conn: AsyncConnection, task_id: uuid.UUID, state: TaskState, values: dict[str, Any]
+) -> bool:
+    """Sets `values` on the task if it is in `state` and wakes its topic's fetchers; False if it was not."""
     topic = (
         await conn.execute(
             update(tasks)
-            .where(tasks.c.id == task_id, tasks.c.state == TaskState.INCIDENT)
+            .where(tasks.c.id == task_id, tasks.c.state == state)
             .values(**values)
             .returning(tasks.c.topic)
         )
@@ -293,18 +300,9 @@ async def park_for_approval(conn: AsyncConnection, task_id: uuid.UUID) -> None:
 
 async def offer_after_approval(conn: AsyncConnection, task_id: uuid.UUID) -> bool:
     """Every approval of a parked task is decided: fetchable again at once; False if it is not parked."""
-    topic = (
-        await conn.execute(
-            update(tasks)
-            .where(tasks.c.id == task_id, tasks.c.state == TaskState.AWAITING_APPROVAL)
-            .values(state=TaskState.READY, due_at=func.now())
-            .returning(tasks.c.topic)
-        )
-    ).scalar_one_or_none()
-    if topic is None:
-        return False
-    await announce_work(conn, topic)
-    return True
+    return await _move_and_announce(
+        conn, task_id, TaskState.AWAITING_APPROVAL, {"state": TaskState.READY, "due_at": func.now()}
+    )
 
 
 async def park_again(conn: AsyncConnection, task_id: uuid.UUID) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 log = logging.getLogger(__name__)
 
-_GATHER_SECONDS = 0.02
+_GATHER_SECONDS = 0.05
 
 
 class TimerClock:

@@ -1,9 +1,4 @@
-"""Initial schema: definitions, instances, tasks, history, incidents, journal.
-
-Revision ID: 0001
-Revises:
-Create Date: 2026-12-02
-"""
+"""Initial schema: definitions, instances, tasks, history, incidents, journal."""
 
 from __future__ import annotations
 
@@ -13,8 +8,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0001"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 TS = sa.DateTime(timezone=True)
 

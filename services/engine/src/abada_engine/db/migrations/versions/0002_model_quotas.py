@@ -1,9 +1,4 @@
-"""Model quotas shared by every replica: usage per model and second, admitted calls, the waiting line.
-
-Revision ID: 0002
-Revises: 0001
-Create Date: 2026-12-02
-"""
+"""Model quotas shared by every replica: usage per model and second, admitted calls, the waiting line."""
 
 from __future__ import annotations
 
@@ -12,8 +7,6 @@ from alembic import op
 
 revision = "0002"
 down_revision = "0001"
-branch_labels = None
-depends_on = None
 
 TS = sa.DateTime(timezone=True)
 

@@ -1,9 +1,4 @@
-"""Approvals: a tool call under `approval: required` waits here for a person's decision.
-
-Revision ID: 0003
-Revises: 0002
-Create Date: 2026-12-02
-"""
+"""Approvals: a tool call under `approval: required` waits here for a person's decision."""
 
 from __future__ import annotations
 
@@ -12,8 +7,6 @@ from alembic import op
 
 revision = "0003"
 down_revision = "0002"
-branch_labels = None
-depends_on = None
 
 TS = sa.DateTime(timezone=True)
 

@@ -1,9 +1,5 @@
 """Model quotas: admit a batch of model calls under one lock, in arrival order; settle a call in the
 transaction that journals its finished step; corrections in counter rows of their own.
-
-Revision ID: 0004
-Revises: 0003
-Create Date: 2026-12-03
 """
 
 from __future__ import annotations
@@ -16,8 +12,6 @@ from alembic import op
 
 revision = "0004"
 down_revision = "0003"
-branch_labels = None
-depends_on = None
 
 # Each engine replica queues the STARTED admissions of a model that arrive while its previous batch is
 # in the database, and admits them with one call of this function: one round trip, one transaction,

@@ -1,9 +1,4 @@
-"""Journal steps record the associated data version their payloads were sealed with.
-
-Revision ID: 0005
-Revises: 0004
-Create Date: 2026-12-03
-"""
+"""Journal steps record the associated data version their payloads were sealed with."""
 
 from __future__ import annotations
 
@@ -12,8 +7,6 @@ from alembic import op
 
 revision = "0005"
 down_revision = "0004"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

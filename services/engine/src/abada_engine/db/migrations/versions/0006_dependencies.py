@@ -1,9 +1,4 @@
-"""Dependencies' circuits, and tasks parked while one is down.
-
-Revision ID: 0006
-Revises: 0005
-Create Date: 2026-12-04
-"""
+"""Dependencies' circuits, and tasks parked while one is down."""
 
 from __future__ import annotations
 
@@ -13,8 +8,6 @@ from sqlalchemy.dialects.postgresql import UUID
 
 revision = "0006"
 down_revision = "0005"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -5,10 +5,6 @@ STARTED at a sequence already admitted (a re-send, or anyone claiming that seque
 "admitted" exactly like a new admission, so its refusal erased the first call's admission: its
 concurrency slot and tokens were freed while it ran. The re-send branch of `abada_admit_model_calls`
 now answers with the reason `already_admitted`, and only a fresh admission is ever given back.
-
-Revision ID: 0007
-Revises: 0006
-Create Date: 2026-12-04
 """
 
 from __future__ import annotations
@@ -20,8 +16,6 @@ from alembic import op
 
 revision = "0007"
 down_revision = "0006"
-branch_labels = None
-depends_on = None
 
 _RESENT_AS_NEW = "admitted := true; retry_after_ms := 0; reason := ''; waiting_ahead := 0;\n            RETURN NEXT;\n            CONTINUE;\n        END IF;\n        my_ticket"
 _RESENT_AS_RESENT = (

@@ -1,9 +1,4 @@
-"""Volume: indexes that answer every list by keyset, and a queue autovacuum keeps lean.
-
-Revision ID: 0008
-Revises: 0007
-Create Date: 2026-12-04
-"""
+"""Volume: indexes that answer every list by keyset, and a queue autovacuum keeps lean."""
 
 from __future__ import annotations
 
@@ -11,8 +6,6 @@ from alembic import op
 
 revision = "0008"
 down_revision = "0007"
-branch_labels = None
-depends_on = None
 
 _OPEN_EXTERNAL = "kind = 'external' AND state IN ('READY', 'LEASED', 'INCIDENT', 'PARKED')"
 

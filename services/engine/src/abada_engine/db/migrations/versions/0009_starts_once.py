@@ -1,9 +1,5 @@
 """Starts that happen once (a start's request id, remembered for a day), and instances found by a
 variable's value.
-
-Revision ID: 0009
-Revises: 0008
-Create Date: 2026-12-04
 """
 
 from __future__ import annotations
@@ -13,8 +9,6 @@ from alembic import op
 
 revision = "0009"
 down_revision = "0008"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,9 +1,4 @@
-"""Waiting on the world: due times (timers, receive timeouts, deadlines) and published messages.
-
-Revision ID: 0010
-Revises: 0009
-Create Date: 2026-12-04
-"""
+"""Waiting on the world: due times (timers, receive timeouts, deadlines) and published messages."""
 
 from __future__ import annotations
 
@@ -13,8 +8,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0010"
 down_revision = "0009"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,0 +1,204 @@
+"""The requests of the engine's operator API, built in one place.
+
+`AsyncEngineClient`, `EngineClient` (through it) and the `abada` CLI send the same message for the
+same words: a state said as an enum, variables as a dict, an optional result or edited arguments set
+only when given (an empty Struct would mean "the tool returned {}").
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from abada.engine.v1 import (
+    approval_pb2,
+    definition_pb2,
+    dependency_pb2,
+    incident_pb2,
+    process_pb2,
+    queue_pb2,
+)
+
+from .models import ApprovalState, InstanceState, Resolution, to_struct
+
+
+def deploy(content: str, source_name: str) -> definition_pb2.DeployRequest:
+    return definition_pb2.DeployRequest(source_name=source_name, content=content)
+
+
+def list_definitions(process_id: str = "") -> definition_pb2.ListDefinitionsRequest:
+    return definition_pb2.ListDefinitionsRequest(process_id=process_id)
+
+
+def start_instance(
+    process_id: str,
+    variables: dict[str, Any] | None = None,
+    *,
+    business_key: str = "",
+    version: int = 0,
+    request_id: str = "",
+) -> process_pb2.StartInstanceRequest:
+    return process_pb2.StartInstanceRequest(
+        process_id=process_id,
+        version=version,
+        variables=to_struct(variables),
+        business_key=business_key,
+        request_id=request_id,
+    )
+
+
+def list_instances(
+    process_id: str = "",
+    state: InstanceState | None = None,
+    *,
+    business_key: str = "",
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    where: dict[str, Any] | None = None,
+    waiting_for: process_pb2.WaitingFor = process_pb2.WAITING_FOR_UNSPECIFIED,
+) -> process_pb2.ListInstancesRequest:
+    """`where` ({"customerId": "C-42"}): only instances whose top-level variables equal those values;
+    `waiting_for` (WAITING_FOR_TIMER or WAITING_FOR_MESSAGE): only active ones waiting on that."""
+    request = process_pb2.ListInstancesRequest(
+        process_id=process_id,
+        state=state.to_proto() if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
+        business_key=business_key,
+        waiting_for=waiting_for,
+    )
+    if created_after is not None:
+        request.created_after.FromDatetime(created_after)
+    if created_before is not None:
+        request.created_before.FromDatetime(created_before)
+    for name, value in (where or {}).items():
+        request.variables.add(name=name).value.CopyFrom(to_struct({name: value}).fields[name])
+    return request
+
+
+def purge_instances(
+    before: datetime, process_id: str = "", *, dry_run: bool = False
+) -> process_pb2.PurgeInstancesRequest:
+    """Finished instances (of `process_id`, if given) that ended before `before`: deleted now, or with
+    `dry_run` counted."""
+    request = process_pb2.PurgeInstancesRequest(process_id=process_id, dry_run=dry_run)
+    request.before.FromDatetime(before)
+    return request
+
+
+def erase_instances(
+    business_key: str = "", where: dict[str, Any] | None = None, *, cancel_active: bool = False
+) -> process_pb2.EraseInstancesRequest:
+    """One customer's instances, by business key and/or top-level variable values (as `list_instances`'
+    `where`), erased whatever their age; active ones cancelled first with `cancel_active`."""
+    request = process_pb2.EraseInstancesRequest(business_key=business_key, cancel_active=cancel_active)
+    for name, value in (where or {}).items():
+        request.variables.add(name=name).value.CopyFrom(to_struct({name: value}).fields[name])
+    return request
+
+
+def publish_message(
+    name: str,
+    correlation_key: str,
+    variables: dict[str, Any] | None = None,
+    *,
+    ttl: timedelta = timedelta(0),
+    message_id: str = "",
+) -> process_pb2.PublishMessageRequest:
+    """A message for the oldest instance waiting for `name` with this `correlation_key`, or buffered for
+    `ttl`; a `message_id` sent again within the ttl answers the first publication."""
+    request = process_pb2.PublishMessageRequest(
+        name=name, correlation_key=correlation_key, variables=to_struct(variables), message_id=message_id
+    )
+    request.ttl.FromTimedelta(ttl)
+    return request
+
+
+def incident_states(include_resolved: bool) -> list[incident_pb2.IncidentState]:
+    """The states an incident listing asks for, one request each: open, then (if asked) resolved."""
+    states = [incident_pb2.INCIDENT_STATE_OPEN]
+    if include_resolved:
+        states.append(incident_pb2.INCIDENT_STATE_RESOLVED)
+    return states
+
+
+def list_incidents(
+    state: incident_pb2.IncidentState,
+    *,
+    instance_id: str = "",
+    type: str = "",
+    dependency: dependency_pb2.Dependency | None = None,
+) -> incident_pb2.ListIncidentsRequest:
+    return incident_pb2.ListIncidentsRequest(
+        instance_id=instance_id, state=state, type=type, dependency=dependency
+    )
+
+
+def resolve_incident(
+    incident_id: str, resolution: Resolution, *, result: dict[str, Any] | None = None, comment: str = ""
+) -> incident_pb2.ResolveIncidentRequest:
+    request = incident_pb2.ResolveIncidentRequest(
+        incident_id=incident_id, resolution=resolution.to_proto(), comment=comment
+    )
+    if result is not None:
+        request.result.CopyFrom(to_struct(result))
+    return request
+
+
+def resolve_incidents(
+    type: str,
+    resolution: Resolution,
+    *,
+    dependency: dependency_pb2.Dependency | None = None,
+    process_id: str = "",
+    comment: str = "",
+) -> incident_pb2.ResolveIncidentsRequest:
+    """Every open incident of `type` (and `dependency`, `process_id`) at once: RETRY or CANCEL_INSTANCE."""
+    return incident_pb2.ResolveIncidentsRequest(
+        type=type,
+        dependency=dependency,
+        process_id=process_id,
+        resolution=resolution.to_proto(),
+        comment=comment,
+    )
+
+
+def list_user_tasks(instance_id: str = "") -> process_pb2.ListUserTasksRequest:
+    return process_pb2.ListUserTasksRequest(instance_id=instance_id)
+
+
+def complete_user_task(
+    user_task_id: str, variables: dict[str, Any] | None = None
+) -> process_pb2.CompleteUserTaskRequest:
+    return process_pb2.CompleteUserTaskRequest(user_task_id=user_task_id, variables=to_struct(variables))
+
+
+def list_approvals(
+    *,
+    process_id: str = "",
+    business_key: str = "",
+    tool_ref: str = "",
+    state: ApprovalState = ApprovalState.PENDING,
+) -> approval_pb2.ListApprovalsRequest:
+    return approval_pb2.ListApprovalsRequest(
+        process_id=process_id, business_key=business_key, tool_ref=tool_ref, state=state.to_proto()
+    )
+
+
+def approve(
+    approval_id: str, *, arguments: dict[str, Any] | None = None, comment: str = ""
+) -> approval_pb2.DecideApprovalRequest:
+    request = approval_pb2.DecideApprovalRequest(
+        approval_id=approval_id, decision=approval_pb2.APPROVAL_DECISION_APPROVE, comment=comment
+    )
+    if arguments is not None:
+        request.arguments.CopyFrom(to_struct(arguments))
+    return request
+
+
+def reject(approval_id: str, reason: str) -> approval_pb2.DecideApprovalRequest:
+    return approval_pb2.DecideApprovalRequest(
+        approval_id=approval_id, decision=approval_pb2.APPROVAL_DECISION_REJECT, comment=reason
+    )
+
+
+def list_open_tasks(topic_name: str = "", instance_id: str = "") -> queue_pb2.ListTasksRequest:
+    return queue_pb2.ListTasksRequest(topic_name=topic_name, instance_id=instance_id)
