@@ -155,6 +155,8 @@ class EngineClient:
     history = _blocking(AsyncEngineClient.history)
     list_instances = _blocking(AsyncEngineClient.list_instances)
     cancel = _blocking(AsyncEngineClient.cancel)
+    purge = _blocking(AsyncEngineClient.purge)
+    erase = _blocking(AsyncEngineClient.erase)
     wait = _blocking(AsyncEngineClient.wait)
     incidents = _blocking(AsyncEngineClient.incidents)
     resolve_incident = _blocking(AsyncEngineClient.resolve_incident)
