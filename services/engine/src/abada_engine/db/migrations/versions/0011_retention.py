@@ -1,9 +1,4 @@
-"""Letting old data go: the indexes retention, purge and erasure delete through, and the erasure audit.
-
-Revision ID: 0011
-Revises: 0010
-Create Date: 2026-12-04
-"""
+"""Letting old data go: the indexes retention, purge and erasure delete through, and the erasure audit."""
 
 from __future__ import annotations
 
@@ -12,8 +7,6 @@ from alembic import op
 
 revision = "0011"
 down_revision = "0010"
-branch_labels = None
-depends_on = None
 
 # Each index lets a delete (or the foreign-key check a delete triggers) find an instance's or a task's
 # rows by an index probe instead of a scan of the whole table.
