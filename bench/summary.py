@@ -2,8 +2,10 @@
 
 Each benchmark runs --runs times (default 3) and the table shows the median; a few minutes in all,
 then once the timers rows (timers.py: 100,000 timers due within a minute on 2 replicas, about four
-minutes), and then once the volume row (volume.py): filling ABADA_BENCH_VOLUME finished instances (default
-1,000,000; half an hour or so on a small machine) and every figure beside them.
+minutes), once the retention rows (retention.py: ABADA_BENCH_RETENTION_ROWS journal rows, default
+10 million, deleted beside task cycles), and then once the volume row (volume.py): filling
+ABADA_BENCH_VOLUME finished instances (default 1,000,000; half an hour or so on a small machine) and
+every figure beside them.
 
     python bench/summary.py --runs 3
 """
@@ -11,6 +13,7 @@ minutes), and then once the volume row (volume.py): filling ABADA_BENCH_VOLUME f
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import append_step
@@ -18,6 +21,7 @@ import http_append_step
 import many_in_flight
 import provider_outage
 import quota_admission
+import retention
 import schema_stall
 import start_instance
 import task_cycle
@@ -64,6 +68,12 @@ def main() -> None:
     print("== 100,000 timers due within one minute on 2 replicas (timers.py)")
     fired = timers.measure(100_000, 60.0)
     timers.report(fired, 100_000, 60.0)
+
+    # Once: filling ABADA_BENCH_RETENTION_ROWS journal rows (default 10 million) takes a few minutes.
+    journal_rows = int(os.environ.get("ABADA_BENCH_RETENTION_ROWS", "10000000"))
+    print(f"== the retention job beside {journal_rows:,} journal rows and live task cycles (retention.py)")
+    deleting = retention.measure(journal_rows)
+    retention.report(deleting, journal_rows)
 
     # Once: filling ABADA_BENCH_VOLUME finished instances (default 1,000,000) takes a while.
     size = volume.volume_from_env()
@@ -186,6 +196,18 @@ def main() -> None:
             f"{fired['fetch_p99'] * 1000:.2f} / {fired['peer_fetch_p99'] * 1000:.2f} ms = {fired['fetch_ratio']:.2f}x",
             "<= 1.5x",
             fired["fetch_ratio"] <= 1.5,
+        ),
+        (
+            f"retention beside {journal_rows:,} journal rows: rows deleted (retention.py)",
+            f"{deleting['rows_per_second']:,.0f}/s ({deleting['journal_rows_per_second']:,.0f} journal rows/s)",
+            ">= 20,000/s",
+            deleting["rows_per_second"] >= 20_000,
+        ),
+        (
+            "  task cycles alone / beside the job",
+            f"{deleting['cycles_alone']:,.0f} / {deleting['cycles_beside']:,.0f}/s = {deleting['slowdown']:.2f}x",
+            "<= 1.2x",
+            deleting["slowdown"] <= 1.2,
         ),
         (
             "context: raw single-row commits, 8 connections",

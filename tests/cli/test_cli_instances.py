@@ -247,10 +247,10 @@ async def test_instances_where_a_variable_has_a_value(engine):
     alice = (await start(engine, "notify", customerId="C-42", vip=True)).id
     await start(engine, "notify", customerId="C-43", vip=True)
     found = await abada(
-        engine.address, "instances", "--where", "customerId=C-42", "--where", "vip=true", "-o", "json"
+        engine.address, "instances", "--var", "customerId=C-42", "--where", "vip=true", "-o", "json"
     )
     assert found.exit_code == 0, found.stderr
     assert [i["id"] for i in json.loads(found.stdout)["instances"]] == [alice]
-    malformed = await abada(engine.address, "instances", "--where", "customerId")
+    malformed = await abada(engine.address, "instances", "--var", "customerId")
     assert malformed.exit_code != 0
-    assert "--where 'customerId': expected KEY=VALUE" in malformed.stderr
+    assert "--var 'customerId': expected KEY=VALUE" in malformed.stderr

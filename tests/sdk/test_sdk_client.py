@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from abada.engine.v1 import external_task_pb2
 from abada_sdk import (
     AsyncEngineClient,
     EngineClient,
+    FailedPrecondition,
     InstanceFailed,
     InstanceState,
     InvalidArgument,
@@ -255,3 +256,20 @@ async def test_a_message_is_published_once_to_the_instance_waiting_for_it(sdk_cl
     assert done.variables["reply"] == {"text": "thanks"}
     buffered = await sdk_client.publish("customer_reply", "T-2", ttl=timedelta(minutes=5))
     assert not buffered.correlated and buffered.instance_id == ""
+
+
+async def test_erasing_a_customer_and_purging_what_ended(sdk_client):
+    await sdk_client.deploy(BUNDLE)
+    await sdk_client.start("review", {"customerId": "C-42"}, business_key="C-42")
+    other = await sdk_client.start("review", {"customerId": "C-43"})
+    with pytest.raises(FailedPrecondition) as refused:
+        await sdk_client.erase(where={"customerId": "C-42"})
+    assert refused.value.reason == "INSTANCES_ACTIVE"
+    erased = await sdk_client.erase("C-42", cancel_active=True)
+    assert (erased.instances, erased.canceled) == (1, 1) and erased.erasure_id
+    assert [i.id for i in await sdk_client.list_instances("review")] == [other.id]
+    await sdk_client.cancel(other.id)
+    now = datetime.now(UTC) + timedelta(seconds=1)
+    assert (await sdk_client.purge(now, "review", dry_run=True)).instances == 1
+    assert (await sdk_client.purge(now, "review")).instances == 1
+    assert await sdk_client.list_instances("review") == []

@@ -134,6 +134,23 @@ def test_unique_business_key_is_a_yes_or_no_that_travels_with_the_version() -> N
     assert "processes[0].unique_business_key: must be true or false" in str(problem.problems[0])
 
 
+@pytest.mark.parametrize(("text", "seconds"), [("P7D", 7 * 86_400.0), ("PT12H", 43_200.0), ("P0D", 0.0)])
+def test_retention_is_an_iso_duration_that_travels_with_the_version(text: str, seconds: float) -> None:
+    [process] = parse_bundle(
+        TRIAGE.replace("    start: triage\n", f"    start: triage\n    retention: {text}\n")
+    ).processes
+    assert process.retention_seconds == seconds
+    assert type(process).from_json(process.to_json()).retention_seconds == seconds
+
+
+def test_retention_defaults_to_thirty_days_absent_from_the_frozen_spec() -> None:
+    [plain] = parse_bundle(TRIAGE).processes
+    assert plain.retention_seconds == 30 * 86_400
+    assert "retention_seconds" not in plain.to_json()
+    problem = refused(TRIAGE.replace("    start: triage\n", "    start: triage\n    retention: 30 days\n"))
+    assert "processes[0].retention: '30 days' is not an ISO-8601 duration" in str(problem.problems[0])
+
+
 WAITING = """
 processes:
   - id: waiting

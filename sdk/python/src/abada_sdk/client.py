@@ -343,6 +343,26 @@ class AsyncEngineClient:
         )
         return Instance.from_proto(reply.instance)
 
+    async def purge(
+        self, before: datetime, process_id: str = "", *, dry_run: bool = False
+    ) -> process_pb2.PurgeInstancesResponse:
+        """Delete, now, finished instances (of `process_id`, if given) that ended before `before` (aware);
+        with `dry_run`, count them. Answers `.instances` and `.rows`."""
+        return await self.call(
+            lambda: self.stubs.processes.PurgeInstances,
+            requests.purge_instances(before, process_id, dry_run=dry_run),
+        )
+
+    async def erase(
+        self, business_key: str = "", where: dict[str, Any] | None = None, *, cancel_active: bool = False
+    ) -> process_pb2.EraseInstancesResponse:
+        """Erase one customer's instances (business key and/or variable values), whatever their age; one
+        audit row stays (`.erasure_id`). Active ones refuse it (`INSTANCES_ACTIVE`) unless `cancel_active`."""
+        return await self.call(
+            lambda: self.stubs.processes.EraseInstances,
+            requests.erase_instances(business_key, where, cancel_active=cancel_active),
+        )
+
     async def wait(
         self, instance_id: str, timeout: float | None = None, *, stop_on_incident: bool = True
     ) -> Instance:

@@ -74,6 +74,27 @@ def list_instances(
     return request
 
 
+def purge_instances(
+    before: datetime, process_id: str = "", *, dry_run: bool = False
+) -> process_pb2.PurgeInstancesRequest:
+    """Finished instances (of `process_id`, if given) that ended before `before`: deleted now, or with
+    `dry_run` counted."""
+    request = process_pb2.PurgeInstancesRequest(process_id=process_id, dry_run=dry_run)
+    request.before.FromDatetime(before)
+    return request
+
+
+def erase_instances(
+    business_key: str = "", where: dict[str, Any] | None = None, *, cancel_active: bool = False
+) -> process_pb2.EraseInstancesRequest:
+    """One customer's instances, by business key and/or top-level variable values (as `list_instances`'
+    `where`), erased whatever their age; active ones cancelled first with `cancel_active`."""
+    request = process_pb2.EraseInstancesRequest(business_key=business_key, cancel_active=cancel_active)
+    for name, value in (where or {}).items():
+        request.variables.add(name=name).value.CopyFrom(to_struct({name: value}).fields[name])
+    return request
+
+
 def publish_message(
     name: str,
     correlation_key: str,

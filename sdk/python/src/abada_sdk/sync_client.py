@@ -156,6 +156,8 @@ class EngineClient:
     list_instances = _blocking(AsyncEngineClient.list_instances)
     publish = _blocking(AsyncEngineClient.publish)
     cancel = _blocking(AsyncEngineClient.cancel)
+    purge = _blocking(AsyncEngineClient.purge)
+    erase = _blocking(AsyncEngineClient.erase)
     wait = _blocking(AsyncEngineClient.wait)
     incidents = _blocking(AsyncEngineClient.incidents)
     resolve_incident = _blocking(AsyncEngineClient.resolve_incident)

@@ -113,3 +113,12 @@ class EngineSettings(ServiceSettings):
     deploy_credentials_file: pathlib.Path | None = variable(
         "ABADA_DEPLOY_CREDENTIALS_FILE", None, "or deploy-time credentials from a YAML file name: value"
     )
+    # Any replica may run the retention job (one at a time); 0 leaves it to the others.
+    retention_round_seconds: float = variable(
+        "ABADA_RETENTION_ROUND_SECONDS",
+        30.0,
+        "how often this replica looks for finished instances past their retention (0: never)",
+        accepts="a number of seconds >= 0",
+        ge=0,
+        allow_inf_nan=False,
+    )

@@ -26,6 +26,7 @@ from abada_engine.runtime.incidents import Incidents
 from abada_engine.runtime.instances import Instances
 from abada_engine.runtime.journal import UNKEYED_WRITE_GRACE_SECONDS, Journal, JournalResolutions, Takeover
 from abada_engine.runtime.leases import TAKEOVER_GRACE_SECONDS, Leases
+from abada_engine.runtime.retention import Retention
 from abada_engine.runtime.views import IncidentView
 from abada_engine.runtime.waits import FIRE_BATCH, Waits
 from abada_engine.store.dependencies import DEPENDENCY_CHANNEL
@@ -68,6 +69,10 @@ class EngineCore:
     timer_clock: TimerClock
     message_matcher: Nudged
     message_expiry: Periodic
+    # Letting old data go (runtime/retention.py): purge and erasure, and the job deleting finished
+    # instances past their retention, one replica at a time.
+    retention: Retention
+    retention_rounds: Periodic
     # Signs the lists' page tokens (a key derived from the idempotency secret every replica shares).
     page_tokens: PageTokens
 
@@ -86,6 +91,7 @@ class EngineCore:
         probe_round_seconds: float = 0.5,
         queue_upkeep_seconds: float = 10.0,
         timer_idle_seconds: float = 5.0,
+        retention_round_seconds: float = 30.0,
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
         handed_out = HandedOut()
@@ -151,6 +157,10 @@ class EngineCore:
         outage_budget_rounds.start()
         queue_upkeep = Periodic("queue upkeep", QueueUpkeep(db).round, queue_upkeep_seconds)
         queue_upkeep.start()
+        retention = Retention(db)
+        retention_rounds = Periodic("retention", retention.round, retention_round_seconds)
+        if retention_round_seconds > 0:
+            retention_rounds.start()
         database = DatabaseWatch(db, interval_seconds=database_check_seconds)
         database.subscribe(leases.database_changed)
         database.start()
@@ -178,10 +188,13 @@ class EngineCore:
             timer_clock=timer_clock,
             message_matcher=message_matcher,
             message_expiry=message_expiry,
+            retention=retention,
+            retention_rounds=retention_rounds,
             page_tokens=PageTokens.derived_from(idempotency.secret),
         )
 
     async def close(self) -> None:
+        await self.retention_rounds.stop()
         await self.message_expiry.stop()
         await self.message_matcher.stop()
         await self.timer_clock.stop()

@@ -15,6 +15,7 @@ from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_engine.errors import Category, EngineError, invalid
 from abada_engine.paging import MAX_LISTED, PageTokens, listing
 from abada_engine.runtime.instances import MAX_VARIABLES_BYTES, Instances
+from abada_engine.runtime.retention import Retention
 from abada_engine.runtime.waits import Waits
 from abada_engine.store.states import TaskKind
 
@@ -70,8 +71,11 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
     SERVICE = "abada.engine.v1.ProcessService"
     guard: Guard | None = None
 
-    def __init__(self, instances: Instances, page_tokens: PageTokens, waits: Waits) -> None:
+    def __init__(
+        self, instances: Instances, page_tokens: PageTokens, waits: Waits, retention: Retention
+    ) -> None:
         self._instances = instances
+        self._retention = retention
         self._pages = page_tokens
         self._waits = waits
 
@@ -216,6 +220,40 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
             instance_id=str(instance_id) if instance_id else "",
             correlated=instance_id is not None,
             duplicate=published.duplicate,
+        )
+
+    async def PurgeInstances(
+        self, request: process_pb2.PurgeInstancesRequest, context: grpc.aio.ServicerContext
+    ) -> process_pb2.PurgeInstancesResponse:
+        before = optional_time(request, "before")
+        if before is None:
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT, "before", "is required: instances that ended before it go"
+            )
+        purged = await self._retention.purge(
+            before, storable_text(request.process_id, "process_id"), request.dry_run
+        )
+        return process_pb2.PurgeInstancesResponse(
+            instances=purged.instances, rows=purged.rows, dry_run=purged.dry_run
+        )
+
+    async def EraseInstances(
+        self, request: process_pb2.EraseInstancesRequest, context: grpc.aio.ServicerContext
+    ) -> process_pb2.EraseInstancesResponse:
+        holding = _variables_holding(request.variables)
+        if not request.business_key and not holding:
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT, "business_key", "name the customer: a business key or variables"
+            )
+        caller = current_caller.get()
+        erased = await self._retention.erase(
+            storable_text(request.business_key, "business_key"),
+            holding,
+            request.cancel_active,
+            caller.identity if caller is not None else "",
+        )
+        return process_pb2.EraseInstancesResponse(
+            instances=erased.instances, canceled=erased.canceled, rows=erased.rows, erasure_id=erased.audit_id
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import enum
 import itertools
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -383,12 +384,13 @@ def instances(
     until: Annotated[
         str | None, typer.Option(help="Only instances started before this time (RFC 3339).")
     ] = None,
-    where: Annotated[
+    var: Annotated[
         list[str] | None,
         typer.Option(
+            "--var",
             "--where",
             metavar="NAME=VALUE",
-            help="Only instances whose variable NAME equals VALUE (typed as --var is); repeatable.",
+            help="Only instances whose variable NAME equals VALUE (typed as start's --var); repeatable.",
         ),
     ] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Every instance, whatever --limit says.")] = False,
@@ -407,7 +409,7 @@ def instances(
             business_key=business_key or "",
             created_after=rfc3339(since, "--since") if since else None,
             created_before=rfc3339(until, "--until") if until else None,
-            where=variables(where or [], None, option="--where"),
+            where=variables(var or [], None),
             waiting_for=_WAITING_FOR[waiting_for] if waiting_for else process_pb2.WAITING_FOR_UNSPECIFIED,
         ),
         lambda response: response.instances,
@@ -847,6 +849,63 @@ def _publish(
     )
     response = _client(ctx).call(lambda s: s.processes.PublishMessage, request)
     _emit(ctx, response, views.publication(response))
+
+
+def _confirmed(yes: bool, what: str) -> None:
+    """Deleting needs --yes, or a person at a terminal who answers yes."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise invalid_input(f"{what}: add --yes to go ahead (or --dry-run, where offered, to count first)")
+    if not typer.confirm(f"{what}: this cannot be undone. Go ahead?"):
+        raise typer.Exit(FAILURE)
+
+
+@app.command()
+def purge(
+    ctx: typer.Context,
+    before: Annotated[
+        str, typer.Option(help="Delete finished instances that ended before this time (RFC 3339).")
+    ],
+    process: Annotated[str | None, typer.Option(help="Only instances of this process.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would go; delete nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Delete without asking.")] = False,
+) -> None:
+    """Delete, now, finished instances that ended before --before, with their history and journals."""
+    request = requests.purge_instances(rfc3339(before, "--before"), process or "", dry_run=dry_run)
+    if not dry_run:
+        _confirmed(yes, f"purge finished instances ended before {before}")
+    client = _client(ctx)
+    response = client.call(lambda s: s.processes.PurgeInstances, request)
+    _emit(ctx, response, views.purged(response, before))
+
+
+@app.command()
+def erase(
+    ctx: typer.Context,
+    business_key: Annotated[str | None, typer.Option(help="The customer's business key.")] = None,
+    var: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--var", metavar="NAME=VALUE", help="Or instances whose variable NAME equals VALUE; repeatable."
+        ),
+    ] = None,
+    cancel_active: Annotated[
+        bool, typer.Option("--cancel-active", help="Cancel the customer's active instances first.")
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Erase without asking.")] = False,
+) -> None:
+    """Erase one customer's instances, journals and history, whatever their age (one audit row stays,
+    naming no one). Active instances refuse the erasure unless --cancel-active."""
+    request = requests.erase_instances(
+        business_key or "", variables(var or [], None), cancel_active=cancel_active
+    )
+    if not request.business_key and not request.variables:
+        raise invalid_input("name the customer: --business-key K or --var NAME=VALUE")
+    _confirmed(yes, "erase this customer's instances")
+    client = _client(ctx)
+    response = client.call(lambda s: s.processes.EraseInstances, request)
+    _emit(ctx, response, views.erased(response))
 
 
 def main() -> None:

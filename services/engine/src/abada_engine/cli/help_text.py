@@ -18,7 +18,7 @@ EXAMPLES: dict[str, str] = {
     "definitions": "abada definitions --process support_triage",
     "start": 'abada start support_triage --var customerId=C-42 --var message="My parcel never arrived" --wait',
     "cancel": 'abada cancel INSTANCE --reason "customer withdrew"',
-    "instances": "abada instances --process support_triage --state active",
+    "instances": "abada instances --var customerId=C-42 -o json",
     "show": "abada show INSTANCE --follow",
     "incidents": "abada incidents --reason DEPENDENCY_UNAVAILABLE",
     "dependencies": "abada dependencies -o json",
@@ -32,6 +32,8 @@ EXAMPLES: dict[str, str] = {
     "approve": """abada approve APPROVAL --args '{"priority": "urgent"}' --comment "gold customer\"""",
     "reject": 'abada reject APPROVAL --reason "not for this customer"',
     "publish": 'abada publish customer_reply --correlation-key T-1042 --var text="It arrived, thanks" --ttl PT1H',
+    "purge": "abada purge --before 2026-11-01T00:00:00Z --process support_triage --dry-run",
+    "erase": "abada erase --business-key C-42 --cancel-active --yes",
 }
 
 # Commands whose exit codes say more than the common ones.

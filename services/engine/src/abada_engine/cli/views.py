@@ -232,6 +232,22 @@ def publication(response: process_pb2.PublishMessageResponse) -> str:
     return f"{said}buffered: no instance waits for it yet (message {response.message_key})"
 
 
+def purged(response: process_pb2.PurgeInstancesResponse, before: str) -> str:
+    """What a purge deleted (or, dry, would delete), in one line."""
+    if response.dry_run:
+        return f"{response.instances} finished instance(s) ended before {before} (dry run: nothing deleted)"
+    return f"purged {response.instances} finished instance(s) ended before {before} ({response.rows} rows)"
+
+
+def erased(response: process_pb2.EraseInstancesResponse) -> str:
+    """What an erasure deleted, in one line."""
+    canceled = f", {response.canceled} cancelled first" if response.canceled else ""
+    return (
+        f"erased {response.instances} instance(s){canceled}: {response.rows} rows "
+        f"(audit record {response.erasure_id})"
+    )
+
+
 def incidents_table(incidents: Sequence[incident_pb2.Incident], with_state: bool) -> str:
     headers = ["ID", "TYPE", "INSTANCE", "TASK", "NODE", "AGE"]
     if with_state:

@@ -231,3 +231,16 @@ messages = Table(
     Column("correlated_instance_id", Uuid),
     Column("correlated_at", DateTime(timezone=True)),
 )
+
+# One row per erasure (migration 0011): who, when, how many rows went; never whose they were.
+erasures = Table(
+    "erasures",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("erased_by", Text, nullable=False),
+    Column("erased_at", DateTime(timezone=True), nullable=False),
+    Column("selected_by", Text, nullable=False),
+    Column("instances", Integer, nullable=False),
+    Column("canceled", Integer, nullable=False),
+    Column("rows", BigInteger, nullable=False),
+)

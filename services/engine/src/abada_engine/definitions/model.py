@@ -30,6 +30,8 @@ JOIN_WAITS: tuple[str, ...] = ("all", "any")
 WAITING_NODE_TYPES: tuple[str, ...] = ("agent", "service", "user_task", "receive")
 AGENT_TOPIC = "abada:agent"
 AGENT_PROFILE = "abada.agent/v1"
+# How long a finished instance is kept when its process names no `retention:` (P30D).
+DEFAULT_RETENTION_SECONDS = 30 * 86_400.0
 
 
 @dataclass(frozen=True)
@@ -262,6 +264,9 @@ class Process:
     input_schema: dict[str, Any] | None = None
     # `unique_business_key: true`: one active instance per business key; a second start is refused.
     unique_business_key: bool = False
+    # `retention:` how long a finished instance (with its history, tasks and journal) is kept after
+    # it ended, in seconds; 0 keeps nothing. The retention job deletes it after that.
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS
 
     def node(self, node_id: str) -> Node:
         return self.nodes[node_id]
@@ -285,6 +290,8 @@ class Process:
             data["inputs"] = self.input_schema
         if self.unique_business_key:
             data["unique_business_key"] = True
+        if self.retention_seconds != DEFAULT_RETENTION_SECONDS:
+            data["retention_seconds"] = self.retention_seconds
         return data
 
     @staticmethod
@@ -299,6 +306,7 @@ class Process:
             max_cost_usd=data.get("limits", {}).get("max_cost_usd"),
             input_schema=data.get("inputs"),
             unique_business_key=bool(data.get("unique_business_key", False)),
+            retention_seconds=float(data.get("retention_seconds", DEFAULT_RETENTION_SECONDS)),
         )
 
 

@@ -18,9 +18,11 @@ from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_engine.errors import Category, EngineError, FieldProblem
 
 from .checker import Checker, kind
+from .durations import iso_duration_seconds
 from .expressions import cel_syntax_error, reference_syntax_errors
 from .model import (
     AGENT_TOPIC,
+    DEFAULT_RETENTION_SECONDS,
     JOIN_WAITS,
     NODE_KEYS,
     NODE_TYPES,
@@ -58,7 +60,7 @@ _PRICE_KEYS = {"input_per_million_usd", "output_per_million_usd"}
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}$")
 _SERVER_KEYS = {"name", "transport", "url", "credential", "tools"}
 _TOOL_KEYS = {"policy", "idempotency", "input_schema_sha256", "approval"}
-_PROCESS_KEYS = {"id", "start", "nodes", "limits", "inputs", "unique_business_key"}
+_PROCESS_KEYS = {"id", "start", "nodes", "limits", "inputs", "unique_business_key", "retention"}
 _PROCESS_LIMIT_KEYS = {"max_cost_usd"}
 _LIMIT_KEYS = {"max_model_calls", "max_tool_calls", "max_tokens", "max_cost_usd"}
 
@@ -253,6 +255,7 @@ def _check_process(
     max_cost_usd = checker.amount(process_limits, "max_cost_usd", limits_path, positive=True)
     input_schema = _check_input_schema(checker, data.get("inputs"), (*path, "inputs"))
     unique_business_key = checker.flag(data, "unique_business_key", path)
+    retention_seconds = _check_retention(checker, data, path)
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         checker.report((*path, "nodes"), "must be a non-empty list of nodes")
@@ -298,7 +301,23 @@ def _check_process(
     if len(checker.problems) == problems_before:
         _check_fan_out(checker, nodes, node_paths)
     used = {node.model: models[node.model] for node in nodes.values() if node.model in models}
-    return Process(process_id, start, nodes, used, max_cost_usd, input_schema, unique_business_key)
+    return Process(
+        process_id, start, nodes, used, max_cost_usd, input_schema, unique_business_key, retention_seconds
+    )
+
+
+def _check_retention(checker: Checker, data: dict[str, Any], path: tuple[str | int, ...]) -> float:
+    """`retention:` an ISO-8601 duration >= 0 (`P0D` keeps nothing after the end); absent, the default."""
+    text = checker.string(data, "retention", path, required=False)
+    if text is None:
+        return DEFAULT_RETENTION_SECONDS
+    seconds = iso_duration_seconds(text)
+    if seconds is None:
+        checker.report(
+            (*path, "retention"), f"{text!r} is not an ISO-8601 duration (for example P30D, P7D, PT12H, P0D)"
+        )
+        return DEFAULT_RETENTION_SECONDS
+    return seconds
 
 
 def _targets(node: Node, path: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], str]]:
