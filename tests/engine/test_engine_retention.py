@@ -159,6 +159,23 @@ async def _held(engine_core) -> bool:
         )
 
 
+async def test_versions_deployed_before_retention_existed_keep_their_instances(engine, engine_core, db):
+    """An upgrade deletes nothing by itself: a version deployed before retention has none recorded, and
+    the job leaves its instances for an operator's purge."""
+    await deploy(engine, BUNDLE)
+    old = await _finished_triage(engine, "C-9")
+    await _ended_days_ago(db, old.id, 400)
+    async with db.begin() as conn:
+        await conn.execute(text("UPDATE definitions SET retention_seconds = NULL"))
+    await _retention_round(engine_core)
+    assert (await _rows_of(db, [old.id]))["instances"] == 1
+    purged = await engine.processes.PurgeInstances(
+        process_pb2.PurgeInstancesRequest(before=_time(dt.datetime.now(dt.UTC)))
+    )
+    assert purged.instances == 1
+    assert (await _rows_of(db, [old.id]))["instances"] == 0
+
+
 async def test_retention_deletes_the_finished_instances_past_it_with_every_row_and_nothing_else(
     engine, engine_core, db
 ):

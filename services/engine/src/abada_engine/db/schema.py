@@ -7,6 +7,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Integer,
     LargeBinary,
@@ -31,6 +32,8 @@ definitions = Table(
     Column("spec", JSONB, nullable=False),
     Column("tool_bindings", JSONB, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
+    # How long the version keeps finished instances; NULL for versions deployed before retention (0011).
+    Column("retention_seconds", Float),
 )
 
 instances = Table(

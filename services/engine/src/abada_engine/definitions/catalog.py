@@ -156,6 +156,7 @@ class DefinitionCatalog:
                     source_name,
                     frozen["process"],
                     frozen["tool_bindings"],
+                    process.retention_seconds,
                 )
                 results.append(self._from_row(row))
                 created.append(process.id)

@@ -55,6 +55,7 @@ async def insert_version(
     source_name: str,
     spec: dict[str, Any],
     tool_bindings: list[dict[str, Any]],
+    retention_seconds: float,
 ) -> DefinitionRow:
     row = (
         await conn.execute(
@@ -67,6 +68,7 @@ async def insert_version(
                 source_name=source_name,
                 spec=spec,
                 tool_bindings=tool_bindings,
+                retention_seconds=retention_seconds,
                 created_at=func.now(),
             )
             .returning(*definitions.c)

@@ -16,7 +16,6 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnClause,
-    Float,
     Table,
     Uuid,
     and_,
@@ -49,7 +48,6 @@ from abada_engine.db.schema import (
     tasks,
     timers,
 )
-from abada_engine.definitions.model import DEFAULT_RETENTION_SECONDS
 
 from .states import InstanceState
 
@@ -113,12 +111,14 @@ def _finished_of_each_version(ended_before: Any, process_id: str, limit: int) ->
 
 
 async def due_for_retention(conn: AsyncConnection, limit: int) -> list[uuid.UUID]:
-    """Finished instances whose version's retention has passed since they ended (at most `limit`)."""
-    retention = func.coalesce(
-        definitions.c.spec["retention_seconds"].as_float(),
-        bindparam("default_retention", DEFAULT_RETENTION_SECONDS, Float),
+    """Finished instances whose version's retention has passed since they ended (at most `limit`).
+    A version deployed before retention existed has none and keeps its instances (migration 0011)."""
+    retention = definitions.c.retention_seconds
+    query = (
+        _finished_of_each_version(func.now() - retention * _SECOND, "", limit)
+        .where(retention.is_not(None))
+        .limit(limit)
     )
-    query = _finished_of_each_version(func.now() - retention * _SECOND, "", limit).limit(limit)
     return list((await conn.execute(query)).scalars())
 
 

@@ -23,6 +23,10 @@ _INDEXES = (
 def upgrade() -> None:
     for name, definition in _INDEXES:
         op.execute(f"CREATE INDEX {name} ON {definition}")
+    # How long each version keeps its finished instances, written at deploy. The versions deployed
+    # before retention existed have none (NULL): the job never deletes their instances, so an upgrade
+    # deletes nothing by itself; an operator purges them (`abada purge`) when they choose.
+    op.add_column("definitions", sa.Column("retention_seconds", sa.Float, nullable=True))
     # One row per erasure: who asked, when, how much went. Nothing that names the customer.
     op.create_table(
         "erasures",
@@ -38,6 +42,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_column("definitions", "retention_seconds")
     op.drop_table("erasures")
     for name, _ in reversed(_INDEXES):
         op.execute(f"DROP INDEX {name}")
