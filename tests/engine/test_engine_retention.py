@@ -169,6 +169,14 @@ async def test_versions_deployed_before_retention_existed_keep_their_instances(e
         await conn.execute(text("UPDATE definitions SET retention_seconds = NULL"))
     await _retention_round(engine_core)
     assert (await _rows_of(db, [old.id]))["instances"] == 1
+    # Deploying the same processes again records their retention on those versions from then on.
+    redeployed = await deploy(engine, BUNDLE)
+    assert not redeployed.created_process_ids
+    async with db.connect() as conn:
+        recorded = (
+            await conn.execute(text("SELECT retention_seconds FROM definitions WHERE process_id = 'triage'"))
+        ).scalar_one()
+    assert recorded == 30 * 86_400
     purged = await engine.processes.PurgeInstances(
         process_pb2.PurgeInstancesRequest(before=_time(dt.datetime.now(dt.UTC)))
     )

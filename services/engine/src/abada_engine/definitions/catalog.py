@@ -146,6 +146,9 @@ class DefinitionCatalog:
                 digest = hashlib.sha256(_canonical(_digested(frozen)).encode()).hexdigest()
                 latest = await definition_store.latest(conn, process.id)
                 if latest is not None and latest.content_sha256 == digest:
+                    if latest.retention_seconds is None:
+                        # Deployed before retention existed: the same content deployed again records it.
+                        await definition_store.record_retention(conn, latest.id, process.retention_seconds)
                     results.append(self._from_row(latest))
                     continue
                 row = await definition_store.insert_version(

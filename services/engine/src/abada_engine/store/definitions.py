@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.db.schema import definitions
@@ -26,6 +26,8 @@ class DefinitionRow:
     spec: dict[str, Any]
     tool_bindings: list[dict[str, Any]]
     created_at: datetime
+    # None for a version deployed before retention existed (migration 0011).
+    retention_seconds: float | None
 
 
 def _row(row: Any) -> DefinitionRow | None:
@@ -45,6 +47,16 @@ async def latest(conn: AsyncConnection, process_id: str) -> DefinitionRow | None
         .limit(1)
     )
     return _row((await conn.execute(query)).one_or_none())
+
+
+async def record_retention(conn: AsyncConnection, definition_id: uuid.UUID, retention_seconds: float) -> None:
+    """Give a version deployed before retention existed the retention its process now declares (a
+    version that has one keeps it)."""
+    await conn.execute(
+        update(definitions)
+        .where(definitions.c.id == definition_id, definitions.c.retention_seconds.is_(None))
+        .values(retention_seconds=retention_seconds)
+    )
 
 
 async def insert_version(
