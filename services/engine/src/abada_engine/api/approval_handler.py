@@ -93,15 +93,9 @@ class ApprovalHandler(approval_pb2_grpc.ApprovalServiceServicer):
             limit=page.size + 1,
             after_key=page.after,
         )
-        shown = found[: page.size]
-        last = (
-            (shown[-1].created_at, shown[-1].task_id, shown[-1].sequence)
-            if shown
-            else (datetime.min, uuid.UUID(int=0), 0)
-        )
+        shown, next_token = self._pages.shown(page, found, lambda a: (a.created_at, a.task_id, a.sequence))
         return approval_pb2.ListApprovalsResponse(
-            approvals=[approval_message(a) for a in shown],
-            next_page_token=self._pages.next_token(page, len(found), last),
+            approvals=[approval_message(a) for a in shown], next_page_token=next_token
         )
 
     async def GetApproval(

@@ -68,9 +68,7 @@ class DefinitionHandler(definition_pb2_grpc.DefinitionServiceServicer):
             (str, int),
         )
         found = await self._catalog.list(request.process_id, limit=page.size + 1, after_key=page.after)
-        shown = found[: page.size]
-        last = (shown[-1].process_id, shown[-1].version) if shown else ("", 0)
+        shown, next_token = self._pages.shown(page, found, lambda d: (d.process_id, d.version))
         return definition_pb2.ListDefinitionsResponse(
-            definitions=[messages.definition(d) for d in shown],
-            next_page_token=self._pages.next_token(page, len(found), last),
+            definitions=[messages.definition(d) for d in shown], next_page_token=next_token
         )

@@ -63,11 +63,9 @@ class IncidentHandler(incident_pb2_grpc.IncidentServiceServicer):
             limit=page.size + 1,
             after_key=page.after,
         )
-        shown = found[: page.size]
-        last = (shown[-1].created_at, shown[-1].id) if shown else (datetime.min, uuid.UUID(int=0))
+        shown, next_token = self._pages.shown(page, found, lambda i: (i.created_at, i.id))
         return incident_pb2.ListIncidentsResponse(
-            incidents=[messages.incident(i) for i in shown],
-            next_page_token=self._pages.next_token(page, len(found), last),
+            incidents=[messages.incident(i) for i in shown], next_page_token=next_token
         )
 
     async def ResolveIncidents(

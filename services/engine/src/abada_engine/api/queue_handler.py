@@ -64,11 +64,8 @@ class QueueHandler(queue_pb2_grpc.QueueServiceServicer):
             page.size + 1,
             page.after,
         )
-        shown = found[: page.size]
-        last = (shown[-1].row.created_at, shown[-1].row.id) if shown else (datetime.min, uuid.UUID(int=0))
-        return queue_pb2.ListTasksResponse(
-            tasks=[_queued(t) for t in shown], next_page_token=self._pages.next_token(page, len(found), last)
-        )
+        shown, next_token = self._pages.shown(page, found, lambda t: (t.row.created_at, t.row.id))
+        return queue_pb2.ListTasksResponse(tasks=[_queued(t) for t in shown], next_page_token=next_token)
 
     async def ListTopics(
         self, request: queue_pb2.ListTopicsRequest, context: grpc.aio.ServicerContext

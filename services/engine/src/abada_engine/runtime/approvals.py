@@ -28,10 +28,10 @@ from abada_engine.errors import Category, EngineError, invalid, not_found
 from abada_engine.runtime.crypto.sealing import Place, StepSealer
 from abada_engine.runtime.flow.navigator import HistoryEntry, advance
 from abada_engine.runtime.flow.tokens import advance_move, apply_move, history_record, write_history
+from abada_engine.runtime.held import hold_for_a_person
 from abada_engine.runtime.incident_types import APPROVAL_TIMEOUT
 from abada_engine.runtime.leases import hold_lease
 from abada_engine.store import approvals as approval_store
-from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
@@ -343,27 +343,15 @@ class Approvals:
             f"{', '.join(sorted(set(tool_refs)))} waited for approval longer than the node's "
             "approval_timeout and the node has no on_approval_timeout: retry to ask again, or cancel"
         )
-        await task_store.hold_as_incident(conn, task_id)
-        incident_id = await incident_store.raise_incident(
+        await hold_for_a_person(
             conn,
+            task_id=task_id,
             instance_id=first.instance_id,
             node_id=node.id,
             type_=APPROVAL_TIMEOUT,
             message=message,
             details=details,
-            task_id=task_id,
-        )
-        raised = HistoryEntry(
-            "INCIDENT_RAISED",
-            node.id,
-            {"incident_id": str(incident_id), "type": APPROVAL_TIMEOUT, "message": message},
-        )
-        await write_history(
-            conn,
-            [
-                history_record(first.instance_id, timed_out, task_id),
-                history_record(first.instance_id, raised, task_id),
-            ],
+            preceding=(history_record(first.instance_id, timed_out, task_id),),
         )
 
     async def ask_again(

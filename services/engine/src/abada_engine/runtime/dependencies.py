@@ -37,11 +37,11 @@ from abada_engine.definitions.model import Node
 from abada_engine.errors import Category, EngineError, invalid
 from abada_engine.runtime.flow.navigator import HistoryEntry
 from abada_engine.runtime.flow.tokens import history_record, write_history
+from abada_engine.runtime.held import hold_for_a_person
 from abada_engine.runtime.incident_types import DEPENDENCY_UNAVAILABLE
 from abada_engine.runtime.leases import hold_lease
 from abada_engine.runtime.views import HeldBack
 from abada_engine.store import dependencies as circuit_store
-from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.dependencies import CircuitRow, ListedCircuit
 from abada_engine.store.hand_written import Executor
@@ -486,25 +486,16 @@ async def raise_unavailable(
     if error:
         details["last_error"] = error
     message = f"{kind.replace('_', ' ')} {name!r} has been unavailable for {_duration(waited)}, past the node's outage_budget"
-    await task_store.hold_as_incident(
-        conn, task_id, last_error={"code": DEPENDENCY_UNAVAILABLE, "message": message}
-    )
-    incident_id = await incident_store.raise_incident(
+    return await hold_for_a_person(
         conn,
+        task_id=task_id,
         instance_id=instance_id,
         node_id=node_id,
         type_=DEPENDENCY_UNAVAILABLE,
         message=message,
         details=details,
-        task_id=task_id,
+        last_error={"code": DEPENDENCY_UNAVAILABLE, "message": message},
     )
-    entry = HistoryEntry(
-        "INCIDENT_RAISED",
-        node_id,
-        {"incident_id": str(incident_id), "type": DEPENDENCY_UNAVAILABLE, "message": message},
-    )
-    await write_history(conn, [history_record(instance_id, entry, task_id)])
-    return incident_id
 
 
 def _duration(seconds: float) -> str:

@@ -22,7 +22,7 @@ from abada_engine.runtime.views import IncidentView
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
-from abada_engine.store.incidents import IncidentRow, ListedIncident
+from abada_engine.store.incidents import IncidentRow
 from abada_engine.store.states import IncidentState, InstanceState
 
 RESOLUTIONS = ("RETRY", "HAPPENED", "DID_NOT_HAPPEN", "CANCEL_INSTANCE")
@@ -99,7 +99,7 @@ class Incidents:
                 limit=limit,
                 after_key=after_key,
             )
-        return [await self._opened(_view(r)) for r in rows]
+        return [await self._opened(r) for r in rows]
 
     async def resolve_matching(
         self, which: IncidentFilter, resolution: str, comment: str, limit: int
@@ -124,7 +124,7 @@ class Incidents:
             rows = await incident_store.listed(conn, incident_id=incident_id)
         if not rows:
             raise not_found("incident", str(incident_id), "incident_id")
-        return await self._opened(_view(rows[0]))
+        return await self._opened(rows[0])
 
     async def resolve(
         self, incident_id: uuid.UUID, resolution: str, result: dict[str, Any] | None, comment: str
@@ -210,20 +210,3 @@ class Incidents:
 
 # These ask a person what happened in the world; a blind retry is exactly what they exist to prevent.
 _NEEDS_A_DECISION = frozenset({"TOOL_OUTCOME_UNKNOWN"})
-
-
-def _view(r: ListedIncident) -> IncidentView:
-    return IncidentView(
-        r.id,
-        r.type,
-        r.instance_id,
-        r.process_id,
-        r.task_id,
-        r.node_id,
-        r.message,
-        r.details,
-        r.state,
-        r.created_at,
-        r.resolved_at,
-        r.resolution,
-    )
