@@ -4,7 +4,6 @@ signed-in person, and render Jinja2 templates (plain HTML, a little JavaScript, 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import pathlib
@@ -22,6 +21,7 @@ from abada.engine.v1 import (
     process_pb2,
     queue_pb2,
 )
+from abada_common.addresses import is_loopback_host
 from abada_common.struct_codec import from_struct, to_struct
 from abada_sdk.errors import AbadaError, NotFound, PermissionDenied, Unauthenticated
 from google.protobuf import json_format, timestamp_pb2
@@ -75,15 +75,6 @@ def enum_name(enum: Any, value: int, prefix: str) -> str:
 
 def pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def parse_variable(text: str) -> tuple[str, Any] | None:
@@ -204,7 +195,7 @@ class Console:
 
     def _secure(self, request: Request) -> bool:
         # Off loopback the cookie travels over TLS only (an ingress terminates it before the engine).
-        return request.url.scheme == "https" or not _loopback(request.url.hostname or "")
+        return request.url.scheme == "https" or not is_loopback_host(request.url.hostname or "")
 
     def session(self, request: Request, operator: bool = False) -> Session:
         session = self.sealer.open(request.cookies.get(COOKIE))
