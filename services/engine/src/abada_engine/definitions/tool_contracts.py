@@ -28,7 +28,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import PaginatedRequestParams, Tool
 
-from abada_engine.errors import Category, EngineError
+from abada_engine.errors import Category, EngineError, precondition
 
 from .catalog import ObservedSchemas, ObservedTool
 from .model import Bundle, ToolServerSpec
@@ -62,11 +62,10 @@ class FileCredentials:
         if isinstance(value, dict):
             value = value.get("value")
         if not isinstance(value, str) or not value:
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.CREDENTIAL_NOT_FOUND,
                 f"no credential {credential!r} for tool server {server!r}",
-                field=f"tool_servers.{server}.credential",
+                f"tool_servers.{server}.credential",
             )
         return value
 

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
-from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.errors import EngineError, invalid, not_found, precondition
 from abada_engine.runtime.flow.navigator import HistoryEntry, advance
 from abada_engine.runtime.flow.tokens import advance_move, apply_move, history_record, write_history
 from abada_engine.runtime.instances import cancel_instance
@@ -138,11 +138,10 @@ class Incidents:
             if row is None:
                 raise not_found("incident", str(incident_id), "incident_id")
             if row.state != IncidentState.OPEN:
-                raise EngineError(
-                    Category.FAILED_PRECONDITION,
+                raise precondition(
                     ErrorReason.INCIDENT_RESOLVED,
                     f"incident {incident_id} is already resolved ({row.resolution})",
-                    field="incident_id",
+                    "incident_id",
                 )
             handler = self._handlers.get((row.type, resolution))
             if resolution == "CANCEL_INSTANCE":
@@ -155,11 +154,10 @@ class Incidents:
                 await self._retry(conn, row)
                 await self._close(conn, row, resolution, comment)
             else:
-                raise EngineError(
-                    Category.FAILED_PRECONDITION,
+                raise precondition(
                     ErrorReason.RESOLUTION_NOT_APPLICABLE,
                     f"{resolution} does not apply to a {row.type} incident",
-                    field="resolution",
+                    "resolution",
                 )
         return await self.get(incident_id)
 
@@ -190,11 +188,10 @@ class Incidents:
         instance = await instance_store.lock(conn, row.instance_id)
         assert instance is not None  # an incident's instance is never deleted
         if instance.state != InstanceState.ACTIVE:
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.INSTANCE_NOT_ACTIVE,
                 f"instance {row.instance_id} is {instance.state.lower()}",
-                field="incident_id",
+                "incident_id",
             )
         definition = await self._catalog.get(instance.definition_id)
         node = definition.process.node(row.node_id)
