@@ -152,28 +152,12 @@ def check_contract(bindings: Iterable[ToolBinding], listed: dict[str, Tool]) -> 
         if tool is None:
             mismatches.append(ContractMismatch(binding.server, binding.tool, "missing"))
             continue
-        observed = schema_sha256(tool.input_schema)
-        if binding.input_schema_sha256 and observed != binding.input_schema_sha256:
-            mismatches.append(
-                ContractMismatch(
-                    binding.server,
-                    binding.tool,
-                    "input schema changed",
-                    binding.input_schema_sha256,
-                    observed,
-                )
-            )
-        described = description_sha256(tool.description)
-        if binding.description_sha256 and described != binding.description_sha256:
-            mismatches.append(
-                ContractMismatch(
-                    binding.server,
-                    binding.tool,
-                    "description changed",
-                    binding.description_sha256,
-                    described,
-                )
-            )
+        for change, pinned, seen in (
+            ("input schema changed", binding.input_schema_sha256, schema_sha256(tool.input_schema)),
+            ("description changed", binding.description_sha256, description_sha256(tool.description)),
+        ):
+            if pinned and seen != pinned:
+                mismatches.append(ContractMismatch(binding.server, binding.tool, change, pinned, seen))
     return mismatches
 
 
