@@ -27,6 +27,7 @@ from abada_sdk.errors import AbadaError, NotFound, PermissionDenied, Unauthentic
 from google.protobuf import json_format, timestamp_pb2
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -88,6 +89,16 @@ def parse_variable(text: str) -> tuple[str, Any] | None:
         return name, json.loads(raw)
     except json.JSONDecodeError:
         return name, raw
+
+
+def _filters(query: QueryParams, *names: str) -> dict[str, str]:
+    """A list page's filters as its query gives them, trimmed; "" for those it leaves out."""
+    return {name: query.get(name, "").strip() for name in names}
+
+
+def _next_query(request: Request, next_page_token: str) -> str:
+    """The query of the list's next page (its filters kept), "" on the last page."""
+    return str(request.url.include_query_params(page=next_page_token).query) if next_page_token else ""
 
 
 def _timestamp(text: str) -> timestamp_pb2.Timestamp | None:
@@ -345,10 +356,7 @@ class Console:
     async def instances(self, request: Request) -> Response:
         session = self.session(request, operator=True)
         query = request.query_params
-        filters = {
-            k: query.get(k, "").strip()
-            for k in ("process", "state", "business_key", "variable", "after", "before")
-        }
+        filters = _filters(query, "process", "state", "business_key", "variable", "after", "before")
         problems: list[str] = []
         search = process_pb2.ListInstancesRequest(
             process_id=filters["process"],
@@ -377,9 +385,7 @@ class Console:
         if not problems:
             reply = await self.call(session, lambda e: e.processes.ListInstances, search)
             found, next_page = list(reply.instances), reply.next_page_token
-        next_query = ""
-        if next_page:
-            next_query = str(request.url.include_query_params(page=next_page).query)
+        next_query = _next_query(request, next_page)
         return self.render(
             request,
             "instances.html",
@@ -504,7 +510,7 @@ class Console:
     async def approvals(self, request: Request) -> Response:
         session = self.session(request)
         query = request.query_params
-        filters = {k: query.get(k, "").strip() for k in ("process", "tool", "business_key", "state")}
+        filters = _filters(query, "process", "tool", "business_key", "state")
         state = {
             "approved": approval_pb2.APPROVAL_STATE_APPROVED,
             "rejected": approval_pb2.APPROVAL_STATE_REJECTED,
@@ -522,11 +528,7 @@ class Console:
                 page_token=query.get("page", ""),
             ),
         )
-        next_query = (
-            str(request.url.include_query_params(page=reply.next_page_token).query)
-            if reply.next_page_token
-            else ""
-        )
+        next_query = _next_query(request, reply.next_page_token)
         return self.render(
             request,
             "approvals.html",
@@ -610,7 +612,7 @@ class Console:
     async def incidents(self, request: Request) -> Response:
         session = self.session(request, operator=True)
         query = request.query_params
-        filters = {k: query.get(k, "").strip() for k in ("type", "instance", "state")}
+        filters = _filters(query, "type", "instance", "state")
         reply = await self.call(
             session,
             lambda e: e.incidents.ListIncidents,
@@ -624,11 +626,7 @@ class Console:
                 page_token=query.get("page", ""),
             ),
         )
-        next_query = (
-            str(request.url.include_query_params(page=reply.next_page_token).query)
-            if reply.next_page_token
-            else ""
-        )
+        next_query = _next_query(request, reply.next_page_token)
         return self.render(
             request,
             "incidents.html",
