@@ -385,7 +385,6 @@ class Console:
         if not problems:
             reply = await self.call(session, lambda e: e.processes.ListInstances, search)
             found, next_page = list(reply.instances), reply.next_page_token
-        next_query = _next_query(request, next_page)
         return self.render(
             request,
             "instances.html",
@@ -394,7 +393,7 @@ class Console:
             filters=filters,
             instances=found,
             problems=problems,
-            next_query=next_query,
+            next_query=_next_query(request, next_page),
             first_page=bool(query.get("page")),
             states=STATES,
         )
@@ -528,14 +527,13 @@ class Console:
                 page_token=query.get("page", ""),
             ),
         )
-        next_query = _next_query(request, reply.next_page_token)
         return self.render(
             request,
             "approvals.html",
             session=session,
             approvals=list(reply.approvals),
             filters=filters,
-            next_query=next_query,
+            next_query=_next_query(request, reply.next_page_token),
             decided=query.get("decided", ""),
         )
 
@@ -626,14 +624,13 @@ class Console:
                 page_token=query.get("page", ""),
             ),
         )
-        next_query = _next_query(request, reply.next_page_token)
         return self.render(
             request,
             "incidents.html",
             session=session,
             incidents=list(reply.incidents),
             filters=filters,
-            next_query=next_query,
+            next_query=_next_query(request, reply.next_page_token),
             resolutions_for=resolutions_for,
             resolution_names=RESOLUTIONS,
             resolved=query.get("resolved", ""),
