@@ -16,7 +16,7 @@ from abada_engine.store.states import ApprovalState
 
 from .convert import from_struct, parse_uuid, timestamp, to_struct
 from .errors import translates_errors
-from .guard import Guard, current_caller
+from .guard import ServiceHandler, current_caller
 
 _STATES = {
     ApprovalState.PENDING: approval_pb2.APPROVAL_STATE_PENDING,
@@ -59,9 +59,8 @@ def approval_message(value: ApprovalView) -> approval_pb2.Approval:
 
 
 @translates_errors
-class ApprovalHandler(approval_pb2_grpc.ApprovalServiceServicer):
+class ApprovalHandler(ServiceHandler, approval_pb2_grpc.ApprovalServiceServicer):
     SERVICE = "abada.engine.v1.ApprovalService"
-    guard: Guard | None = None
 
     def __init__(self, approvals: Approvals, page_tokens: PageTokens) -> None:
         self._approvals = approvals

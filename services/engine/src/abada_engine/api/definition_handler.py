@@ -13,15 +13,14 @@ from abada_engine.paging import PageTokens, listing
 from . import messages
 from .convert import parse_uuid
 from .errors import translates_errors
-from .guard import Guard, current_caller
+from .guard import ServiceHandler, current_caller
 
 MAX_BUNDLE_BYTES = 4 * 1024 * 1024
 
 
 @translates_errors
-class DefinitionHandler(definition_pb2_grpc.DefinitionServiceServicer):
+class DefinitionHandler(ServiceHandler, definition_pb2_grpc.DefinitionServiceServicer):
     SERVICE = "abada.engine.v1.DefinitionService"
-    guard: Guard | None = None
 
     def __init__(self, catalog: DefinitionCatalog, page_tokens: PageTokens) -> None:
         self._catalog = catalog

@@ -29,7 +29,7 @@ from .convert import (
     storable_text,
 )
 from .errors import translates_errors
-from .guard import Guard, current_caller
+from .guard import ServiceHandler, current_caller
 
 # A request id is the caller's own key for one start (a webhook's delivery id, a UUID).
 MAX_REQUEST_ID_CHARS = 200
@@ -66,9 +66,8 @@ def _variables(struct: object, field: str) -> dict:
 
 
 @translates_errors
-class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
+class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
     SERVICE = "abada.engine.v1.ProcessService"
-    guard: Guard | None = None
 
     def __init__(self, instances: Instances, page_tokens: PageTokens, waits: Waits) -> None:
         self._instances = instances

@@ -14,7 +14,7 @@ from abada_engine.runtime.queue_stats import MAX_LISTED_TASKS, QueuedTask, Queue
 
 from .convert import optional_uuid, timestamp
 from .errors import translates_errors
-from .guard import Guard
+from .guard import ServiceHandler
 
 _DEFAULT_PAGE = 100
 
@@ -39,9 +39,8 @@ def _queued(task: QueuedTask) -> queue_pb2.QueuedTask:
 
 
 @translates_errors
-class QueueHandler(queue_pb2_grpc.QueueServiceServicer):
+class QueueHandler(ServiceHandler, queue_pb2_grpc.QueueServiceServicer):
     SERVICE = "abada.engine.v1.QueueService"
-    guard: Guard | None = None
 
     def __init__(self, stats: QueueStats, page_tokens: PageTokens) -> None:
         self._stats = stats
