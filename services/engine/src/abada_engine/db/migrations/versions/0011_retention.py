@@ -19,10 +19,14 @@ _INDEXES = (
     ("messages_correlated", "messages (correlated_instance_id) WHERE correlated_instance_id IS NOT NULL"),
 )
 
+# Every statement is composed here from the constants above, before any function runs.
+_CREATE_INDEXES = [f"CREATE INDEX {name} ON {definition}" for name, definition in _INDEXES]
+_DROP_INDEXES = [f"DROP INDEX {name}" for name, _ in reversed(_INDEXES)]
+
 
 def upgrade() -> None:
-    for name, definition in _INDEXES:
-        op.execute(f"CREATE INDEX {name} ON {definition}")
+    for statement in _CREATE_INDEXES:
+        op.execute(statement)
     # How long each version keeps its finished instances, written at deploy. The versions deployed
     # before retention existed have none (NULL): the job never deletes their instances, so an upgrade
     # deletes nothing by itself; an operator purges them (`abada purge`) when they choose.
@@ -44,5 +48,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_column("definitions", "retention_seconds")
     op.drop_table("erasures")
-    for name, _ in reversed(_INDEXES):
-        op.execute(f"DROP INDEX {name}")
+    for statement in _DROP_INDEXES:
+        op.execute(statement)
