@@ -222,3 +222,37 @@ async def test_fifty_waiting_instances_migrate_to_v2_with_a_renamed_node_and_its
     # Nothing is left on v1 to migrate.
     again = await engine.processes.MigrateInstances(_migrate(triage="classify"))
     assert again.instances == 0
+
+
+async def test_a_task_in_flight_keeps_its_attempt_and_finishes_on_the_new_version(engine):
+    await deploy(engine, _triage("triage", "Old prompt for"))
+    started = await start(engine, "triage_flow", customerId="C-1")
+    [task] = await fetch(engine, "w", "abada:agent")
+    await deploy(engine, _triage("classify", "New prompt for"))
+    migrated = await engine.processes.MigrateInstances(_migrate(triage="classify"))
+    assert migrated.instances == 1
+
+    # The worker's lease survived the migration: its answer is taken, judged by v2's node.
+    await complete(engine, task, "w", {"answer": {"ok": True}})
+    done = await instance(engine, started.id)
+    assert (done.state, done.version) == (process_pb2.INSTANCE_STATE_COMPLETED, 2)
+    types = [e.type for e in await _history(engine, started.id)]
+    assert types.index("INSTANCE_MIGRATED") < types.index("INSTANCE_COMPLETED")
+
+
+async def test_moving_a_token_onto_its_own_node_starts_the_task_again(engine):
+    await deploy(engine, _triage("triage", "Prompt for"))
+    started = await start(engine, "triage_flow", customerId="C-1")
+    [first] = await fetch(engine, "w", "abada:agent")
+    await engine.processes.ModifyInstance(
+        process_pb2.ModifyInstanceRequest(
+            instance_id=started.id,
+            moves=[process_pb2.NodeMapping(from_node_id="triage", to_node_id="triage")],
+            reason="stop this attempt",
+        )
+    )
+    [again] = await fetch(engine, "w", "abada:agent")
+    assert again.id != first.id and again.node_id == "triage"
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await complete(engine, first, "w", {"answer": {}})
+    assert error_info(refused.value).reason == "TASK_NOT_LEASED"
