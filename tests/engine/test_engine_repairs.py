@@ -256,3 +256,37 @@ async def test_moving_a_token_onto_its_own_node_starts_the_task_again(engine):
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await complete(engine, first, "w", {"answer": {}})
     assert error_info(refused.value).reason == "TASK_NOT_LEASED"
+
+
+ROUTED = """
+processes:
+  - id: routed
+    start: route
+    nodes:
+      - id: route
+        type: exclusive
+        branches:
+          - { when: 'tier == "gold"', next: gold }
+      - { id: gold, type: service, topic: gold-customers, next: done }
+      - { id: done, type: end }
+"""
+
+
+async def test_a_token_stuck_on_a_gateway_incident_is_moved_on_and_the_incident_closes(engine):
+    await deploy(engine, ROUTED)
+    started = await start(engine, "routed", tier="silver")
+    assert list((await instance(engine, started.id)).active_node_ids) == ["route"]
+
+    request = process_pb2.ModifyInstanceRequest(
+        instance_id=started.id,
+        set_variables=struct({"tier": "gold"}),
+        moves=[process_pb2.NodeMapping(from_node_id="route", to_node_id="route")],
+        reason="the customer is gold",
+    )
+    moved = (await engine.processes.ModifyInstance(request)).instance
+    # The gateway is evaluated again on the corrected variable.
+    assert list(moved.active_node_ids) == ["gold"]
+    assert moved.open_incidents == 0
+    [task] = await fetch(engine, "w", "gold-customers")
+    await complete(engine, task, "w", {})
+    assert (await instance(engine, started.id)).state == process_pb2.INSTANCE_STATE_COMPLETED

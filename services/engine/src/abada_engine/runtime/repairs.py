@@ -24,6 +24,7 @@ from abada_engine.errors import Category, EngineError, invalid, not_found
 from abada_engine.runtime.flow.navigator import HistoryEntry, advance, task_payload
 from abada_engine.runtime.flow.tokens import advance_move, history_record, move_through_join, write_history
 from abada_engine.runtime.waits import WithdrawnTask, close_withdrawn
+from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import repairs as repair_store
 from abada_engine.store.moves import TokenMove
@@ -109,17 +110,29 @@ async def _move_token(
     index: int,
 ) -> None:
     task = await repair_store.lock_open_task_at(conn, instance_id, from_node)
+    incident_id = None
     if task is None:
-        raise EngineError(
-            Category.FAILED_PRECONDITION,
-            ErrorReason.NO_TOKEN_AT_NODE,
-            f"no token of instance {instance_id} rests at {from_node!r}",
-            field=f"moves[{index}].from_node_id",
-        )
+        # A token stuck on an incident that holds no task (a gateway no branch matched): the
+        # incident closes and the token goes on from `to_node`.
+        incident_id = await repair_store.lock_taskless_incident_at(conn, instance_id, from_node)
+        if incident_id is None:
+            raise EngineError(
+                Category.FAILED_PRECONDITION,
+                ErrorReason.NO_TOKEN_AT_NODE,
+                f"no token of instance {instance_id} rests at {from_node!r}",
+                field=f"moves[{index}].from_node_id",
+            )
+        # Closed before the tokens are counted: this one is moving, not waiting elsewhere.
+        await incident_store.close(conn, incident_id, "TOKEN_MOVED")
     moved = HistoryEntry(
         "TOKEN_MOVED",
         from_node,
-        {"from_node_id": from_node, "to_node_id": to_node, "task_state": task.state, **who},
+        {
+            "from_node_id": from_node,
+            "to_node_id": to_node,
+            **({"task_state": task.state} if task else {"incident_id": str(incident_id)}),
+            **who,
+        },
     )
 
     async def decide(tokens_elsewhere: int) -> TokenMove:
@@ -129,17 +142,19 @@ async def _move_token(
             advance=advance(definition.process, variables, to_node, tokens_elsewhere=tokens_elsewhere),
             variables=None,
             preceding=[moved],
-            preceding_task_id=task.id,
-            finished_task_id=task.id,
+            preceding_task_id=task.id if task else None,
+            finished_task_id=task.id if task else None,
             finished_state=TaskState.CANCELED,
-            only_if_open=True,
+            only_if_open=task is not None,
         )
 
-    _, written = await move_through_join(conn, instance_id, task.id, None, decide, instance_locked=True)
+    leaving = task.id if task else None
+    _, written = await move_through_join(conn, instance_id, leaving, None, decide, instance_locked=True)
     if not written:  # the instance row is locked: only a vanished instance gets here
         raise not_found("instance", str(instance_id), "instance_id")
-    withdrawn = WithdrawnTask(task.id, instance_id, from_node, task.state, definition)
-    await close_withdrawn(conn, [withdrawn], _MOVED, "TOKEN_MOVED", _WRITE_IN_FLIGHT)
+    if task is not None:
+        withdrawn = WithdrawnTask(task.id, instance_id, from_node, task.state, definition)
+        await close_withdrawn(conn, [withdrawn], _MOVED, "TOKEN_MOVED", _WRITE_IN_FLIGHT)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,25 @@ async def lock_open_task_at(conn: AsyncConnection, instance_id: uuid.UUID, node_
     return typed(OpenTask, row._mapping) if row is not None else None
 
 
+async def lock_taskless_incident_at(
+    conn: AsyncConnection, instance_id: uuid.UUID, node_id: str
+) -> uuid.UUID | None:
+    """The instance's open incident at `node_id` that holds no task (a token stuck at a gateway, say),
+    locked; None when there is none."""
+    return await conn.scalar(
+        select(incidents.c.id)
+        .where(
+            incidents.c.instance_id == instance_id,
+            incidents.c.node_id == node_id,
+            incidents.c.task_id.is_(None),
+            is_(incidents.c.state, IncidentState.OPEN),
+        )
+        .order_by(incidents.c.created_at)
+        .limit(1)
+        .with_for_update()
+    )
+
+
 async def change_variables(
     conn: AsyncConnection, instance_id: uuid.UUID, values: dict[str, Any], removed: Sequence[str]
 ) -> None:
