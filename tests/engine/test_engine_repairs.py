@@ -191,6 +191,7 @@ async def test_fifty_waiting_instances_migrate_to_v2_with_a_renamed_node_and_its
         await engine.processes.MigrateInstances(_migrate())
     assert error_info(unmapped.value).reason == "MIGRATION_PLAN_INVALID"
     assert error_info(unmapped.value).metadata["node_id"] == "triage"
+    assert error_info(unmapped.value).metadata["node_ids"] == "triage"
     with pytest.raises(grpc.aio.AioRpcError) as retyped:
         await engine.processes.MigrateInstances(_migrate(triage="notify"))
     assert error_info(retyped.value).reason == "MIGRATION_PLAN_INVALID"
@@ -290,3 +291,26 @@ async def test_a_token_stuck_on_a_gateway_incident_is_moved_on_and_the_incident_
     [task] = await fetch(engine, "w", "gold-customers")
     await complete(engine, task, "w", {})
     assert (await instance(engine, started.id)).state == process_pb2.INSTANCE_STATE_COMPLETED
+
+
+async def test_a_parallel_instance_migrates_with_every_branch_and_a_refusal_names_every_node(
+    engine, crm_credentials
+):
+    v1 = AGENT.format(url=crm_credentials.url)
+    await deploy(engine, v1)
+    started = await start(engine, "repaired", customerId="C-42")
+    await deploy(engine, v1.replace("triage", "classify").replace("check", "verify"))
+    request = process_pb2.MigrateInstancesRequest(process_id="repaired", from_version=1, to_version=2)
+
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await engine.processes.MigrateInstances(request)
+    assert error_info(refused.value).metadata["node_ids"] == "check,triage"
+
+    request.mappings.add(from_node_id="triage", to_node_id="classify")
+    request.mappings.add(from_node_id="check", to_node_id="verify")
+    migrated = await engine.processes.MigrateInstances(request)
+    assert migrated.instances == 1
+    moved = await instance(engine, started.id)
+    assert (moved.version, sorted(moved.active_node_ids)) == (2, ["classify", "verify"])
+    [check] = await fetch(engine, "w", "checks")
+    assert check.node_id == "verify"

@@ -203,17 +203,27 @@ async def plan_migration(
             )
     held = set().union(*(await repair_store.token_nodes(conn, ids)).values()) if ids else set()
     nodes: dict[str, str] = {}
+    refused: dict[str, str] = {}
     for old in sorted(held):
         new = mappings.get(old, old)
         old_type = source.process.node(old).type
         if new not in target.process.nodes:
-            raise _unmappable(old, f"{process_id} v{to_version} has no node {new!r}; map it with --map")
-        if target.process.node(new).type != old_type:
-            raise _unmappable(
-                old,
-                f"{old!r} is a {old_type} node, {new!r} in v{to_version} a {target.process.node(new).type}",
-            )
-        nodes[old] = new
+            refused[old] = f"{process_id} v{to_version} has no node {new!r}; map it with --map"
+        elif target.process.node(new).type != old_type:
+            new_type = target.process.node(new).type
+            refused[old] = f"{old!r} is a {old_type} node, {new!r} in v{to_version} a {new_type}"
+        else:
+            nodes[old] = new
+    if refused:
+        # Every node that cannot be mapped at once, so one dry run shows the whole repair to make.
+        raise EngineError(
+            Category.FAILED_PRECONDITION,
+            ErrorReason.MIGRATION_PLAN_INVALID,
+            "the migration plan cannot map "
+            + "; ".join(f"node {node!r}: {why}" for node, why in refused.items()),
+            field="mappings",
+            metadata={"node_id": next(iter(refused)), "node_ids": ",".join(refused)},
+        )
     return MigrationPlan(source, target, tuple(ids), nodes)
 
 
