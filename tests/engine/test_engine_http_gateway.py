@@ -381,3 +381,24 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+async def test_an_operator_repairs_an_instance_over_http_and_the_history_names_them(
+    engine, engine_http, engine_tokens
+):
+    await deploy(engine, GREET)
+    instance = await start(engine, "greet", customerId="C-42")
+    async with _client(engine_http, engine_tokens.operator) as client:
+        modified = await client.post(
+            f"/v1/instances/{instance.id}:modify",
+            json={"setVariables": {"customerId": "C-43"}, "reason": "typo in the id"},
+        )
+        assert modified.status_code == 200, modified.text
+        assert modified.json()["instance"]["variables"]["customerId"] == "C-43"
+        history = await client.get(f"/v1/instances/{instance.id}/history")
+        [entry] = [e for e in history.json()["events"] if e["type"] == "VARIABLE_SET"]
+        assert (entry["data"]["by"], entry["data"]["reason"]) == ("ops", "typo in the id")
+        plan = await client.post(
+            "/v1/instances:migrate", json={"processId": "greet", "fromVersion": 1, "toVersion": 1}
+        )
+        assert plan.status_code == 400, plan.text

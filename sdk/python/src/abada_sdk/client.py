@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -361,6 +361,41 @@ class AsyncEngineClient:
         return await self.call(
             lambda: self.stubs.processes.EraseInstances,
             requests.erase_instances(business_key, where, cancel_active=cancel_active),
+        )
+
+    async def modify(
+        self,
+        instance_id: str,
+        reason: str,
+        set_variables: dict[str, Any] | None = None,
+        unset_variables: Sequence[str] = (),
+        moves: Sequence[tuple[str, str]] = (),
+    ) -> Instance:
+        """Repair an active instance (operator): variables set or removed, tokens moved from one node to
+        another (the task left is withdrawn); each change is a history entry naming the caller."""
+        reply = await self.call(
+            lambda: self.stubs.processes.ModifyInstance,
+            requests.modify_instance(instance_id, reason, set_variables, unset_variables, moves),
+        )
+        return Instance.from_proto(reply.instance)
+
+    async def migrate(
+        self,
+        process_id: str,
+        from_version: int,
+        to_version: int,
+        mappings: dict[str, str] | None = None,
+        instance_ids: Sequence[str] = (),
+        *,
+        dry_run: bool = False,
+    ) -> process_pb2.MigrateInstancesResponse:
+        """Move active instances to another version under a plan checked first (`.plan`, `.instances`);
+        refused whole (`MIGRATION_PLAN_INVALID`) when a node cannot be mapped."""
+        return await self.call(
+            lambda: self.stubs.processes.MigrateInstances,
+            requests.migrate_instances(
+                process_id, from_version, to_version, mappings, instance_ids, dry_run=dry_run
+            ),
         )
 
     async def wait(

@@ -7,6 +7,7 @@ only when given (an empty Struct would mean "the tool returned {}").
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -92,6 +93,48 @@ def erase_instances(
     request = process_pb2.EraseInstancesRequest(business_key=business_key, cancel_active=cancel_active)
     for name, value in (where or {}).items():
         request.variables.add(name=name).value.CopyFrom(to_struct({name: value}).fields[name])
+    return request
+
+
+def modify_instance(
+    instance_id: str,
+    reason: str,
+    set_variables: dict[str, Any] | None = None,
+    unset_variables: Sequence[str] = (),
+    moves: Sequence[tuple[str, str]] = (),
+) -> process_pb2.ModifyInstanceRequest:
+    """Repair an active instance: set (whole values) and remove variables, and move the token resting at
+    each `(from_node, to_node)` pair's first node to its second; `reason` is kept in the history."""
+    request = process_pb2.ModifyInstanceRequest(
+        instance_id=instance_id, reason=reason, unset_variables=list(unset_variables)
+    )
+    if set_variables:
+        request.set_variables.CopyFrom(to_struct(set_variables))
+    for from_node, to_node in moves:
+        request.moves.add(from_node_id=from_node, to_node_id=to_node)
+    return request
+
+
+def migrate_instances(
+    process_id: str,
+    from_version: int,
+    to_version: int,
+    mappings: dict[str, str] | None = None,
+    instance_ids: Sequence[str] = (),
+    *,
+    dry_run: bool = False,
+) -> process_pb2.MigrateInstancesRequest:
+    """Move the active instances of `process_id` v`from_version` (only `instance_ids`, if given) to
+    `to_version`; `mappings` names the nodes whose id changed (old id to new id)."""
+    request = process_pb2.MigrateInstancesRequest(
+        process_id=process_id,
+        from_version=from_version,
+        to_version=to_version,
+        instance_ids=list(instance_ids),
+        dry_run=dry_run,
+    )
+    for old, new in (mappings or {}).items():
+        request.mappings.add(from_node_id=old, to_node_id=new)
     return request
 
 

@@ -158,6 +158,8 @@ class EngineClient:
     cancel = _blocking(AsyncEngineClient.cancel)
     purge = _blocking(AsyncEngineClient.purge)
     erase = _blocking(AsyncEngineClient.erase)
+    modify = _blocking(AsyncEngineClient.modify)
+    migrate = _blocking(AsyncEngineClient.migrate)
     wait = _blocking(AsyncEngineClient.wait)
     incidents = _blocking(AsyncEngineClient.incidents)
     resolve_incident = _blocking(AsyncEngineClient.resolve_incident)

@@ -26,6 +26,7 @@ from abada_engine.runtime.incidents import Incidents
 from abada_engine.runtime.instances import Instances
 from abada_engine.runtime.journal import UNKEYED_WRITE_GRACE_SECONDS, Journal, JournalResolutions, Takeover
 from abada_engine.runtime.leases import TAKEOVER_GRACE_SECONDS, Leases
+from abada_engine.runtime.repairs import Repairs
 from abada_engine.runtime.retention import Retention
 from abada_engine.runtime.views import IncidentView
 from abada_engine.runtime.waits import FIRE_BATCH, Waits
@@ -73,6 +74,8 @@ class EngineCore:
     # instances past their retention, one replica at a time.
     retention: Retention
     retention_rounds: Periodic
+    # Operators repairing running instances: modifications and migrations (runtime/repairs.py).
+    repairs: Repairs
     # Signs the lists' page tokens (a key derived from the idempotency secret every replica shares).
     page_tokens: PageTokens
 
@@ -190,6 +193,7 @@ class EngineCore:
             message_expiry=message_expiry,
             retention=retention,
             retention_rounds=retention_rounds,
+            repairs=Repairs(db, catalog),
             page_tokens=PageTokens.derived_from(idempotency.secret),
         )
 

@@ -15,6 +15,7 @@ from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_engine.errors import Category, EngineError, invalid
 from abada_engine.paging import MAX_LISTED, PageTokens, listing
 from abada_engine.runtime.instances import MAX_VARIABLES_BYTES, Instances
+from abada_engine.runtime.repairs import Modification, Repairs
 from abada_engine.runtime.retention import Retention
 from abada_engine.runtime.waits import Waits
 from abada_engine.store.states import TaskKind
@@ -71,9 +72,15 @@ class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
     SERVICE = "abada.engine.v1.ProcessService"
 
     def __init__(
-        self, instances: Instances, page_tokens: PageTokens, waits: Waits, retention: Retention
+        self,
+        instances: Instances,
+        page_tokens: PageTokens,
+        waits: Waits,
+        retention: Retention,
+        repairs: Repairs,
     ) -> None:
         self._instances = instances
+        self._repairs = repairs
         self._retention = retention
         self._pages = page_tokens
         self._waits = waits
@@ -252,6 +259,55 @@ class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
         return process_pb2.EraseInstancesResponse(
             instances=erased.instances, canceled=erased.canceled, rows=erased.rows, erasure_id=erased.audit_id
         )
+
+    async def ModifyInstance(
+        self, request: process_pb2.ModifyInstanceRequest, context: grpc.aio.ServicerContext
+    ) -> process_pb2.ModifyInstanceResponse:
+        instance_id = parse_uuid(request.instance_id, "instance_id")
+        change = Modification(
+            reason=storable_text(request.reason, "reason"),
+            set_variables=_variables(request.set_variables, "set_variables"),
+            unset_variables=tuple(storable_text(n, "unset_variables") for n in request.unset_variables),
+            moves=tuple(
+                (storable_text(m.from_node_id, "moves"), storable_text(m.to_node_id, "moves"))
+                for m in request.moves
+            ),
+        )
+        await self._repairs.modify(instance_id, change, _caller_identity())
+        return process_pb2.ModifyInstanceResponse(
+            instance=messages.instance(await self._instances.get(instance_id))
+        )
+
+    async def MigrateInstances(
+        self, request: process_pb2.MigrateInstancesRequest, context: grpc.aio.ServicerContext
+    ) -> process_pb2.MigrateInstancesResponse:
+        if not request.process_id:
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "process_id", "is required")
+        migrated = await self._repairs.migrate(
+            storable_text(request.process_id, "process_id"),
+            request.from_version,
+            request.to_version,
+            {
+                storable_text(m.from_node_id, "mappings"): storable_text(m.to_node_id, "mappings")
+                for m in request.mappings
+            },
+            [parse_uuid(i, "instance_ids") for i in request.instance_ids],
+            request.dry_run,
+            _caller_identity(),
+        )
+        return process_pb2.MigrateInstancesResponse(
+            plan=[
+                process_pb2.NodeMapping(from_node_id=old, to_node_id=new)
+                for old, new in migrated.nodes.items()
+            ],
+            instances=migrated.instances,
+            dry_run=migrated.dry_run,
+        )
+
+
+def _caller_identity() -> str:
+    caller = current_caller.get()
+    return caller.identity if caller is not None else ""
 
 
 _WAITING_FOR = {

@@ -143,7 +143,7 @@ def _servicers(
         ),
         (
             process_pb2_grpc.add_ProcessServiceServicer_to_server,
-            ProcessHandler(core.instances, core.page_tokens, core.waits, core.retention),
+            ProcessHandler(core.instances, core.page_tokens, core.waits, core.retention, core.repairs),
         ),
         (
             external_task_pb2_grpc.add_ExternalTaskServiceServicer_to_server,

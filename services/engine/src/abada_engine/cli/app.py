@@ -908,6 +908,82 @@ def erase(
     _emit(ctx, response, views.erased(response))
 
 
+def _pairs(values: list[str] | None, option: str) -> list[tuple[str, str]]:
+    """`FROM=TO` options as pairs, in order."""
+    pairs = []
+    for value in values or []:
+        left, separator, right = value.partition("=")
+        if not separator or not left or not right:
+            raise invalid_input(f"{option} {value!r}: expected FROM_NODE=TO_NODE")
+        pairs.append((left, right))
+    return pairs
+
+
+@app.command()
+def modify(
+    ctx: typer.Context,
+    instance: Annotated[str, typer.Argument(help="The instance id.")],
+    reason: Annotated[str, typer.Option(help="Why; kept in the history with each change.")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", metavar="NAME=VALUE", help="Set a variable (JSON value or text); repeatable."),
+    ] = None,
+    unset: Annotated[
+        list[str] | None, typer.Option("--unset", metavar="NAME", help="Remove a variable; repeatable.")
+    ] = None,
+    move: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--move",
+            metavar="FROM_NODE=TO_NODE",
+            help="Move the token at FROM_NODE to TO_NODE (its task is withdrawn); repeatable.",
+        ),
+    ] = None,
+) -> None:
+    """Repair a running instance: set or remove variables, move a token; each change is recorded in the
+    history with your identity and the reason."""
+    request = requests.modify_instance(
+        instance, reason, variables(set_ or [], None, "--set"), unset or [], _pairs(move, "--move")
+    )
+    client = _client(ctx)
+    response = client.call(lambda s: s.processes.ModifyInstance, request)
+    _emit(ctx, response, "modified\n" + views.started(response.instance))
+
+
+@app.command()
+def migrate(
+    ctx: typer.Context,
+    from_: Annotated[
+        str, typer.Option("--from", metavar="PROCESS:VERSION", help="The process and version to leave.")
+    ],
+    to: Annotated[int, typer.Option("--to", help="The version to move to.")],
+    map_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--map", metavar="OLD_NODE=NEW_NODE", help="A node renamed in the new version; repeatable."
+        ),
+    ] = None,
+    instance: Annotated[
+        list[str] | None, typer.Option("--instance", help="Only this instance; repeatable.")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; move nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Migrate without asking.")] = False,
+) -> None:
+    """Move running instances to another version of their process, under a plan checked first: every
+    node holding a token must map to a node of the same type (by id unless --map renames it)."""
+    process_id, separator, version = from_.rpartition(":")
+    if not separator or not process_id or not version.isdigit():
+        raise invalid_input(f"--from {from_!r}: expected PROCESS:VERSION, like support_triage:3")
+    request = requests.migrate_instances(
+        process_id, int(version), to, dict(_pairs(map_, "--map")), instance or [], dry_run=dry_run
+    )
+    if not dry_run:
+        _confirmed(yes, f"migrate the running instances of {from_} to version {to}")
+    client = _client(ctx)
+    response = client.call(lambda s: s.processes.MigrateInstances, request)
+    _emit(ctx, response, views.migrated(response, from_, to))
+
+
 def main() -> None:
     app(prog_name="abada")
 

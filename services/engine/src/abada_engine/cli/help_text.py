@@ -34,6 +34,8 @@ EXAMPLES: dict[str, str] = {
     "publish": 'abada publish customer_reply --correlation-key T-1042 --var text="It arrived, thanks" --ttl PT1H',
     "purge": "abada purge --before 2026-11-01T00:00:00Z --process support_triage --dry-run",
     "erase": "abada erase --business-key C-42 --cancel-active --yes",
+    "modify": "abada modify 01a2... --set customerId=C-43 --move triage=review --reason 'wrong customer'",
+    "migrate": "abada migrate --from support_triage:3 --to 4 --map triage=classify --dry-run",
 }
 
 # Commands whose exit codes say more than the common ones.

@@ -248,6 +248,16 @@ def erased(response: process_pb2.EraseInstancesResponse) -> str:
     )
 
 
+def migrated(response: process_pb2.MigrateInstancesResponse, source: str, to: int) -> str:
+    """The plan (each node holding a token and what it becomes), then how many instances moved."""
+    lines = [f"  {m.from_node_id} -> {m.to_node_id}" for m in response.plan]
+    if response.dry_run:
+        head = f"{response.instances} instance(s) of {source} would move to version {to} (dry run: nothing moved)"
+    else:
+        head = f"migrated {response.instances} instance(s) of {source} to version {to}"
+    return "\n".join([head, *lines])
+
+
 def incidents_table(incidents: Sequence[incident_pb2.Incident], with_state: bool) -> str:
     headers = ["ID", "TYPE", "INSTANCE", "TASK", "NODE", "AGE"]
     if with_state:

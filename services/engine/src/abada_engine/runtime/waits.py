@@ -90,17 +90,16 @@ class Waits:
                     for (timer, definition), applied in zip(fired, written, strict=True)
                     if applied and timer.kind == TimerKind.DEADLINE
                 ]
-                for timer, _ in withdrawn:
-                    # What held the task for a person ends with it: its pending approvals, its incident.
-                    if timer.task_state == TaskState.AWAITING_APPROVAL:
-                        await approval_store.close_pending_of_task(
-                            conn, timer.task_id, ApprovalState.CANCELED, _WITHDRAWN
-                        )
-                    if timer.task_state == TaskState.INCIDENT:
-                        await incident_store.close_open_of_task(conn, timer.task_id, "DEADLINE_PASSED")
-                agents = [(t, d) for t, d in withdrawn if d.process.node(t.node_id).type == "agent"]
-                if agents:
-                    await _writes_caught_in_flight(conn, agents)
+                await close_withdrawn(
+                    conn,
+                    [
+                        WithdrawnTask(t.task_id, t.instance_id, t.node_id, t.task_state, d)
+                        for t, d in withdrawn
+                    ],
+                    _WITHDRAWN,
+                    "DEADLINE_PASSED",
+                    "the node's deadline withdrew the task while this write was in flight",
+                )
         return len(due)
 
     async def next_due(self) -> tuple[float | None, float]:
@@ -197,32 +196,56 @@ class Waits:
         )
 
 
-async def _writes_caught_in_flight(
-    conn: AsyncConnection, withdrawn: list[tuple[timer_store.DueTimer, Definition]]
+@dataclass(frozen=True)
+class WithdrawnTask:
+    """A task withdrawn from under its worker (a deadline passed, an operator moved its token), as it
+    was just before: its state says what else held it."""
+
+    task_id: uuid.UUID
+    instance_id: uuid.UUID
+    node_id: str
+    task_state: str
+    definition: Definition
+
+
+async def close_withdrawn(
+    conn: AsyncConnection,
+    withdrawn: list[WithdrawnTask],
+    why: str,
+    incident_resolution: str,
+    write_in_flight: str,
 ) -> None:
-    """An agent task withdrawn by its deadline with a write sent and no answer: the write may have
-    happened, and nothing will re-send it; the step becomes OUTCOME_UNKNOWN, said in the history."""
-    journals = await step_store.steps_of(conn, [timer.task_id for timer, _ in withdrawn])
+    """What held withdrawn tasks for a person ends with them (pending approvals, an incident), and an
+    agent's write caught in flight becomes OUTCOME_UNKNOWN; in the caller's transaction."""
+    for task in withdrawn:
+        if task.task_state == TaskState.AWAITING_APPROVAL:
+            await approval_store.close_pending_of_task(conn, task.task_id, ApprovalState.CANCELED, why)
+        if task.task_state == TaskState.INCIDENT:
+            await incident_store.close_open_of_task(conn, task.task_id, incident_resolution)
+    agents = [t for t in withdrawn if t.definition.process.node(t.node_id).type == "agent"]
+    if agents:
+        await _writes_caught_in_flight(conn, agents, write_in_flight)
+
+
+async def _writes_caught_in_flight(conn: AsyncConnection, withdrawn: list[WithdrawnTask], why: str) -> None:
+    """An agent task withdrawn with a write sent and no answer: the write may have happened, and
+    nothing will re-send it; the step becomes OUTCOME_UNKNOWN, said in the history."""
+    journals = await step_store.steps_of(conn, [task.task_id for task in withdrawn])
     records = []
-    for timer, definition in withdrawn:
-        writes = {b.ref for b in definition.bindings_for(timer.node_id) if b.policy == "write"}
-        for step in journals.get(timer.task_id, []):
+    for task in withdrawn:
+        writes = {b.ref for b in task.definition.bindings_for(task.node_id) if b.policy == "write"}
+        for step in journals.get(task.task_id, []):
             if step.kind != StepKind.TOOL_CALL or step.state != StepState.STARTED or step.abandoned:
                 continue
             if step.tool_ref not in writes:
                 continue
-            await step_store.mark_outcome_unknown(conn, timer.task_id, step.sequence)
+            await step_store.mark_outcome_unknown(conn, task.task_id, step.sequence)
             entry = HistoryEntry(
                 "STEP_OUTCOME_UNKNOWN",
-                timer.node_id,
-                {
-                    "sequence": step.sequence,
-                    "attempt": step.attempt,
-                    "tool_ref": step.tool_ref,
-                    "why": "the node's deadline withdrew the task while this write was in flight",
-                },
+                task.node_id,
+                {"sequence": step.sequence, "attempt": step.attempt, "tool_ref": step.tool_ref, "why": why},
             )
-            records.append(history_record(timer.instance_id, entry, timer.task_id))
+            records.append(history_record(task.instance_id, entry, task.task_id))
     if records:
         await write_history(conn, records)
 
