@@ -245,7 +245,7 @@ async def empty_tables(db: AsyncEngine) -> None:
                 await conn.execute(
                     text(
                         "TRUNCATE approvals, tasks, instances, definitions, journal_steps, incidents, history, model_quota_usage, "
-                        "model_quota_calls, model_quota_waiters, dependencies, timers, messages, start_requests, erasures "
+                        "model_quota_calls, model_quota_waiters, dependencies, timers, messages, start_requests, erasures, batch_items, batches "
                         "RESTART IDENTITY CASCADE"
                     )
                 )
