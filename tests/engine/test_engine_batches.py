@@ -11,9 +11,9 @@ import grpc
 import pytest
 from abada.engine.v1 import batch_pb2, batch_pb2_grpc, external_task_pb2, incident_pb2, process_pb2
 from abada_engine.core import EngineCore
+from abada_engine.db.database import create_engine
 from abada_engine.runtime.batches import Batches
 from abada_engine.runtime.crypto.keys import IdempotencyKeys
-from conftest import TEST_JOURNAL_KEYS
 from engine_helpers import complete, deploy, error_info, fetch, history_types, instance, start
 from sqlalchemy import text
 
@@ -239,10 +239,11 @@ async def test_a_batch_is_carried_on_by_another_engine_on_the_same_database(
     assert await Batches(engine_core.db, engine_core.incidents, chunk=10).step() == 10
 
     # Another engine on the same database picks the batch up with its own periodic job.
+    pool = create_engine(database_url, pool_size=4)
     other = await EngineCore.open(
-        db,
+        pool,
         database_url,
-        TEST_JOURNAL_KEYS,
+        engine_core.journal.sealer._keys,  # the suite's journal keys: replicas share them
         IdempotencyKeys(b"test-idempotency-secret"),
         None,
         batch_round_seconds=0.1,
@@ -256,6 +257,7 @@ async def test_a_batch_is_carried_on_by_another_engine_on_the_same_database(
             await asyncio.sleep(0.1)
     finally:
         await other.close()
+        await pool.dispose()
     assert (shown.batch.state, shown.batch.done) == (batch_pb2.BATCH_STATE_COMPLETED, 30)
     async with db.connect() as conn:
         retried = (

@@ -34,6 +34,17 @@ EXAMPLES: dict[str, str] = {
     "publish": 'abada publish customer_reply --correlation-key T-1042 --var text="It arrived, thanks" --ttl PT1H',
     "purge": "abada purge --before 2026-11-01T00:00:00Z --process support_triage --dry-run",
     "erase": "abada erase --business-key C-42 --cancel-active --yes",
+    "batches": "abada batches",
+    "batch": "abada batch retry-incidents --process support_triage --type INVALID_OUTPUT",
+}
+
+# The `abada batch` group's own commands.
+BATCH_EXAMPLES: dict[str, str] = {
+    "retry-incidents": "abada batch retry-incidents --process support_triage --type INVALID_OUTPUT --version 3",
+    "cancel": 'abada batch cancel --process support_triage --node draft_reply --reason "bad prompt" --yes',
+    "show": "abada batch show BATCH --outcome failed",
+    "pause": "abada batch pause BATCH",
+    "resume": "abada batch resume BATCH",
 }
 
 # Commands whose exit codes say more than the common ones.
@@ -48,9 +59,10 @@ EXIT_CODES: dict[str, str] = {
 }
 
 
-def epilog(command: str) -> str | None:
+def epilog(command: str, examples: dict[str, str] = EXAMPLES) -> str | None:
     """The example and exit codes shown under `command`'s options (paragraphs: one line each)."""
-    example = EXAMPLES.get(command)
+    example = examples.get(command)
     if example is None:
         return None
-    return f"Example:  {example}\n\n{EXIT_CODES.get(command, COMMON_EXIT_CODES)}"
+    exit_codes = EXIT_CODES.get(command, COMMON_EXIT_CODES) if examples is EXAMPLES else COMMON_EXIT_CODES
+    return f"Example:  {example}\n\n{exit_codes}"
