@@ -8,6 +8,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import grpc
+import httpx2
 import pytest
 from abada.engine.v1 import batch_pb2, batch_pb2_grpc, external_task_pb2, incident_pb2, process_pb2
 from abada_engine.core import EngineCore
@@ -269,3 +270,28 @@ async def test_a_batch_is_carried_on_by_another_engine_on_the_same_database(
             )
         ).scalar_one()
     assert retried == 30
+
+
+async def test_batches_over_http_are_the_operators(engine, engine_http, engine_tokens, batches):
+    await deploy(engine, FRAGILE)
+    started = (await start(engine, "fragile")).id
+    headers = {"Authorization": f"Bearer {engine_tokens.operator}"}
+    async with httpx2.AsyncClient(base_url=engine_http, headers=headers, timeout=20) as client:
+        created = await client.post(
+            "/v1/batches",
+            json={"kind": "CANCEL", "filter": {"processId": "fragile"}, "reason": "over http"},
+        )
+        assert created.status_code == 200, created.text
+        batch = created.json()["batch"]
+        assert (batch["total"], batch["createdBy"], batch["state"]) == ("1", "ops", "BATCH_STATE_RUNNING")
+        paused = await client.post(f"/v1/batches/{batch['id']}:pause", json={})
+        assert paused.json()["batch"]["state"] == "BATCH_STATE_PAUSED", paused.text
+        shown = await client.get(f"/v1/batches/{batch['id']}")
+        assert [i["instanceId"] for i in shown.json()["items"]] == [started]
+        listed = await client.get("/v1/batches")
+        assert [b["id"] for b in listed.json()["batches"]] == [batch["id"]]
+    async with httpx2.AsyncClient(
+        base_url=engine_http, headers={"Authorization": f"Bearer {engine_tokens.worker_pool}"}, timeout=20
+    ) as worker:
+        refused = await worker.get("/v1/batches")
+        assert refused.status_code == 403
