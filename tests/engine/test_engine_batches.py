@@ -15,6 +15,7 @@ from abada_engine.core import EngineCore
 from abada_engine.db.database import create_engine
 from abada_engine.runtime.batches import Batches
 from abada_engine.runtime.crypto.keys import IdempotencyKeys
+from abada_engine.store.incidents import raise_incident
 from engine_helpers import complete, deploy, error_info, fetch, history_types, instance, start
 from sqlalchemy import text
 
@@ -295,3 +296,41 @@ async def test_batches_over_http_are_the_operators(engine, engine_http, engine_t
     ) as worker:
         refused = await worker.get("/v1/batches")
         assert refused.status_code == 403
+
+
+async def test_an_instance_the_operation_refuses_is_failed_with_why_and_the_rest_go_on(
+    engine, engine_core: EngineCore, batches, db
+):
+    await deploy(engine, FRAGILE)
+    [ordinary] = await _incidents_at(engine, "fragile", "fragile", 1)
+    unknown = (await start(engine, "fragile")).id
+    # An outcome-unknown write asks a person what happened: a retry never applies to it.
+    async with db.begin() as conn:
+        await raise_incident(
+            conn,
+            instance_id=uuid.UUID(unknown),
+            node_id="call",
+            type_="TOOL_OUTCOME_UNKNOWN",
+            message="the write's outcome is unknown",
+        )
+    created = (
+        await batches.CreateBatch(
+            batch_pb2.CreateBatchRequest(
+                kind=batch_pb2.BATCH_KIND_RETRY_INCIDENTS, filter=batch_pb2.BatchFilter(process_id="fragile")
+            )
+        )
+    ).batch
+    assert created.total == 2
+    assert await Batches(engine_core.db, engine_core.incidents).step() == 2
+    shown = await _batch(batches, created.id)
+    assert (shown.batch.done, shown.batch.failed, shown.batch.state) == (
+        1,
+        1,
+        batch_pb2.BATCH_STATE_COMPLETED,
+    )
+    by_instance = {i.instance_id: i for i in shown.items}
+    assert by_instance[ordinary].outcome == batch_pb2.BATCH_OUTCOME_DONE
+    assert by_instance[unknown].outcome == batch_pb2.BATCH_OUTCOME_FAILED
+    assert by_instance[unknown].message.startswith("RESOLUTION_NOT_APPLICABLE")
+    [still_open] = (await engine.incidents.ListIncidents(incident_pb2.ListIncidentsRequest())).incidents
+    assert still_open.instance_id == unknown
