@@ -13,9 +13,11 @@ import pytest
 from abada.engine.v1 import batch_pb2, batch_pb2_grpc, external_task_pb2, incident_pb2, process_pb2
 from abada_engine.core import EngineCore
 from abada_engine.db.database import create_engine
-from abada_engine.runtime.batches import Batches
+from abada_engine.runtime.batches import Batches, Outcome
 from abada_engine.runtime.crypto.keys import IdempotencyKeys
+from abada_engine.store.batches import BatchFilter
 from abada_engine.store.incidents import raise_incident
+from abada_engine.store.states import BatchOutcome
 from engine_helpers import complete, deploy, error_info, fetch, history_types, instance, start
 from sqlalchemy import text
 
@@ -334,3 +336,32 @@ async def test_an_instance_the_operation_refuses_is_failed_with_why_and_the_rest
     assert by_instance[unknown].message.startswith("RESOLUTION_NOT_APPLICABLE")
     [still_open] = (await engine.incidents.ListIncidents(incident_pb2.ListIncidentsRequest())).incidents
     assert still_open.instance_id == unknown
+
+
+async def test_a_fault_on_one_instance_fails_it_alone_and_the_batch_goes_on(
+    engine, engine_core: EngineCore, batches
+):
+    await deploy(engine, FRAGILE)
+    ids = sorted([(await start(engine, "fragile")).id for _ in range(3)])
+    job = Batches(engine_core.db, engine_core.incidents)
+    touched: list[str] = []
+
+    async def faulty(conn, item):
+        if str(item.instance_id) == ids[0]:
+            raise RuntimeError("a bug")
+        if str(item.instance_id) == ids[1]:
+            await conn.execute(text("SELECT 1 / 0"))
+        await conn.execute(text("SELECT 1"))
+        touched.append(str(item.instance_id))
+        return Outcome(BatchOutcome.DONE, "fine")
+
+    job.register("FAULTY", faulty)
+    created = await job.create("FAULTY", BatchFilter(process_id="fragile"), "", "test")
+    assert await job.step() == 3
+    shown = await _batch(batches, str(created.id))
+    outcomes = {i.instance_id: (i.outcome, i.message) for i in shown.items}
+    assert outcomes[ids[0]] == (batch_pb2.BATCH_OUTCOME_FAILED, "internal error: RuntimeError")
+    assert outcomes[ids[1]][0] == batch_pb2.BATCH_OUTCOME_FAILED
+    assert outcomes[ids[1]][1].startswith("the database refused it")
+    assert outcomes[ids[2]] == (batch_pb2.BATCH_OUTCOME_DONE, "fine")
+    assert touched == [ids[2]] and shown.batch.state == batch_pb2.BATCH_STATE_COMPLETED

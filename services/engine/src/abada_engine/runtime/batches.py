@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from abada.engine.v1.error_reason_pb2 import ErrorReason
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
@@ -85,10 +86,13 @@ class Batches:
         self._reads = autocommit(engine)
         self._incidents = incidents
         self._chunk = chunk
-        self._kinds: dict[str, KindFunction] = {
-            BatchKind.RETRY_INCIDENTS: self._retry_incidents,
-            BatchKind.CANCEL: self._cancel,
-        }
+        self._kinds: dict[str, KindFunction] = {}
+        self.register(BatchKind.RETRY_INCIDENTS, self._retry_incidents)
+        self.register(BatchKind.CANCEL, self._cancel)
+
+    def register(self, kind: str, function: KindFunction) -> None:
+        """A kind of batch: `function` applies it to one claimed instance in the job's transaction."""
+        self._kinds[kind] = function
 
     async def create(self, kind: str, which: BatchFilter, reason: str, created_by: str) -> BatchView:
         if kind not in self._kinds:
@@ -202,6 +206,14 @@ class Batches:
             if error.reason in _NOTHING_LEFT:
                 return Outcome(BatchOutcome.SKIPPED, error.message[:_MAX_TEXT])
             return Outcome(BatchOutcome.FAILED, f"{error.reason_name}: {error.message}"[:_MAX_TEXT])
+        except DBAPIError as error:
+            if error.connection_invalidated or _transient(error):
+                raise  # the whole chunk goes back to pending and is tried again next round
+            log.exception("batch item failed", extra={"batch_id": str(item.batch_id)})
+            return Outcome(BatchOutcome.FAILED, f"the database refused it: {type(error.orig).__name__}")
+        except Exception as error:  # a fault of ours on one instance must not hold the batch for ever
+            log.exception("batch item failed", extra={"batch_id": str(item.batch_id)})
+            return Outcome(BatchOutcome.FAILED, f"internal error: {type(error).__name__}")
 
     async def _retry_incidents(self, conn: AsyncConnection, item: Claimed) -> Outcome:
         which = BatchFilter.from_json(item.filter)
@@ -217,6 +229,16 @@ class Batches:
         reason = str(item.parameters.get("reason", "")) or f"batch {item.batch_id}"
         await cancel_instance(conn, item.instance_id, reason)
         return Outcome(BatchOutcome.DONE, "canceled")
+
+
+# SQLSTATE classes that pass: a deadlock or serialization failure (40), a lock or resource not available
+# (55, 53), a cancelled statement or an operator intervention (57), a lost connection (08).
+_TRANSIENT_CLASSES = frozenset({"40", "53", "55", "57", "08"})
+
+
+def _transient(error: DBAPIError) -> bool:
+    code = getattr(error.orig, "pgcode", None) or getattr(error.orig, "sqlstate", None)
+    return isinstance(code, str) and code[:2] in _TRANSIENT_CLASSES
 
 
 def _view(row: BatchRow) -> BatchView:
