@@ -152,28 +152,12 @@ def check_contract(bindings: Iterable[ToolBinding], listed: dict[str, Tool]) -> 
         if tool is None:
             mismatches.append(ContractMismatch(binding.server, binding.tool, "missing"))
             continue
-        observed = schema_sha256(tool.input_schema)
-        if binding.input_schema_sha256 and observed != binding.input_schema_sha256:
-            mismatches.append(
-                ContractMismatch(
-                    binding.server,
-                    binding.tool,
-                    "input schema changed",
-                    binding.input_schema_sha256,
-                    observed,
-                )
-            )
-        described = description_sha256(tool.description)
-        if binding.description_sha256 and described != binding.description_sha256:
-            mismatches.append(
-                ContractMismatch(
-                    binding.server,
-                    binding.tool,
-                    "description changed",
-                    binding.description_sha256,
-                    described,
-                )
-            )
+        for change, pinned, seen in (
+            ("input schema changed", binding.input_schema_sha256, schema_sha256(tool.input_schema)),
+            ("description changed", binding.description_sha256, description_sha256(tool.description)),
+        ):
+            if pinned and seen != pinned:
+                mismatches.append(ContractMismatch(binding.server, binding.tool, change, pinned, seen))
     return mismatches
 
 
@@ -249,6 +233,9 @@ class ToolServer:
         except (httpx2.HTTPError, MCPError, OSError) as error:
             raise _failure(name, url, error, last, opening=not in_use) from error
 
+    def _failed(self, error: BaseException, *, opening: bool) -> Exception:
+        return _failure(self.name, self._url, error, self._last, opening=opening)
+
     async def list_tools(self) -> dict[str, Tool]:
         listed: dict[str, Tool] = {}
         cursor: str | None = None
@@ -258,25 +245,15 @@ class ToolServer:
                     params=PaginatedRequestParams(cursor=cursor) if cursor is not None else None
                 )
             except (MCPError, httpx2.HTTPError, OSError) as error:
-                raise _failure(self.name, self._url, error, self._last, opening=True) from error
+                raise self._failed(error, opening=True) from error
             listed.update((tool.name, tool) for tool in page.tools)
             if len(listed) > MAX_TOOLS:
-                raise _failure(
-                    self.name,
-                    self._url,
-                    TooMuchFromServer(f"lists more than {MAX_TOOLS} tools"),
-                    self._last,
-                    opening=True,
-                )
+                raise self._failed(TooMuchFromServer(f"lists more than {MAX_TOOLS} tools"), opening=True)
             cursor = page.next_cursor
             if not cursor:
                 return listed
-        raise _failure(
-            self.name,
-            self._url,
-            TooMuchFromServer(f"has a tool list that goes on past {MAX_TOOL_LIST_PAGES} pages"),
-            self._last,
-            opening=True,
+        raise self._failed(
+            TooMuchFromServer(f"has a tool list that goes on past {MAX_TOOL_LIST_PAGES} pages"), opening=True
         )
 
     async def call(
@@ -298,9 +275,9 @@ class ToolServer:
         except MCPError as error:
             if error.code == INVALID_PARAMS:
                 return error_result(f"The server refused the arguments: {error.message}")
-            raise _failure(self.name, self._url, error, self._last, opening=False) from None
+            raise self._failed(error, opening=False) from None
         except (httpx2.HTTPError, OSError) as error:
-            raise _failure(self.name, self._url, error, self._last, opening=False) from error
+            raise self._failed(error, opening=False) from error
         except RuntimeError as error:
             # Raised after the answer arrived, e.g. structured content that breaks the declared output schema.
             return error_result(f"The tool's answer could not be used: {error}")

@@ -9,12 +9,12 @@ is the environment it is given.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
+from abada_common.addresses import is_loopback_host
 from abada_common.settings import LogLevel, ServiceSettings, SettingsError, variable
 from pydantic import Field, model_validator
 
@@ -188,10 +188,4 @@ _VARIABLES = {
 
 
 def _is_loopback_address(address: str) -> bool:
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(address.rsplit(":", 1)[0])

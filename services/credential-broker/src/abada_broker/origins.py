@@ -20,7 +20,6 @@ Plain ``http`` is refused unless the host is loopback: the secret would cross th
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import urllib.parse
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import yaml
 from abada.engine.v1.error_reason_pb2 import ErrorReason
+from abada_common.addresses import is_loopback_host
 
 from .errors import BrokerError, Outcome
 
@@ -89,13 +89,7 @@ def binding_of(url: str) -> Binding:
 
 
 def is_loopback(origin: str) -> bool:
-    host = urllib.parse.urlsplit(origin).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(urllib.parse.urlsplit(origin).hostname or "")
 
 
 def _refused(message: str, credential: str) -> BrokerError:

@@ -15,10 +15,10 @@ import hashlib
 import hmac
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from abada.engine.v1.error_reason_pb2 import ErrorReason
 
@@ -32,6 +32,8 @@ MAX_LISTED = 1000
 # The types a sort key is made of, and how each travels in a token.
 KeyPart = datetime | uuid.UUID | str | int
 _DIGEST_BYTES = 16
+
+Row = TypeVar("Row")
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,16 @@ class PageTokens:
         body = json.dumps([_encode(part) for part in last_key], separators=(",", ":")).encode()
         mac = self._mac(page.listing, body)
         return _unpadded(body) + "." + _unpadded(mac)
+
+    def shown(
+        self, page: Page, found: Sequence[Row], sort_key: Callable[[Row], Sequence[KeyPart]]
+    ) -> tuple[Sequence[Row], str]:
+        """What a page shows of `found` (rows read with a limit of size + 1), and the token of the page
+        after it ("" on the last page); `sort_key` gives a row's key, where the next page starts."""
+        shown = found[: page.size]
+        if len(found) <= page.size:
+            return shown, ""
+        return shown, self.next_token(page, len(found), sort_key(shown[-1]))
 
 
 def _unpadded(data: bytes) -> str:

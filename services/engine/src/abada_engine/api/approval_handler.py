@@ -16,7 +16,7 @@ from abada_engine.store.states import ApprovalState
 
 from .convert import from_struct, parse_uuid, timestamp, to_struct
 from .errors import translates_errors
-from .guard import Guard, current_caller
+from .guard import ServiceHandler, current_caller
 
 _STATES = {
     ApprovalState.PENDING: approval_pb2.APPROVAL_STATE_PENDING,
@@ -59,9 +59,8 @@ def approval_message(value: ApprovalView) -> approval_pb2.Approval:
 
 
 @translates_errors
-class ApprovalHandler(approval_pb2_grpc.ApprovalServiceServicer):
+class ApprovalHandler(ServiceHandler, approval_pb2_grpc.ApprovalServiceServicer):
     SERVICE = "abada.engine.v1.ApprovalService"
-    guard: Guard | None = None
 
     def __init__(self, approvals: Approvals, page_tokens: PageTokens) -> None:
         self._approvals = approvals
@@ -93,15 +92,9 @@ class ApprovalHandler(approval_pb2_grpc.ApprovalServiceServicer):
             limit=page.size + 1,
             after_key=page.after,
         )
-        shown = found[: page.size]
-        last = (
-            (shown[-1].created_at, shown[-1].task_id, shown[-1].sequence)
-            if shown
-            else (datetime.min, uuid.UUID(int=0), 0)
-        )
+        shown, next_token = self._pages.shown(page, found, lambda a: (a.created_at, a.task_id, a.sequence))
         return approval_pb2.ListApprovalsResponse(
-            approvals=[approval_message(a) for a in shown],
-            next_page_token=self._pages.next_token(page, len(found), last),
+            approvals=[approval_message(a) for a in shown], next_page_token=next_token
         )
 
     async def GetApproval(

@@ -13,7 +13,7 @@ from abada_engine.store.states import BatchKind, BatchOutcome, BatchState, Insta
 
 from .convert import optional_uuid, parse_uuid, storable_text, timestamp
 from .errors import translates_errors
-from .guard import Guard, current_caller
+from .guard import ServiceHandler, current_caller
 
 _KINDS = {
     batch_pb2.BATCH_KIND_RETRY_INCIDENTS: BatchKind.RETRY_INCIDENTS,
@@ -38,9 +38,8 @@ MAX_ITEMS_LISTED = 1000
 
 
 @translates_errors
-class BatchHandler(batch_pb2_grpc.BatchServiceServicer):
+class BatchHandler(ServiceHandler, batch_pb2_grpc.BatchServiceServicer):
     SERVICE = "abada.engine.v1.BatchService"
-    guard: Guard | None = None
 
     def __init__(self, batches: Batches) -> None:
         self._batches = batches

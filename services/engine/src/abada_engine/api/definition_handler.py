@@ -13,15 +13,14 @@ from abada_engine.paging import PageTokens, listing
 from . import messages
 from .convert import parse_uuid
 from .errors import translates_errors
-from .guard import Guard, current_caller
+from .guard import ServiceHandler, current_caller
 
 MAX_BUNDLE_BYTES = 4 * 1024 * 1024
 
 
 @translates_errors
-class DefinitionHandler(definition_pb2_grpc.DefinitionServiceServicer):
+class DefinitionHandler(ServiceHandler, definition_pb2_grpc.DefinitionServiceServicer):
     SERVICE = "abada.engine.v1.DefinitionService"
-    guard: Guard | None = None
 
     def __init__(self, catalog: DefinitionCatalog, page_tokens: PageTokens) -> None:
         self._catalog = catalog
@@ -68,9 +67,7 @@ class DefinitionHandler(definition_pb2_grpc.DefinitionServiceServicer):
             (str, int),
         )
         found = await self._catalog.list(request.process_id, limit=page.size + 1, after_key=page.after)
-        shown = found[: page.size]
-        last = (shown[-1].process_id, shown[-1].version) if shown else ("", 0)
+        shown, next_token = self._pages.shown(page, found, lambda d: (d.process_id, d.version))
         return definition_pb2.ListDefinitionsResponse(
-            definitions=[messages.definition(d) for d in shown],
-            next_page_token=self._pages.next_token(page, len(found), last),
+            definitions=[messages.definition(d) for d in shown], next_page_token=next_token
         )

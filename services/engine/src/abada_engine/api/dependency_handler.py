@@ -9,13 +9,12 @@ from abada_engine.runtime.dependencies import Dependencies
 
 from . import messages
 from .errors import translates_errors
-from .guard import Guard
+from .guard import ServiceHandler
 
 
 @translates_errors
-class DependencyHandler(dependency_pb2_grpc.DependencyServiceServicer):
+class DependencyHandler(ServiceHandler, dependency_pb2_grpc.DependencyServiceServicer):
     SERVICE = "abada.engine.v1.DependencyService"
-    guard: Guard | None = None
 
     def __init__(self, dependencies: Dependencies) -> None:
         self._dependencies = dependencies

@@ -15,7 +15,6 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from abada_engine.auth import Caller, require_worker
-from abada_engine.db.watch import DatabaseWatch
 from abada_engine.errors import invalid
 from abada_engine.runtime.approvals import Approvals
 from abada_engine.runtime.completion import AttemptMetadata, Completions
@@ -30,7 +29,7 @@ from abada_engine.store.states import WORKER_STEP_STATES
 from . import messages
 from .convert import from_struct, parse_uuid, storable, timestamp
 from .errors import as_refusal, status_of, translates_errors
-from .guard import Guard, current_caller
+from .guard import ServiceHandler, current_caller
 
 _KIND_NAMES = {value: name for name, value in messages.STEP_KINDS.items()}
 _STATE_NAMES = {value: name for name, value in messages.STEP_STATES.items() if name in WORKER_STEP_STATES}
@@ -140,11 +139,8 @@ def _traced(task: external_task_pb2.ExternalTask, new_trace: bool = False) -> ex
 
 
 @translates_errors
-class ExternalTaskHandler(external_task_pb2_grpc.ExternalTaskServiceServicer):
+class ExternalTaskHandler(ServiceHandler, external_task_pb2_grpc.ExternalTaskServiceServicer):
     SERVICE = "abada.engine.v1.ExternalTaskService"
-    guard: Guard | None = None
-    # Whether PostgreSQL answers; set by the server (see `start_grpc_server`).
-    database: DatabaseWatch | None = None
 
     def __init__(
         self,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextvars
+from typing import ClassVar
 
 import grpc
 from abada.engine.v1.error_reason_pb2 import ErrorReason
 
 from abada_engine.auth import Caller, CallerRegistry, require_role
+from abada_engine.db.watch import DatabaseWatch
 from abada_engine.errors import Category, EngineError
 
 current_caller: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("abada_caller", default=None)
@@ -70,3 +72,13 @@ class Guard:
             )
         require_role(caller, required_role(method), method)
         return caller
+
+
+class ServiceHandler:
+    """What every service's handler carries: its service's full name, which the guard checks roles by,
+    and what the server gives it (`start_grpc_server`): the guard (None: calls are not authenticated)
+    and the watch on whether PostgreSQL answers."""
+
+    SERVICE: ClassVar[str]
+    guard: Guard | None = None
+    database: DatabaseWatch | None = None

@@ -17,7 +17,7 @@ from abada_engine.store.states import IncidentState
 from . import messages
 from .convert import from_struct, optional_uuid, parse_uuid
 from .errors import translates_errors
-from .guard import Guard
+from .guard import ServiceHandler
 
 _RESOLUTIONS = {
     incident_pb2.RESOLUTION_RETRY: "RETRY",
@@ -28,9 +28,8 @@ _RESOLUTIONS = {
 
 
 @translates_errors
-class IncidentHandler(incident_pb2_grpc.IncidentServiceServicer):
+class IncidentHandler(ServiceHandler, incident_pb2_grpc.IncidentServiceServicer):
     SERVICE = "abada.engine.v1.IncidentService"
-    guard: Guard | None = None
 
     def __init__(self, incidents: Incidents, page_tokens: PageTokens) -> None:
         self._incidents = incidents
@@ -63,11 +62,9 @@ class IncidentHandler(incident_pb2_grpc.IncidentServiceServicer):
             limit=page.size + 1,
             after_key=page.after,
         )
-        shown = found[: page.size]
-        last = (shown[-1].created_at, shown[-1].id) if shown else (datetime.min, uuid.UUID(int=0))
+        shown, next_token = self._pages.shown(page, found, lambda i: (i.created_at, i.id))
         return incident_pb2.ListIncidentsResponse(
-            incidents=[messages.incident(i) for i in shown],
-            next_page_token=self._pages.next_token(page, len(found), last),
+            incidents=[messages.incident(i) for i in shown], next_page_token=next_token
         )
 
     async def ResolveIncidents(

@@ -12,13 +12,12 @@ from abada_engine.runtime.leases import Leases
 from . import messages
 from .convert import parse_uuid, timestamp
 from .errors import translates_errors
-from .guard import Guard
+from .guard import ServiceHandler
 
 
 @translates_errors
-class LeaseHandler(lease_pb2_grpc.LeaseServiceServicer):
+class LeaseHandler(ServiceHandler, lease_pb2_grpc.LeaseServiceServicer):
     SERVICE = "abada.engine.v1.LeaseService"
-    guard: Guard | None = None
 
     def __init__(self, leases: Leases) -> None:
         self._leases = leases

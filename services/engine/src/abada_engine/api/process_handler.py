@@ -30,7 +30,7 @@ from .convert import (
     storable_text,
 )
 from .errors import translates_errors
-from .guard import Guard, current_caller
+from .guard import ServiceHandler, current_caller
 
 # A request id is the caller's own key for one start (a webhook's delivery id, a UUID).
 MAX_REQUEST_ID_CHARS = 200
@@ -57,9 +57,9 @@ def _variables_holding(filters: Sequence[process_pb2.VariableEquals]) -> dict[st
     return storable(holding, "variables", MAX_VARIABLES_BYTES)
 
 
-def _key(shown: Sequence[Any]) -> tuple[datetime, uuid.UUID]:
-    """The sort key of a page's last row, where the next page starts (unused for an empty page)."""
-    return (shown[-1].created_at, shown[-1].id) if shown else (datetime.min, uuid.UUID(int=0))
+def _key(row: Any) -> tuple[datetime, uuid.UUID]:
+    """The sort key of instances and user tasks: where the next page starts."""
+    return (row.created_at, row.id)
 
 
 def _variables(struct: object, field: str) -> dict:
@@ -67,9 +67,8 @@ def _variables(struct: object, field: str) -> dict:
 
 
 @translates_errors
-class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
+class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
     SERVICE = "abada.engine.v1.ProcessService"
-    guard: Guard | None = None
 
     def __init__(
         self, instances: Instances, page_tokens: PageTokens, waits: Waits, retention: Retention
@@ -140,10 +139,9 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
             variables_holding=holding,
             waiting_for=_WAITING_FOR.get(request.waiting_for),
         )
-        shown = found[: page.size]
+        shown, next_token = self._pages.shown(page, found, _key)
         return process_pb2.ListInstancesResponse(
-            instances=[messages.instance(i) for i in shown],
-            next_page_token=self._pages.next_token(page, len(found), _key(shown)),
+            instances=[messages.instance(i) for i in shown], next_page_token=next_token
         )
 
     async def GetHistory(
@@ -174,10 +172,9 @@ class ProcessHandler(process_pb2_grpc.ProcessServiceServicer):
         found = await self._instances.user_tasks(
             optional_uuid(request.instance_id, "instance_id"), page.size + 1, page.after
         )
-        shown = found[: page.size]
+        shown, next_token = self._pages.shown(page, found, _key)
         return process_pb2.ListUserTasksResponse(
-            user_tasks=[messages.user_task(t) for t in shown],
-            next_page_token=self._pages.next_token(page, len(found), _key(shown)),
+            user_tasks=[messages.user_task(t) for t in shown], next_page_token=next_token
         )
 
     async def CompleteUserTask(

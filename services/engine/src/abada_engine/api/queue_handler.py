@@ -14,7 +14,7 @@ from abada_engine.runtime.queue_stats import MAX_LISTED_TASKS, QueuedTask, Queue
 
 from .convert import optional_uuid, timestamp
 from .errors import translates_errors
-from .guard import Guard
+from .guard import ServiceHandler
 
 _DEFAULT_PAGE = 100
 
@@ -39,9 +39,8 @@ def _queued(task: QueuedTask) -> queue_pb2.QueuedTask:
 
 
 @translates_errors
-class QueueHandler(queue_pb2_grpc.QueueServiceServicer):
+class QueueHandler(ServiceHandler, queue_pb2_grpc.QueueServiceServicer):
     SERVICE = "abada.engine.v1.QueueService"
-    guard: Guard | None = None
 
     def __init__(self, stats: QueueStats, page_tokens: PageTokens) -> None:
         self._stats = stats
@@ -64,11 +63,8 @@ class QueueHandler(queue_pb2_grpc.QueueServiceServicer):
             page.size + 1,
             page.after,
         )
-        shown = found[: page.size]
-        last = (shown[-1].row.created_at, shown[-1].row.id) if shown else (datetime.min, uuid.UUID(int=0))
-        return queue_pb2.ListTasksResponse(
-            tasks=[_queued(t) for t in shown], next_page_token=self._pages.next_token(page, len(found), last)
-        )
+        shown, next_token = self._pages.shown(page, found, lambda t: (t.row.created_at, t.row.id))
+        return queue_pb2.ListTasksResponse(tasks=[_queued(t) for t in shown], next_page_token=next_token)
 
     async def ListTopics(
         self, request: queue_pb2.ListTopicsRequest, context: grpc.aio.ServicerContext

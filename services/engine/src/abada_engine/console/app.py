@@ -4,7 +4,6 @@ signed-in person, and render Jinja2 templates (plain HTML, a little JavaScript, 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import pathlib
@@ -22,11 +21,13 @@ from abada.engine.v1 import (
     process_pb2,
     queue_pb2,
 )
+from abada_common.addresses import is_loopback_host
 from abada_common.struct_codec import from_struct, to_struct
 from abada_sdk.errors import AbadaError, NotFound, PermissionDenied, Unauthenticated
 from google.protobuf import json_format, timestamp_pb2
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -77,15 +78,6 @@ def pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def parse_variable(text: str) -> tuple[str, Any] | None:
     """`customerId = C-42` as (name, value): the value is JSON when it reads as JSON (42, true,
     "quoted"), else the text itself."""
@@ -97,6 +89,16 @@ def parse_variable(text: str) -> tuple[str, Any] | None:
         return name, json.loads(raw)
     except json.JSONDecodeError:
         return name, raw
+
+
+def _filters(query: QueryParams, *names: str) -> dict[str, str]:
+    """A list page's filters as its query gives them, trimmed; "" for those it leaves out."""
+    return {name: query.get(name, "").strip() for name in names}
+
+
+def _next_query(request: Request, next_page_token: str) -> str:
+    """The query of the list's next page (its filters kept), "" on the last page."""
+    return str(request.url.include_query_params(page=next_page_token).query) if next_page_token else ""
 
 
 def _timestamp(text: str) -> timestamp_pb2.Timestamp | None:
@@ -204,7 +206,7 @@ class Console:
 
     def _secure(self, request: Request) -> bool:
         # Off loopback the cookie travels over TLS only (an ingress terminates it before the engine).
-        return request.url.scheme == "https" or not _loopback(request.url.hostname or "")
+        return request.url.scheme == "https" or not is_loopback_host(request.url.hostname or "")
 
     def session(self, request: Request, operator: bool = False) -> Session:
         session = self.sealer.open(request.cookies.get(COOKIE))
@@ -354,10 +356,7 @@ class Console:
     async def instances(self, request: Request) -> Response:
         session = self.session(request, operator=True)
         query = request.query_params
-        filters = {
-            k: query.get(k, "").strip()
-            for k in ("process", "state", "business_key", "variable", "after", "before")
-        }
+        filters = _filters(query, "process", "state", "business_key", "variable", "after", "before")
         problems: list[str] = []
         search = process_pb2.ListInstancesRequest(
             process_id=filters["process"],
@@ -386,9 +385,6 @@ class Console:
         if not problems:
             reply = await self.call(session, lambda e: e.processes.ListInstances, search)
             found, next_page = list(reply.instances), reply.next_page_token
-        next_query = ""
-        if next_page:
-            next_query = str(request.url.include_query_params(page=next_page).query)
         return self.render(
             request,
             "instances.html",
@@ -397,7 +393,7 @@ class Console:
             filters=filters,
             instances=found,
             problems=problems,
-            next_query=next_query,
+            next_query=_next_query(request, next_page),
             first_page=bool(query.get("page")),
             states=STATES,
         )
@@ -513,7 +509,7 @@ class Console:
     async def approvals(self, request: Request) -> Response:
         session = self.session(request)
         query = request.query_params
-        filters = {k: query.get(k, "").strip() for k in ("process", "tool", "business_key", "state")}
+        filters = _filters(query, "process", "tool", "business_key", "state")
         state = {
             "approved": approval_pb2.APPROVAL_STATE_APPROVED,
             "rejected": approval_pb2.APPROVAL_STATE_REJECTED,
@@ -531,18 +527,13 @@ class Console:
                 page_token=query.get("page", ""),
             ),
         )
-        next_query = (
-            str(request.url.include_query_params(page=reply.next_page_token).query)
-            if reply.next_page_token
-            else ""
-        )
         return self.render(
             request,
             "approvals.html",
             session=session,
             approvals=list(reply.approvals),
             filters=filters,
-            next_query=next_query,
+            next_query=_next_query(request, reply.next_page_token),
             decided=query.get("decided", ""),
         )
 
@@ -619,7 +610,7 @@ class Console:
     async def incidents(self, request: Request) -> Response:
         session = self.session(request, operator=True)
         query = request.query_params
-        filters = {k: query.get(k, "").strip() for k in ("type", "instance", "state")}
+        filters = _filters(query, "type", "instance", "state")
         reply = await self.call(
             session,
             lambda e: e.incidents.ListIncidents,
@@ -633,18 +624,13 @@ class Console:
                 page_token=query.get("page", ""),
             ),
         )
-        next_query = (
-            str(request.url.include_query_params(page=reply.next_page_token).query)
-            if reply.next_page_token
-            else ""
-        )
         return self.render(
             request,
             "incidents.html",
             session=session,
             incidents=list(reply.incidents),
             filters=filters,
-            next_query=next_query,
+            next_query=_next_query(request, reply.next_page_token),
             resolutions_for=resolutions_for,
             resolution_names=RESOLUTIONS,
             resolved=query.get("resolved", ""),

@@ -8,6 +8,7 @@ deploy attempt shows the author everything that is wrong.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,18 @@ class Checker:
             if key not in allowed:
                 self.report((*path, key), f"unknown field (expected one of: {', '.join(sorted(allowed))})")
         return value
+
+    def entries(
+        self, raw: Any, section: str, expected: str, allowed: set[str]
+    ) -> Iterator[tuple[tuple[str | int, ...], dict[str, Any]]]:
+        """Each mapping of the top-level list `section`, with its path; a `section` that is no list is
+        reported as not being `expected`."""
+        if not isinstance(raw, list):
+            self.report((section,), f"must be {expected}, not {kind(raw)}")
+            return
+        for index, item in enumerate(raw):
+            path = (section, index)
+            yield path, self.mapping(item, path, allowed)
 
     def string(
         self,

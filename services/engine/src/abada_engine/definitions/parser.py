@@ -123,12 +123,7 @@ def _check_bundle(checker: Checker) -> Bundle | None:
 
 def _check_models(checker: Checker, raw: Any) -> dict[str, ModelProfile]:
     models: dict[str, ModelProfile] = {}
-    if not isinstance(raw, list):
-        checker.report(("models",), f"must be a list of model profiles, not {kind(raw)}")
-        return models
-    for index, item in enumerate(raw):
-        path: tuple[str | int, ...] = ("models", index)
-        data = checker.mapping(item, path, _MODEL_KEYS)
+    for path, data in checker.entries(raw, "models", "a list of model profiles", _MODEL_KEYS):
         name = checker.string(data, "name", path, pattern=_MODEL_NAME, what="model name")
         provider = checker.string(data, "provider", path)
         if provider and provider not in PROVIDERS:
@@ -157,12 +152,7 @@ def _check_models(checker: Checker, raw: Any) -> dict[str, ModelProfile]:
 
 def _check_tool_servers(checker: Checker, raw: Any) -> dict[str, ToolServerSpec]:
     servers: dict[str, ToolServerSpec] = {}
-    if not isinstance(raw, list):
-        checker.report(("tool_servers",), f"must be a list, not {kind(raw)}")
-        return servers
-    for index, item in enumerate(raw):
-        path: tuple[str | int, ...] = ("tool_servers", index)
-        data = checker.mapping(item, path, _SERVER_KEYS)
+    for path, data in checker.entries(raw, "tool_servers", "a list", _SERVER_KEYS):
         name = checker.string(data, "name", path, pattern=_IDENTIFIER, what="server name")
         transport = checker.string(data, "transport", path)
         if transport and transport != "streamable-http":

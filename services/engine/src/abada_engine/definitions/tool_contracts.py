@@ -28,7 +28,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import PaginatedRequestParams, Tool
 
-from abada_engine.errors import Category, EngineError
+from abada_engine.errors import Category, EngineError, precondition
 
 from .catalog import ObservedSchemas, ObservedTool
 from .model import Bundle, ToolServerSpec
@@ -62,11 +62,10 @@ class FileCredentials:
         if isinstance(value, dict):
             value = value.get("value")
         if not isinstance(value, str) or not value:
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.CREDENTIAL_NOT_FOUND,
                 f"no credential {credential!r} for tool server {server!r}",
-                field=f"tool_servers.{server}.credential",
+                f"tool_servers.{server}.credential",
             )
         return value
 
@@ -114,24 +113,19 @@ class McpContractCheck:
             if transport.over_limit and not isinstance(over, TooMuchFromServer):
                 over = ResponseTooLarge(server.url, MAX_RESPONSE_BYTES)
             if isinstance(over, TooMuchFromServer):
-                raise EngineError(
+                raise _at_url(
+                    server,
                     Category.FAILED_PRECONDITION,
                     ErrorReason.TOOL_SERVER_OVER_LIMIT,
-                    f"tool server {server.name!r} at {server.url} was not listened to further: {over}",
-                    field=f"tool_servers.{server.name}.url",
-                    metadata={"server": server.name},
+                    f"was not listened to further: {over}",
                 ) from None
             if refusals:
                 raise _refused(server, refusals[0], secret is not None) from None
             cause = (
                 "no answer within the deploy timeout" if isinstance(error, TimeoutError) else _describe(error)
             )
-            raise EngineError(
-                Category.UNAVAILABLE,
-                ErrorReason.TOOL_SERVER_UNAVAILABLE,
-                f"tool server {server.name!r} at {server.url} is unreachable: {cause}",
-                field=f"tool_servers.{server.name}.url",
-                metadata={"server": server.name},
+            raise _at_url(
+                server, Category.UNAVAILABLE, ErrorReason.TOOL_SERVER_UNAVAILABLE, f"is unreachable: {cause}"
             ) from None
         observed: ObservedSchemas = {}
         for tool in server.tools.values():
@@ -190,6 +184,17 @@ class McpContractCheck:
                         if not cursor:
                             return tools
                     raise TooMuchFromServer(f"its tool list goes on past {MAX_TOOL_LIST_PAGES} pages")
+
+
+def _at_url(server: ToolServerSpec, category: Category, reason: ErrorReason, what: str) -> EngineError:
+    """The server at its url could not be heard out; `what` says how."""
+    return EngineError(
+        category,
+        reason,
+        f"tool server {server.name!r} at {server.url} {what}",
+        field=f"tool_servers.{server.name}.url",
+        metadata={"server": server.name},
+    )
 
 
 def _refused(server: ToolServerSpec, status: int, sent_credential: bool) -> EngineError:

@@ -24,14 +24,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
-from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.errors import Category, EngineError, invalid, not_found, precondition
 from abada_engine.runtime.crypto.sealing import Place, StepSealer
 from abada_engine.runtime.flow.navigator import HistoryEntry, advance
 from abada_engine.runtime.flow.tokens import advance_move, apply_move, history_record, write_history
+from abada_engine.runtime.held import hold_for_a_person
 from abada_engine.runtime.incident_types import APPROVAL_TIMEOUT
 from abada_engine.runtime.leases import hold_lease
 from abada_engine.store import approvals as approval_store
-from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
@@ -106,11 +106,10 @@ class Approvals:
         async with self._engine.begin() as conn:
             held = await hold_lease(conn, task_id, worker_id, lease_token)
             if await step_store.awaiting_approval_count(conn, task_id) == 0:
-                raise EngineError(
-                    Category.FAILED_PRECONDITION,
+                raise precondition(
                     ErrorReason.NOTHING_TO_APPROVE,
                     f"task {task_id} has no tool call awaiting approval: journal one AWAITING_APPROVAL first",
-                    field="task_id",
+                    "task_id",
                 )
             definition = await self._catalog.get(held.definition_id)
             node = definition.process.node(held.node_id)
@@ -343,27 +342,15 @@ class Approvals:
             f"{', '.join(sorted(set(tool_refs)))} waited for approval longer than the node's "
             "approval_timeout and the node has no on_approval_timeout: retry to ask again, or cancel"
         )
-        await task_store.hold_as_incident(conn, task_id)
-        incident_id = await incident_store.raise_incident(
+        await hold_for_a_person(
             conn,
+            task_id=task_id,
             instance_id=first.instance_id,
             node_id=node.id,
             type_=APPROVAL_TIMEOUT,
             message=message,
             details=details,
-            task_id=task_id,
-        )
-        raised = HistoryEntry(
-            "INCIDENT_RAISED",
-            node.id,
-            {"incident_id": str(incident_id), "type": APPROVAL_TIMEOUT, "message": message},
-        )
-        await write_history(
-            conn,
-            [
-                history_record(first.instance_id, timed_out, task_id),
-                history_record(first.instance_id, raised, task_id),
-            ],
+            preceding=(history_record(first.instance_id, timed_out, task_id),),
         )
 
     async def ask_again(
@@ -377,11 +364,10 @@ class Approvals:
         definition = await self._catalog.get(instance.definition_id)
         node = definition.process.node(incident.node_id)
         if not await task_store.park_again(conn, incident.task_id):
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.RESOLUTION_NOT_APPLICABLE,
                 f"task {incident.task_id} is no longer held by this incident",
-                field="incident_id",
+                "incident_id",
             )
         reopened = await approval_store.reopen_expired_of_task(
             conn, incident.task_id, node.approval_timeout_seconds
@@ -389,11 +375,10 @@ class Approvals:
         if not reopened:
             # Parked with nothing to wait for, the task would never be offered again (the transaction
             # rolls the parking back).
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.RESOLUTION_NOT_APPLICABLE,
                 f"task {incident.task_id} has no expired approval to ask again",
-                field="incident_id",
+                "incident_id",
             )
 
     def _request_of(self, row: ListedApproval) -> dict[str, Any]:
@@ -428,19 +413,17 @@ class Approvals:
 
 def _check_decidable(row: ListedApproval) -> None:
     if row.instance_state != InstanceState.ACTIVE or row.state == ApprovalState.CANCELED:
-        raise EngineError(
-            Category.FAILED_PRECONDITION,
+        raise precondition(
             ErrorReason.INSTANCE_NOT_ACTIVE,
             f"instance {row.instance_id} is {row.instance_state.lower()}: approval {row.id} can no longer be decided",
-            field="approval_id",
+            "approval_id",
         )
     if row.state == ApprovalState.EXPIRED:
-        raise EngineError(
-            Category.FAILED_PRECONDITION,
+        raise precondition(
             ErrorReason.APPROVAL_EXPIRED,
             f"approval {row.id} expired at {row.decided_at.isoformat() if row.decided_at else 'its timeout'}: "
             "nobody decided within the node's approval_timeout",
-            field="approval_id",
+            "approval_id",
         )
     if row.state != ApprovalState.PENDING:
         when = row.decided_at.isoformat() if row.decided_at else "earlier"

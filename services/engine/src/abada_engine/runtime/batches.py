@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
-from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.errors import EngineError, invalid, not_found, precondition
 from abada_engine.ids import new_id
 from abada_engine.runtime.incidents import Incidents
 from abada_engine.runtime.instances import cancel_instance
@@ -149,11 +149,8 @@ class Batches:
             changed = await batch_store.change_state(conn, batch_id, from_states, to)
         view = await self.get(batch_id)
         if not changed:
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
-                ErrorReason.BATCH_FINISHED,
-                f"batch {batch_id} is {view.state.lower()}",
-                field="batch_id",
+            raise precondition(
+                ErrorReason.BATCH_FINISHED, f"batch {batch_id} is {view.state.lower()}", "batch_id"
             )
         log.info("batch state changed", extra={"batch_id": str(batch_id), "state": to})
         return view

@@ -34,14 +34,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import Definition, DefinitionCatalog
 from abada_engine.definitions.model import Node
-from abada_engine.errors import Category, EngineError, invalid
+from abada_engine.errors import Category, EngineError, invalid, precondition
 from abada_engine.runtime.flow.navigator import HistoryEntry
 from abada_engine.runtime.flow.tokens import history_record, write_history
+from abada_engine.runtime.held import hold_for_a_person
 from abada_engine.runtime.incident_types import DEPENDENCY_UNAVAILABLE
 from abada_engine.runtime.leases import hold_lease
 from abada_engine.runtime.views import HeldBack
 from abada_engine.store import dependencies as circuit_store
-from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.dependencies import CircuitRow, ListedCircuit
 from abada_engine.store.hand_written import Executor
@@ -221,11 +221,10 @@ class Dependencies:
             definition = await self._catalog.get(held.definition_id)
             node = definition.process.node(held.node_id)
             if key not in dependencies_of(definition, node):
-                raise EngineError(
-                    Category.FAILED_PRECONDITION,
+                raise precondition(
                     ErrorReason.DEPENDENCY_NOT_BOUND,
                     f"task {report.task_id} at node {node.id!r} does not depend on {key!r}",
-                    field="dependency",
+                    "dependency",
                 )
             circuit = await circuit_store.lock(conn, key, report.kind, report.name)
             if report.up:
@@ -453,11 +452,10 @@ class Dependencies:
         """RETRY of a DEPENDENCY_UNAVAILABLE incident: the task is offered again with a fresh outage
         budget, and the dependency is probed at once (the operator says it is back)."""
         if incident.task_id is None or not await task_store.offer_again(conn, incident.task_id):
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.TASK_NOT_HELD,
                 f"incident {incident.id} holds no task to offer again",
-                field="incident_id",
+                "incident_id",
             )
         key = str(incident.details.get("dependency", ""))
         if key:
@@ -486,25 +484,16 @@ async def raise_unavailable(
     if error:
         details["last_error"] = error
     message = f"{kind.replace('_', ' ')} {name!r} has been unavailable for {_duration(waited)}, past the node's outage_budget"
-    await task_store.hold_as_incident(
-        conn, task_id, last_error={"code": DEPENDENCY_UNAVAILABLE, "message": message}
-    )
-    incident_id = await incident_store.raise_incident(
+    return await hold_for_a_person(
         conn,
+        task_id=task_id,
         instance_id=instance_id,
         node_id=node_id,
         type_=DEPENDENCY_UNAVAILABLE,
         message=message,
         details=details,
-        task_id=task_id,
+        last_error={"code": DEPENDENCY_UNAVAILABLE, "message": message},
     )
-    entry = HistoryEntry(
-        "INCIDENT_RAISED",
-        node_id,
-        {"incident_id": str(incident_id), "type": DEPENDENCY_UNAVAILABLE, "message": message},
-    )
-    await write_history(conn, [history_record(instance_id, entry, task_id)])
-    return incident_id
 
 
 def _duration(seconds: float) -> str:

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
-from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.errors import EngineError, invalid, not_found, precondition
 from abada_engine.runtime.flow.navigator import HistoryEntry, JoinNeedsTokens, advance
 from abada_engine.runtime.flow.tokens import (
     advance_move,
@@ -29,7 +29,7 @@ from abada_engine.runtime.views import IncidentView
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
-from abada_engine.store.incidents import IncidentRow, ListedIncident
+from abada_engine.store.incidents import IncidentRow
 from abada_engine.store.moves import TokenMove
 from abada_engine.store.states import IncidentState, InstanceState
 
@@ -107,7 +107,7 @@ class Incidents:
                 limit=limit,
                 after_key=after_key,
             )
-        return [await self._opened(_view(r)) for r in rows]
+        return [await self._opened(r) for r in rows]
 
     async def resolve_matching(
         self, which: IncidentFilter, resolution: str, comment: str, limit: int
@@ -132,7 +132,7 @@ class Incidents:
             rows = await incident_store.listed(conn, incident_id=incident_id)
         if not rows:
             raise not_found("incident", str(incident_id), "incident_id")
-        return await self._opened(_view(rows[0]))
+        return await self._opened(rows[0])
 
     async def resolve(
         self, incident_id: uuid.UUID, resolution: str, result: dict[str, Any] | None, comment: str
@@ -158,11 +158,10 @@ class Incidents:
         if row is None:
             raise not_found("incident", str(incident_id), "incident_id")
         if row.state != IncidentState.OPEN:
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.INCIDENT_RESOLVED,
                 f"incident {incident_id} is already resolved ({row.resolution})",
-                field="incident_id",
+                "incident_id",
             )
         handler = self._handlers.get((row.type, resolution))
         if resolution == "CANCEL_INSTANCE":
@@ -175,11 +174,10 @@ class Incidents:
             await self._retry(conn, row)
             await self._close(conn, row, resolution, comment)
         else:
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.RESOLUTION_NOT_APPLICABLE,
                 f"{resolution} does not apply to a {row.type} incident",
-                field="resolution",
+                "resolution",
             )
 
     async def _close(self, conn: AsyncConnection, row: IncidentRow, resolution: str, comment: str) -> None:
@@ -209,11 +207,10 @@ class Incidents:
         instance = await instance_store.lock(conn, row.instance_id)
         assert instance is not None  # an incident's instance is never deleted
         if instance.state != InstanceState.ACTIVE:
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.INSTANCE_NOT_ACTIVE,
                 f"instance {row.instance_id} is {instance.state.lower()}",
-                field="incident_id",
+                "incident_id",
             )
         definition = await self._catalog.get(instance.definition_id)
         node = definition.process.node(row.node_id)
@@ -249,20 +246,3 @@ class Incidents:
 
 # These ask a person what happened in the world; a blind retry is exactly what they exist to prevent.
 _NEEDS_A_DECISION = frozenset({"TOOL_OUTCOME_UNKNOWN"})
-
-
-def _view(r: ListedIncident) -> IncidentView:
-    return IncidentView(
-        r.id,
-        r.type,
-        r.instance_id,
-        r.process_id,
-        r.task_id,
-        r.node_id,
-        r.message,
-        r.details,
-        r.state,
-        r.created_at,
-        r.resolved_at,
-        r.resolution,
-    )

@@ -56,7 +56,7 @@ from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.model import ToolBinding
 from abada_engine.definitions.providers import provider_of_model
-from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.errors import Category, EngineError, invalid, not_found, precondition
 from abada_engine.metrics import LEASE_EXPIRIES
 from abada_engine.runtime.background.handed_out import HandedOut, LeaseHeld
 from abada_engine.runtime.background.wakeups import TaskWakeups
@@ -275,11 +275,10 @@ class Leases:
         async with self._engine.begin() as conn:
             held = await hold_lease(conn, task_id, worker_id, lease_token, expired_ok=True)
             if await task_store.attempt_has_steps(conn, task_id, held.attempt):
-                raise EngineError(
-                    Category.FAILED_PRECONDITION,
+                raise precondition(
                     ErrorReason.ATTEMPT_BEGUN,
                     f"attempt {held.attempt} of task {task_id} has journaled steps: Fail it or let its lease lapse",
-                    field="task_id",
+                    "task_id",
                 )
             await task_store.release_unstarted(conn, task_id)
             entry = HistoryEntry(
@@ -355,11 +354,10 @@ def held_from_row(
     )
     if row.state != TaskState.LEASED:
         if holder or row.state in (TaskState.COMPLETED, TaskState.CANCELED):
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.TASK_NOT_LEASED,
                 f"task {task_id} is {row.state.lower()}, not under a lease",
-                field="task_id",
+                "task_id",
             )
         raise EngineError(
             Category.PERMISSION_DENIED,
@@ -377,11 +375,8 @@ def held_from_row(
     if row.lease_expires_at is None or (not row.live and not expired_ok):
         # A row without an expiry (no lease at all) is refused the same way, without a time to show.
         when = f" at {row.lease_expires_at.isoformat()}" if row.lease_expires_at is not None else ""
-        raise EngineError(
-            Category.FAILED_PRECONDITION,
-            ErrorReason.LEASE_EXPIRED,
-            f"the lease on task {task_id} expired{when}",
-            field="lease_token",
+        raise precondition(
+            ErrorReason.LEASE_EXPIRED, f"the lease on task {task_id} expired{when}", "lease_token"
         )
     return LeaseHeld(
         row.id,

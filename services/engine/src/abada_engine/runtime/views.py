@@ -1,4 +1,5 @@
-"""Read models the engine hands out: plain data, no database rows, no protobuf."""
+"""Read models the engine hands out: plain data, no protobuf; where a store row is already what a
+reader may see, the view is that row."""
 
 from __future__ import annotations
 
@@ -8,21 +9,15 @@ from datetime import datetime
 from typing import Any
 
 from abada_engine.definitions.model import Limits, ToolBinding
+from abada_engine.store.history import HistoryRow
+from abada_engine.store.incidents import ListedIncident
+from abada_engine.store.instances import ListedInstance
 
 
-@dataclass(frozen=True)
-class InstanceView:
-    id: uuid.UUID
-    definition_id: uuid.UUID
-    process_id: str
-    version: int
-    state: str
-    variables: dict[str, Any]
-    current_node_id: str | None
-    business_key: str
-    created_at: datetime
-    ended_at: datetime | None
-    open_incidents: int = 0
+@dataclass(slots=True)
+class InstanceView(ListedInstance):
+    """An instance as the store lists it (with its count of open incidents)."""
+
     # Its timers, receives and deadlines (GetInstance only).
     waits: tuple[WaitView, ...] = ()
     # Where its live tokens rest, one entry a token (GetInstance only): several between a `parallel`
@@ -41,31 +36,10 @@ class WaitView:
     correlation_key: str | None = None
 
 
-@dataclass(frozen=True)
-class HistoryView:
-    id: int
-    instance_id: uuid.UUID
-    type: str
-    node_id: str | None
-    task_id: uuid.UUID | None
-    data: dict[str, Any]
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class IncidentView:
-    id: uuid.UUID
-    type: str
-    instance_id: uuid.UUID
-    process_id: str
-    task_id: uuid.UUID | None
-    node_id: str
-    message: str
-    details: dict[str, Any]
-    state: str
-    created_at: datetime
-    resolved_at: datetime | None
-    resolution: str | None
+# A history event and an incident are handed out as the store reads them: their rows hold nothing a
+# reader may not see.
+HistoryView = HistoryRow
+IncidentView = ListedIncident
 
 
 @dataclass(frozen=True)

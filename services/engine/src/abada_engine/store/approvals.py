@@ -307,9 +307,7 @@ async def listed(
     """Approvals, oldest first (a task's calls in their order), after `after_key`, the last row of the
     page before: (created_at, task_id, sequence)."""
     order = (approvals.c.created_at, approvals.c.task_id, approvals.c.sequence)
-    query = _listed_query().order_by(*order)
-    if after_key is not None:
-        query = query.where(keyset.after(order, after_key))
+    query = keyset.ordered(_listed_query(), order, after_key)
     if approval_id is not None:
         query = query.where(approvals.c.id == approval_id)
     if process_id:

@@ -114,13 +114,11 @@ async def listed(
 ) -> list[ListedIncident]:
     """Incidents, oldest first (by `created_at`, then id), after `after_key`, the last row of the page before."""
     order = (incidents.c.created_at, incidents.c.id)
-    query = (
-        select(incidents, instances.c.process_id)
-        .join(instances, instances.c.id == incidents.c.instance_id)
-        .order_by(*order)
+    query = keyset.ordered(
+        select(incidents, instances.c.process_id).join(instances, instances.c.id == incidents.c.instance_id),
+        order,
+        after_key,
     )
-    if after_key is not None:
-        query = query.where(keyset.after(order, after_key))
     if incident_id is not None:
         query = query.where(incidents.c.id == incident_id)
     if instance_id is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, literal, tuple_
+from sqlalchemy import ColumnElement, Select, literal, tuple_
 
 
 def after(columns: Sequence[Any], key: Sequence[Any], descending: bool = False) -> ColumnElement[bool]:
@@ -14,3 +14,9 @@ def after(columns: Sequence[Any], key: Sequence[Any], descending: bool = False) 
     row = tuple_(*columns)
     bound = tuple_(*(literal(value, column.type) for value, column in zip(key, columns, strict=True)))
     return row < bound if descending else row > bound
+
+
+def ordered(query: Select[Any], columns: Sequence[Any], after_key: Sequence[Any] | None) -> Select[Any]:
+    """`query` in the order of `columns` (ascending), from the row after `after_key` (None: the first)."""
+    query = query.order_by(*columns)
+    return query if after_key is None else query.where(after(columns, after_key))

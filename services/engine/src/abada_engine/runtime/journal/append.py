@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import Definition, DefinitionCatalog
 from abada_engine.definitions.model import ModelProfile, Node, Process, ToolBinding
-from abada_engine.errors import Category, EngineError, not_found
+from abada_engine.errors import Category, EngineError, not_found, precondition
 from abada_engine.runtime.background.handed_out import HandedOut
 from abada_engine.runtime.crypto.keys import IdempotencyKeys, KeyRing
 from abada_engine.runtime.crypto.sealing import Place, StepSealer
@@ -116,11 +116,10 @@ class Journal:
         held = held_from_row(context, step.task_id, step.worker_id, step.lease_token)
         assert context is not None  # held_from_row refused a missing task
         if step.attempt != held.attempt:
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.ATTEMPT_MISMATCH,
                 f"the lease is for attempt {held.attempt}, not {step.attempt}",
-                field="attempt",
+                "attempt",
             )
         if context.taken_sequence is not None:
             if (context.kind, context.step_state) == (step.kind, StepState.STARTED):
@@ -133,11 +132,10 @@ class Journal:
                 field="sequence",
             )
         if step.sequence != context.steps + 1:
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.SEQUENCE_GAP,
                 f"the next sequence of task {step.task_id} is {context.steps + 1}, not {step.sequence}",
-                field="sequence",
+                "sequence",
             )
         return False
 
@@ -274,11 +272,10 @@ class Journal:
                 )
                 assert context is not None  # held_from_row refused a missing task
                 if step.attempt != held.attempt:
-                    raise EngineError(
-                        Category.FAILED_PRECONDITION,
+                    raise precondition(
                         ErrorReason.ATTEMPT_MISMATCH,
                         f"the lease is for attempt {held.attempt}, not {step.attempt}",
-                        field="attempt",
+                        "attempt",
                     )
                 self.handed_out.place(step.task_id, held.definition_id, held.node_id)
                 definition = await self._catalog.get(held.definition_id)
@@ -304,11 +301,10 @@ class Journal:
     ) -> AppendResult | None:
         next_free = context.steps + 1
         if step.sequence != next_free:
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.SEQUENCE_GAP,
                 f"the next sequence of task {step.task_id} is {next_free}, not {step.sequence}",
-                field="sequence",
+                "sequence",
             )
         binding = binding_for(step, bindings)
         if binding is not None and binding.approval_required and step.state != StepState.AWAITING_APPROVAL:
@@ -352,12 +348,11 @@ class Journal:
                     if earlier:
                         approved.remove(earlier[0])
         if not approved:
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.APPROVAL_REQUIRED,
                 f"{step.tool_ref} needs a person's approval of exactly this call, and each approval "
                 "runs the call once: journal it AWAITING_APPROVAL and hand the task back",
-                field="state",
+                "state",
             )
 
     async def _revisit(

@@ -7,7 +7,7 @@ from typing import Any
 from abada.engine.v1.error_reason_pb2 import ErrorReason
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from abada_engine.errors import Category, EngineError, invalid
+from abada_engine.errors import invalid, precondition
 from abada_engine.runtime.crypto.sealing import Place, StepSealer
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
@@ -54,9 +54,8 @@ class JournalResolutions:
         assert incident.task_id is not None
         await step_store.set_aside_last_answer(conn, incident.task_id)
         if not await task_store.offer_again(conn, incident.task_id):
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.RESOLUTION_NOT_APPLICABLE,
                 f"task {incident.task_id} is no longer held by this incident",
-                field="incident_id",
+                "incident_id",
             )

@@ -10,7 +10,7 @@ from abada.engine.v1.error_reason_pb2 import ErrorReason
 
 from abada_engine.db.database import dumps
 from abada_engine.definitions.model import Limits, ToolBinding
-from abada_engine.errors import Category, EngineError, invalid
+from abada_engine.errors import Category, EngineError, invalid, precondition
 from abada_engine.runtime.views import StepView
 from abada_engine.store.journal_steps import AppendContext
 from abada_engine.store.states import WORKER_STEP_STATES, StepKind, StepState
@@ -65,39 +65,35 @@ def binding_for(step: StepRequest, bindings: dict[str, ToolBinding]) -> ToolBind
         if step.state != StepState.STARTED:
             # A finished model call finishes its own STARTED, where quota and budgets were checked:
             # one journaled finished at a new sequence would spend past both unseen.
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.MODEL_CALL_NOT_STARTED,
                 f"sequence {step.sequence} holds no STARTED model call to finish: journal the call "
                 "STARTED before making it",
-                field="state",
+                "state",
             )
         return None
     binding = bindings.get(step.tool_ref)
     if binding is None:
-        raise EngineError(
-            Category.FAILED_PRECONDITION,
+        raise precondition(
             ErrorReason.BINDING_NOT_FOUND,
             f"{step.tool_ref!r} is not a tool bound to this node (bound: {', '.join(sorted(bindings)) or 'none'})",
-            field="tool_ref",
+            "tool_ref",
         )
     if step.state == StepState.AWAITING_APPROVAL:
         if not binding.approval_required:
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.APPROVAL_NOT_REQUIRED,
                 f"{step.tool_ref} is not under approval: call it instead of proposing it",
-                field="state",
+                "state",
             )
         if step.request is None:
             raise invalid(ErrorReason.INVALID_ARGUMENT, "request", "say which call awaits approval")
         return binding
     if binding.policy == "write" and step.state != StepState.STARTED:
-        raise EngineError(
-            Category.FAILED_PRECONDITION,
+        raise precondition(
             ErrorReason.WRITE_NOT_STARTED,
             f"{step.tool_ref} is a write: journal it STARTED before calling it",
-            field="state",
+            "state",
         )
     return binding
 

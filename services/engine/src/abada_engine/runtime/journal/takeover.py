@@ -14,12 +14,10 @@ from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import EngineError
 from abada_engine.runtime.background.handed_out import HandedOut
 from abada_engine.runtime.crypto.sealing import StepSealer
-from abada_engine.runtime.flow.navigator import HistoryEntry
-from abada_engine.runtime.flow.tokens import history_record, write_history
+from abada_engine.runtime.held import hold_for_a_person
 from abada_engine.runtime.incident_types import JOURNAL_INTEGRITY, TOOL_OUTCOME_UNKNOWN
 from abada_engine.runtime.journal.rules import unkeyed_writes_in_flight
 from abada_engine.runtime.views import LockedTask, StepView
-from abada_engine.store import incidents as incident_store
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.states import TaskState
@@ -141,22 +139,16 @@ class Takeover:
     ) -> None:
         """A journal row of this task fails authentication: no worker can resume from it, so a person decides."""
         message = f"the task's journal cannot be read: {why}"
-        await task_store.hold_as_incident(conn, task_id, give_back_attempt=give_back_attempt)
-        incident_id = await incident_store.raise_incident(
+        await hold_for_a_person(
             conn,
+            task_id=task_id,
             instance_id=instance_id,
             node_id=node_id,
             type_=JOURNAL_INTEGRITY,
             message=message,
             details={"task_id": str(task_id)},
-            task_id=task_id,
+            give_back_attempt=give_back_attempt,
         )
-        entry = HistoryEntry(
-            "INCIDENT_RAISED",
-            node_id,
-            {"incident_id": str(incident_id), "type": JOURNAL_INTEGRITY, "message": message},
-        )
-        await write_history(conn, [history_record(instance_id, entry, task_id)])
 
     async def _hold_for_a_person(
         self,
@@ -183,24 +175,14 @@ class Takeover:
             "it has no idempotency key, so it is never re-sent: say whether it happened"
         )
         await step_store.mark_outcome_unknown(conn, task_id, step.sequence)
-        await task_store.hold_as_incident(conn, task_id, give_back_attempt=give_back_attempt)
-        incident_id = await incident_store.raise_incident(
+        await hold_for_a_person(
             conn,
+            task_id=task_id,
             instance_id=instance_id,
             node_id=node_id,
             type_=OUTCOME_UNKNOWN,
             message=message,
             details=details,
-            task_id=task_id,
+            give_back_attempt=give_back_attempt,
+            noted={"taken_over": taken_over},
         )
-        entry = HistoryEntry(
-            "INCIDENT_RAISED",
-            node_id,
-            {
-                "incident_id": str(incident_id),
-                "type": OUTCOME_UNKNOWN,
-                "message": message,
-                "taken_over": taken_over,
-            },
-        )
-        await write_history(conn, [history_record(instance_id, entry, task_id)])
