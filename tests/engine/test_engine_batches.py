@@ -365,3 +365,36 @@ async def test_a_fault_on_one_instance_fails_it_alone_and_the_batch_goes_on(
     assert outcomes[ids[1]][1].startswith("the database refused it")
     assert outcomes[ids[2]] == (batch_pb2.BATCH_OUTCOME_DONE, "fine")
     assert touched == [ids[2]] and shown.batch.state == batch_pb2.BATCH_STATE_COMPLETED
+
+
+async def test_replicas_working_one_batch_at_once_never_take_the_same_instance(
+    engine, engine_core: EngineCore, batches, db
+):
+    await deploy(engine, FRAGILE)
+    ids = await _incidents_at(engine, "fragile", "fragile", 40)
+    created = (
+        await batches.CreateBatch(
+            batch_pb2.CreateBatchRequest(
+                kind=batch_pb2.BATCH_KIND_RETRY_INCIDENTS, filter=batch_pb2.BatchFilter(process_id="fragile")
+            )
+        )
+    ).batch
+    # Four jobs claim side by side, as four replicas would: each takes instances the others do not hold.
+    jobs = [Batches(engine_core.db, engine_core.incidents, chunk=10) for _ in range(4)]
+    claimed = await asyncio.gather(*(job.step() for job in jobs))
+    assert sum(claimed) == 40 and max(claimed) == 10
+    while any(await asyncio.gather(*(job.step() for job in jobs))):
+        pass
+    shown = await _batch(batches, created.id)
+    assert (shown.batch.state, shown.batch.done) == (batch_pb2.BATCH_STATE_COMPLETED, 40)
+    async with db.connect() as conn:
+        resolved = (
+            await conn.execute(
+                text(
+                    "SELECT instance_id, count(*) FROM history WHERE type = 'INCIDENT_RESOLVED' "
+                    "AND instance_id = ANY(:ids) GROUP BY instance_id"
+                ),
+                {"ids": [uuid.UUID(i) for i in ids]},
+            )
+        ).all()
+    assert len(resolved) == 40 and {count for _, count in resolved} == {1}
