@@ -398,3 +398,48 @@ async def test_replicas_working_one_batch_at_once_never_take_the_same_instance(
             )
         ).all()
     assert len(resolved) == 40 and {count for _, count in resolved} == {1}
+
+
+async def test_a_cancel_batch_beside_workers_completing_the_same_instances(
+    engine, engine_core: EngineCore, batches
+):
+    await deploy(engine, FRAGILE)
+    ids = [(await start(engine, "fragile")).id for _ in range(30)]
+    tasks = await fetch(engine, "w", "fragile", max_tasks=30)
+    created = (
+        await batches.CreateBatch(
+            batch_pb2.CreateBatchRequest(
+                kind=batch_pb2.BATCH_KIND_CANCEL,
+                filter=batch_pb2.BatchFilter(process_id="fragile"),
+                reason="race",
+            )
+        )
+    ).batch
+    job = Batches(engine_core.db, engine_core.incidents, chunk=5)
+
+    async def work_through() -> None:
+        while await job.step():  # each chunk's statements let the completions in between
+            pass
+
+    async def complete_all() -> int:
+        completed = 0
+        for task in tasks:
+            try:
+                await complete(engine, task, "w", {})
+                completed += 1
+            except grpc.aio.AioRpcError:
+                pass  # the batch cancelled this instance first: its task was withdrawn
+        return completed
+
+    _, completed = await asyncio.gather(work_through(), complete_all())
+    shown = await _batch(batches, created.id)
+    outcomes = {i.instance_id: i.outcome for i in shown.items}
+    # Whoever came first won, whole: a completed instance was skipped, a cancelled one is the batch's.
+    for instance_id in ids:
+        state = (await instance(engine, instance_id)).state
+        expected = {
+            process_pb2.INSTANCE_STATE_COMPLETED: batch_pb2.BATCH_OUTCOME_SKIPPED,
+            process_pb2.INSTANCE_STATE_CANCELED: batch_pb2.BATCH_OUTCOME_DONE,
+        }[state]
+        assert outcomes[instance_id] == expected
+    assert shown.batch.skipped == completed and shown.batch.done == 30 - completed

@@ -168,12 +168,15 @@ class Batches:
 
     async def step(self) -> int:
         """One chunk: claim up to `chunk` pending items, apply each one's kind, record the outcomes (all in
-        one transaction); then complete the batches with nothing pending. Answers how many were claimed."""
+        one transaction); then complete the batches with nothing pending. Answers how many were claimed
+        (an item that lost a deadlock to live traffic stays pending and is claimed again later)."""
         async with self._engine.begin() as conn:
             claimed = await batch_store.claim(conn, self._chunk)
             counts: dict[uuid.UUID, dict[BatchOutcome, int]] = {}
             for item in claimed:
                 outcome = await self._apply(conn, item)
+                if outcome is None:
+                    continue
                 await batch_store.record(
                     conn, item.batch_id, item.instance_id, outcome.outcome, outcome.message
                 )
@@ -192,7 +195,7 @@ class Batches:
                 await batch_store.complete_finished(conn)
         return len(claimed)
 
-    async def _apply(self, conn: AsyncConnection, item: Claimed) -> Outcome:
+    async def _apply(self, conn: AsyncConnection, item: Claimed) -> Outcome | None:
         kind = self._kinds.get(item.kind)
         if kind is None:  # a kind only a newer engine knows (a rolling upgrade): say so, go on
             return Outcome(BatchOutcome.FAILED, f"this engine does not know the batch kind {item.kind}")
@@ -204,8 +207,15 @@ class Batches:
                 return Outcome(BatchOutcome.SKIPPED, error.message[:_MAX_TEXT])
             return Outcome(BatchOutcome.FAILED, f"{error.reason_name}: {error.message}"[:_MAX_TEXT])
         except DBAPIError as error:
-            if error.connection_invalidated or _transient(error):
+            if error.connection_invalidated:
                 raise  # the whole chunk goes back to pending and is tried again next round
+            if _transient(error):
+                # Live traffic on the same instance won (a deadlock with a completion, a lock
+                # timeout): this one instance stays pending for a later chunk, the others go on.
+                log.info(
+                    "batch item deferred", extra={"batch_id": str(item.batch_id), "error": str(error.orig)}
+                )
+                return None
             log.exception("batch item failed", extra={"batch_id": str(item.batch_id)})
             return Outcome(BatchOutcome.FAILED, f"the database refused it: {type(error.orig).__name__}")
         except Exception as error:  # a fault of ours on one instance must not hold the batch for ever
