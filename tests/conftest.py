@@ -244,7 +244,7 @@ async def empty_tables(db: AsyncEngine) -> None:
                 await conn.execute(text("SET LOCAL lock_timeout = '60s'"))
                 await conn.execute(
                     text(
-                        "TRUNCATE approvals, tasks, instances, definitions, journal_steps, incidents, history, model_quota_usage, "
+                        "TRUNCATE batch_items, batches, approvals, tasks, instances, definitions, journal_steps, incidents, history, model_quota_usage, "
                         "model_quota_calls, model_quota_waiters, dependencies, timers, messages, start_requests, erasures "
                         "RESTART IDENTITY CASCADE"
                     )

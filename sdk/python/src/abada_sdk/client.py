@@ -15,6 +15,8 @@ import grpc
 from abada.engine.v1 import (
     approval_pb2,
     approval_pb2_grpc,
+    batch_pb2,
+    batch_pb2_grpc,
     definition_pb2_grpc,
     dependency_pb2,
     dependency_pb2_grpc,
@@ -66,6 +68,7 @@ class Stubs:
     approvals: approval_pb2_grpc.ApprovalServiceAsyncStub
     queue: queue_pb2_grpc.QueueServiceAsyncStub
     dependencies: dependency_pb2_grpc.DependencyServiceAsyncStub
+    batches: batch_pb2_grpc.BatchServiceAsyncStub
 
     @classmethod
     def over(cls, channel: grpc.aio.Channel) -> Stubs:
@@ -77,6 +80,7 @@ class Stubs:
             approvals=approval_pb2_grpc.ApprovalServiceStub(channel),
             queue=queue_pb2_grpc.QueueServiceStub(channel),
             dependencies=dependency_pb2_grpc.DependencyServiceStub(channel),
+            batches=batch_pb2_grpc.BatchServiceStub(channel),
         )
 
 
@@ -397,6 +401,72 @@ class AsyncEngineClient:
                 process_id, from_version, to_version, mappings, instance_ids, dry_run=dry_run
             ),
         )
+
+    async def create_batch(
+        self,
+        kind: Literal["retry-incidents", "cancel"],
+        process_id: str,
+        *,
+        version: int = 0,
+        state: str = "",
+        node_id: str = "",
+        business_key: str = "",
+        incident_type: str = "",
+        incident_message: str = "",
+        reason: str = "",
+    ) -> batch_pb2.Batch:
+        """A batch applying `kind` to every instance of `process_id` matching the filters given (see
+        `requests.create_batch`); the engine works through it in the background."""
+        request = requests.create_batch(
+            kind,
+            process_id,
+            version=version,
+            state=state,
+            node_id=node_id,
+            business_key=business_key,
+            incident_type=incident_type,
+            incident_message=incident_message,
+            reason=reason,
+        )
+        created = await self.call(lambda: self.stubs.batches.CreateBatch, request)
+        return created.batch
+
+    async def batches(self, limit: int = 100) -> list[batch_pb2.Batch]:
+        """The newest batches first."""
+        listed = await self.call(
+            lambda: self.stubs.batches.ListBatches, batch_pb2.ListBatchesRequest(page_size=limit)
+        )
+        return list(listed.batches)
+
+    async def batch(
+        self, batch_id: str, *, outcome: str = "", after_instance_id: str = "", page_size: int = 1000
+    ) -> batch_pb2.GetBatchResponse:
+        """A batch's progress (`.batch`) and a page of its instances' outcomes (`.items`)."""
+        return await self.call(
+            lambda: self.stubs.batches.GetBatch,
+            requests.get_batch(
+                batch_id, outcome=outcome, after_instance_id=after_instance_id, page_size=page_size
+            ),
+        )
+
+    async def pause_batch(self, batch_id: str) -> batch_pb2.Batch:
+        paused = await self.call(
+            lambda: self.stubs.batches.PauseBatch, batch_pb2.PauseBatchRequest(batch_id=batch_id)
+        )
+        return paused.batch
+
+    async def resume_batch(self, batch_id: str) -> batch_pb2.Batch:
+        resumed = await self.call(
+            lambda: self.stubs.batches.ResumeBatch, batch_pb2.ResumeBatchRequest(batch_id=batch_id)
+        )
+        return resumed.batch
+
+    async def cancel_batch(self, batch_id: str) -> batch_pb2.Batch:
+        """Ends the batch; its instances not yet worked on stay as they are."""
+        canceled = await self.call(
+            lambda: self.stubs.batches.CancelBatch, batch_pb2.CancelBatchRequest(batch_id=batch_id)
+        )
+        return canceled.batch
 
     async def wait(
         self, instance_id: str, timeout: float | None = None, *, stop_on_incident: bool = True

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from abada.engine.v1 import (
     approval_pb2,
+    batch_pb2,
     definition_pb2,
     dependency_pb2,
     incident_pb2,
@@ -136,6 +137,55 @@ def migrate_instances(
     for old, new in (mappings or {}).items():
         request.mappings.add(from_node_id=old, to_node_id=new)
     return request
+
+
+def create_batch(
+    kind: Literal["retry-incidents", "cancel"],
+    process_id: str,
+    *,
+    version: int = 0,
+    state: str = "",
+    node_id: str = "",
+    business_key: str = "",
+    incident_type: str = "",
+    incident_message: str = "",
+    reason: str = "",
+) -> batch_pb2.CreateBatchRequest:
+    """A batch over the instances of `process_id` matching every filter given: `retry-incidents` retries
+    their open incidents (of `incident_type`, whose message holds `incident_message`), `cancel` cancels
+    them with `reason`. `state` is the instances' (ACTIVE when empty)."""
+    return batch_pb2.CreateBatchRequest(
+        kind=_BATCH_KINDS[kind],
+        filter=batch_pb2.BatchFilter(
+            process_id=process_id,
+            version=version,
+            state=state,
+            node_id=node_id,
+            business_key=business_key,
+            incident_type=incident_type,
+            incident_message=incident_message,
+        ),
+        reason=reason,
+    )
+
+
+def get_batch(
+    batch_id: str, *, outcome: str = "", after_instance_id: str = "", page_size: int = 1000
+) -> batch_pb2.GetBatchRequest:
+    """A batch with a page of its instances' outcomes (only `outcome`'s: PENDING, DONE, SKIPPED or
+    FAILED, when given), by instance id after `after_instance_id`."""
+    return batch_pb2.GetBatchRequest(
+        batch_id=batch_id,
+        outcome=f"BATCH_OUTCOME_{outcome.upper()}" if outcome else None,
+        after_instance_id=after_instance_id,
+        page_size=page_size,
+    )
+
+
+_BATCH_KINDS = {
+    "retry-incidents": batch_pb2.BATCH_KIND_RETRY_INCIDENTS,
+    "cancel": batch_pb2.BATCH_KIND_CANCEL,
+}
 
 
 def publish_message(

@@ -122,3 +122,12 @@ class EngineSettings(ServiceSettings):
         ge=0,
         allow_inf_nan=False,
     )
+    # Every replica works through batches (each claims other instances); 0 leaves it to the others.
+    batch_round_seconds: float = variable(
+        "ABADA_BATCH_ROUND_SECONDS",
+        1.0,
+        "how often this replica looks for batch operations to work on (0: never)",
+        accepts="a number of seconds >= 0",
+        ge=0,
+        allow_inf_nan=False,
+    )

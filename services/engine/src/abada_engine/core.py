@@ -19,6 +19,7 @@ from abada_engine.runtime.background.periodic import Periodic
 from abada_engine.runtime.background.queue_upkeep import QueueUpkeep
 from abada_engine.runtime.background.timer_clock import Nudged, TimerClock
 from abada_engine.runtime.background.wakeups import TaskWakeups
+from abada_engine.runtime.batches import Batches
 from abada_engine.runtime.completion import Completions
 from abada_engine.runtime.crypto.keys import IdempotencyKeys, KeyRing
 from abada_engine.runtime.dependencies import DEPENDENCY_UNAVAILABLE, Dependencies, DependencyBoard
@@ -76,6 +77,9 @@ class EngineCore:
     retention_rounds: Periodic
     # Operators repairing running instances: modifications and migrations (runtime/repairs.py).
     repairs: Repairs
+    # Batch operations (runtime/batches.py) and the job working through them, on every replica.
+    batches: Batches
+    batch_rounds: Periodic
     # Signs the lists' page tokens (a key derived from the idempotency secret every replica shares).
     page_tokens: PageTokens
 
@@ -95,6 +99,7 @@ class EngineCore:
         queue_upkeep_seconds: float = 10.0,
         timer_idle_seconds: float = 5.0,
         retention_round_seconds: float = 30.0,
+        batch_round_seconds: float = 1.0,
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
         handed_out = HandedOut()
@@ -164,6 +169,10 @@ class EngineCore:
         retention_rounds = Periodic("retention", retention.round, retention_round_seconds)
         if retention_round_seconds > 0:
             retention_rounds.start()
+        batches = Batches(db, incidents)
+        batch_rounds = Periodic("batches", batches.round, batch_round_seconds)
+        if batch_round_seconds > 0:
+            batch_rounds.start()
         database = DatabaseWatch(db, interval_seconds=database_check_seconds)
         database.subscribe(leases.database_changed)
         database.start()
@@ -194,10 +203,13 @@ class EngineCore:
             retention=retention,
             retention_rounds=retention_rounds,
             repairs=Repairs(db, catalog),
+            batches=batches,
+            batch_rounds=batch_rounds,
             page_tokens=PageTokens.derived_from(idempotency.secret),
         )
 
     async def close(self) -> None:
+        await self.batch_rounds.stop()
         await self.retention_rounds.stop()
         await self.message_expiry.stop()
         await self.message_matcher.stop()

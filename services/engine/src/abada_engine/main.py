@@ -72,6 +72,7 @@ async def serve(settings: EngineSettings) -> None:
         McpContractCheck(credentials_from_env(env), settings.deploy_mcp_timeout_seconds),
         hot_pool_size=max(2, settings.db_pool_size - cold),
         retention_round_seconds=settings.retention_round_seconds,
+        batch_round_seconds=settings.batch_round_seconds,
     )
     registry = CallerRegistry(_callers_file(settings))
     # The web console reaches this engine's gRPC API over a Unix socket in a private directory (0700):

@@ -22,6 +22,7 @@ _SERVICE_ROLES = {
     "abada.engine.v1.LeaseService": "broker",
     "abada.engine.v1.QueueService": "operator",
     "abada.engine.v1.DependencyService": "operator",
+    "abada.engine.v1.BatchService": "operator",
 }
 # Deciding a tool call is a person's job: an approver's, and an operator may too.
 _SERVICE_ANY_ROLE: dict[str, tuple[str, ...]] = {

@@ -11,6 +11,8 @@ import grpc
 from abada.engine.v1 import (
     approval_pb2,
     approval_pb2_grpc,
+    batch_pb2,
+    batch_pb2_grpc,
     definition_pb2,
     definition_pb2_grpc,
     dependency_pb2,
@@ -33,6 +35,7 @@ from abada_engine.core import EngineCore
 from abada_engine.runtime.queue_stats import QueueStats
 
 from .approval_handler import ApprovalHandler
+from .batch_handler import BatchHandler
 from .definition_handler import DefinitionHandler
 from .dependency_handler import DependencyHandler
 from .external_task_handler import ExternalTaskHandler
@@ -55,6 +58,7 @@ SERVICE_DESCRIPTORS = (
     queue_pb2.DESCRIPTOR.services_by_name["QueueService"],
     approval_pb2.DESCRIPTOR.services_by_name["ApprovalService"],
     dependency_pb2.DESCRIPTOR.services_by_name["DependencyService"],
+    batch_pb2.DESCRIPTOR.services_by_name["BatchService"],
 )
 SERVICE_NAMES = tuple(service.full_name for service in SERVICE_DESCRIPTORS)
 
@@ -161,6 +165,7 @@ def _servicers(
             IncidentHandler(core.incidents, core.page_tokens),
         ),
         (lease_pb2_grpc.add_LeaseServiceServicer_to_server, LeaseHandler(core.leases)),
+        (batch_pb2_grpc.add_BatchServiceServicer_to_server, BatchHandler(core.batches)),
         (
             queue_pb2_grpc.add_QueueServiceServicer_to_server,
             QueueHandler(QueueStats(core.db), core.page_tokens),

@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from abada.engine.v1 import (
     approval_pb2,
+    batch_pb2,
     definition_pb2,
     dependency_pb2,
     external_task_pb2,
@@ -35,7 +36,7 @@ from . import views
 from .dev import dev
 from .errors import FAILURE, CliError, invalid_input
 from .global_options import HELP_OPTIONS, hoist
-from .help_text import COMMON_EXIT_CODES, epilog
+from .help_text import BATCH_EXAMPLES, COMMON_EXIT_CODES, epilog
 from .inputs import json_object, rfc3339, variables
 from .output import OutputFormat, data_of, emit
 from .paging import follow
@@ -109,6 +110,13 @@ class InstanceStateChoice(enum.StrEnum):
     active = "active"
     completed = "completed"
     canceled = "canceled"
+
+
+class BatchOutcomeChoice(enum.StrEnum):
+    pending = "pending"
+    done = "done"
+    skipped = "skipped"
+    failed = "failed"
 
 
 class WaitingForChoice(enum.StrEnum):
@@ -982,6 +990,174 @@ def migrate(
     client = _client(ctx)
     response = client.call(lambda s: s.processes.MigrateInstances, request)
     _emit(ctx, response, views.migrated(response, from_, to))
+
+
+class _BatchGroup(TyperGroup):
+    """`abada batch ...`: each command's help ends with its own example."""
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and not command.epilog:
+            command.epilog = epilog(cmd_name, BATCH_EXAMPLES)
+        return command
+
+
+batch_app = typer.Typer(
+    name="batch",
+    cls=_BatchGroup,
+    help="Retry incidents or cancel instances over a filter, as one batch worked through in the background.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": list(HELP_OPTIONS)},
+)
+app.add_typer(batch_app, name="batch")
+
+
+@app.command()
+def batches(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option(min=1, max=100, help="Show at most this many.")] = 100,
+) -> None:
+    """Batches, newest first, with their progress."""
+    response = _client(ctx).call(
+        lambda s: s.batches.ListBatches, batch_pb2.ListBatchesRequest(page_size=limit)
+    )
+    _emit(ctx, response, views.batches_table(response.batches) if response.batches else "no batches")
+
+
+_ProcessOption = Annotated[str | None, typer.Option("--process", help="The instances' process (required).")]
+_VersionOption = Annotated[int, typer.Option(min=0, help="Only instances of this version (0: every one).")]
+_NodeOption = Annotated[
+    str | None, typer.Option("--node", help="Only instances whose token rests at this node.")
+]
+_BusinessKeyOption = Annotated[str | None, typer.Option(help="Only instances with this business key.")]
+
+
+def _created(ctx: typer.Context, request: batch_pb2.CreateBatchRequest) -> None:
+    response = _client(ctx).call(lambda s: s.batches.CreateBatch, request)
+    batch = response.batch
+    _emit(
+        ctx,
+        response,
+        f"batch {batch.id}: {batch.total} instance(s) matched; `abada batch show {batch.id}` follows it",
+    )
+
+
+@batch_app.command("retry-incidents")
+def batch_retry_incidents(
+    ctx: typer.Context,
+    process: _ProcessOption = None,
+    incident_type: Annotated[
+        str | None,
+        typer.Option("--type", help="Only incidents of this type (INVALID_OUTPUT, FAILED_TASK, ...)."),
+    ] = None,
+    message: Annotated[
+        str | None, typer.Option(help="Only incidents whose message contains this text.")
+    ] = None,
+    version: _VersionOption = 0,
+    node: _NodeOption = None,
+    business_key: _BusinessKeyOption = None,
+) -> None:
+    """Retry the open incidents of every active instance of --process that has one matching."""
+    if not process:
+        raise invalid_input("--process is required")
+    _created(
+        ctx,
+        requests.create_batch(
+            "retry-incidents",
+            process,
+            version=version,
+            node_id=node or "",
+            business_key=business_key or "",
+            incident_type=incident_type or "",
+            incident_message=message or "",
+        ),
+    )
+
+
+@batch_app.command("cancel")
+def batch_cancel(
+    ctx: typer.Context,
+    batch: Annotated[
+        str | None, typer.Argument(metavar="[BATCH]", help="Cancel this batch (its pending instances stay).")
+    ] = None,
+    process: _ProcessOption = None,
+    state: Annotated[
+        InstanceStateChoice | None, typer.Option(help="Only instances in this state (default: active).")
+    ] = None,
+    version: _VersionOption = 0,
+    node: _NodeOption = None,
+    business_key: _BusinessKeyOption = None,
+    incident_type: Annotated[
+        str | None, typer.Option("--type", help="Only instances with an open incident of this type.")
+    ] = None,
+    reason: Annotated[
+        str | None, typer.Option(help="Why; kept in each instance's history (required).")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Cancel without asking.")] = False,
+) -> None:
+    """Cancel every instance of --process matching the filter, as a batch; or, given BATCH, cancel that
+    batch (the instances it has not reached are left as they are)."""
+    if batch is not None:
+        if process:
+            raise invalid_input("give either BATCH (to cancel a batch) or --process (to cancel instances)")
+        response = _client(ctx).call(
+            lambda s: s.batches.CancelBatch, batch_pb2.CancelBatchRequest(batch_id=batch)
+        )
+        _emit(ctx, response, views.batch_line(response.batch, "canceled"))
+        return
+    if not process:
+        raise invalid_input("--process is required (or BATCH, to cancel a batch)")
+    if not reason:
+        raise invalid_input("--reason is required: it is kept in each instance's history")
+    _confirmed(yes, f"cancel the matching instances of {process}")
+    _created(
+        ctx,
+        requests.create_batch(
+            "cancel",
+            process,
+            version=version,
+            state=state.value.upper() if state is not None else "",
+            node_id=node or "",
+            business_key=business_key or "",
+            incident_type=incident_type or "",
+            reason=reason,
+        ),
+    )
+
+
+@batch_app.command("show")
+def batch_show(
+    ctx: typer.Context,
+    batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch id.")],
+    outcome: Annotated[
+        BatchOutcomeChoice | None, typer.Option(help="Only instances with this outcome.")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="Show at most this many instances.")] = 1000,
+) -> None:
+    """A batch's progress and the outcome of each instance worked on so far."""
+    request = requests.get_batch(batch, outcome=outcome.value if outcome else "", page_size=limit)
+    response = _client(ctx).call(lambda s: s.batches.GetBatch, request)
+    _emit(ctx, response, views.batch_card(response))
+
+
+@batch_app.command("pause")
+def batch_pause(
+    ctx: typer.Context, batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch id.")]
+) -> None:
+    """Stop working on a batch (instances being worked on finish); `abada batch resume` goes on."""
+    response = _client(ctx).call(lambda s: s.batches.PauseBatch, batch_pb2.PauseBatchRequest(batch_id=batch))
+    _emit(ctx, response, views.batch_line(response.batch, "paused"))
+
+
+@batch_app.command("resume")
+def batch_resume(
+    ctx: typer.Context, batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch id.")]
+) -> None:
+    """Go on with a paused batch."""
+    response = _client(ctx).call(
+        lambda s: s.batches.ResumeBatch, batch_pb2.ResumeBatchRequest(batch_id=batch)
+    )
+    _emit(ctx, response, views.batch_line(response.batch, "resumed"))
 
 
 def main() -> None:

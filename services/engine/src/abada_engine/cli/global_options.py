@@ -50,6 +50,9 @@ def hoist(group: Any, ctx: Any, args: list[str]) -> list[str]:
     command_name = args[index]
     command = group.get_command(ctx, command_name)
     own = _names(command.params) if command is not None else {}
+    # A group of commands (`abada batch ...`): an option any of its commands has is that command's.
+    for sub in (getattr(command, "commands", None) or {}).values():
+        own = {**_names(sub.params), **own}
     rest: list[str] = []
     position = index + 1
     while position < len(args):

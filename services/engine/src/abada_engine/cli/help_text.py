@@ -36,6 +36,17 @@ EXAMPLES: dict[str, str] = {
     "erase": "abada erase --business-key C-42 --cancel-active --yes",
     "modify": "abada modify 01a2... --set customerId=C-43 --move triage=review --reason 'wrong customer'",
     "migrate": "abada migrate --from support_triage:3 --to 4 --map triage=classify --dry-run",
+    "batches": "abada batches",
+    "batch": "abada batch retry-incidents --process support_triage --type INVALID_OUTPUT",
+}
+
+# The `abada batch` group's own commands.
+BATCH_EXAMPLES: dict[str, str] = {
+    "retry-incidents": "abada batch retry-incidents --process support_triage --type INVALID_OUTPUT --version 3",
+    "cancel": 'abada batch cancel --process support_triage --node draft_reply --reason "bad prompt" --yes',
+    "show": "abada batch show BATCH --outcome failed",
+    "pause": "abada batch pause BATCH",
+    "resume": "abada batch resume BATCH",
 }
 
 # Commands whose exit codes say more than the common ones.
@@ -50,9 +61,10 @@ EXIT_CODES: dict[str, str] = {
 }
 
 
-def epilog(command: str) -> str | None:
+def epilog(command: str, examples: dict[str, str] = EXAMPLES) -> str | None:
     """The example and exit codes shown under `command`'s options (paragraphs: one line each)."""
-    example = EXAMPLES.get(command)
+    example = examples.get(command)
     if example is None:
         return None
-    return f"Example:  {example}\n\n{EXIT_CODES.get(command, COMMON_EXIT_CODES)}"
+    exit_codes = EXIT_CODES.get(command, COMMON_EXIT_CODES) if examples is EXAMPLES else COMMON_EXIT_CODES
+    return f"Example:  {example}\n\n{exit_codes}"

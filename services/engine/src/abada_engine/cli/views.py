@@ -7,6 +7,7 @@ from typing import Any
 
 from abada.engine.v1 import (
     approval_pb2,
+    batch_pb2,
     common_pb2,
     definition_pb2,
     dependency_pb2,
@@ -531,3 +532,87 @@ def bulk_resolved(response: incident_pb2.ResolveIncidentsResponse) -> str:
     lines = [f"resolved {len(response.resolved)} incident(s)"]
     lines += [f"  not resolved {r.incident_id}: {r.reason}: {r.message}" for r in response.refused]
     return "\n".join(lines)
+
+
+def batch_kind(kind: int) -> str:
+    return enum_label(batch_pb2.BatchKind.Name(kind), "BATCH_KIND_").lower().replace("_", "-")
+
+
+def batch_state(state: int) -> str:
+    return enum_label(batch_pb2.BatchState.Name(state), "BATCH_STATE_")
+
+
+def _filter_text(which: batch_pb2.BatchFilter) -> str:
+    parts = [f"process={which.process_id}"]
+    if which.version:
+        parts.append(f"version={which.version}")
+    for name in ("state", "node_id", "business_key", "incident_type", "incident_message"):
+        value = getattr(which, name)
+        if value:
+            parts.append(f"{name}={value}")
+    return " ".join(parts)
+
+
+def _progress(batch: batch_pb2.Batch) -> str:
+    return f"{batch.total - batch.pending}/{batch.total}"
+
+
+def batches_table(batches: Sequence[batch_pb2.Batch]) -> str:
+    rows = [
+        (
+            b.id,
+            batch_kind(b.kind),
+            batch_state(b.state),
+            _progress(b),
+            str(b.done),
+            str(b.skipped),
+            str(b.failed),
+            b.created_by or EMPTY,
+            moment(b.create_time),
+            _filter_text(b.filter),
+        )
+        for b in batches
+    ]
+    return table(
+        ("ID", "KIND", "STATE", "PROGRESS", "DONE", "SKIPPED", "FAILED", "BY", "CREATED", "FILTER"),
+        rows,
+        drop=("FILTER", "BY", "CREATED"),
+    )
+
+
+def batch_card(response: batch_pb2.GetBatchResponse) -> str:
+    """A batch's progress, then each instance's outcome (those not yet worked on are counted only)."""
+    batch = response.batch
+    pairs = [
+        ("Batch", batch.id),
+        ("Kind", batch_kind(batch.kind)),
+        ("State", batch_state(batch.state)),
+        ("Filter", _filter_text(batch.filter)),
+        (
+            "Progress",
+            f"{_progress(batch)} ({batch.done} done, {batch.skipped} skipped, {batch.failed} failed, "
+            f"{batch.pending} pending)",
+        ),
+        ("Created", f"{moment(batch.create_time)} by {batch.created_by or EMPTY}"),
+    ]
+    if batch.reason:
+        pairs.append(("Reason", batch.reason))
+    if is_set(batch.end_time):
+        pairs.append(("Ended", moment(batch.end_time)))
+    worked = [i for i in response.items if i.outcome != batch_pb2.BATCH_OUTCOME_PENDING]
+    if not worked:
+        return fields(pairs)
+    rows = [
+        (
+            i.instance_id,
+            enum_label(batch_pb2.BatchOutcome.Name(i.outcome), "BATCH_OUTCOME_"),
+            i.message or EMPTY,
+            moment(i.finish_time),
+        )
+        for i in worked
+    ]
+    return fields(pairs) + "\n\n" + table(("INSTANCE", "OUTCOME", "MESSAGE", "AT"), rows, drop=("AT",))
+
+
+def batch_line(batch: batch_pb2.Batch, what: str) -> str:
+    return f"batch {batch.id} {what}: {batch_state(batch.state)}, {_progress(batch)} worked on"

@@ -247,3 +247,31 @@ erasures = Table(
     Column("canceled", Integer, nullable=False),
     Column("rows", BigInteger, nullable=False),
 )
+
+# Batch operations (migration 0012): one operation over the instances a filter matched.
+batches = Table(
+    "batches",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("filter", JSONB, nullable=False),
+    Column("parameters", JSONB, nullable=False),
+    Column("created_by", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True)),
+    Column("total", Integer, nullable=False),
+    Column("done", Integer, nullable=False),
+    Column("skipped", Integer, nullable=False),
+    Column("failed", Integer, nullable=False),
+)
+
+batch_items = Table(
+    "batch_items",
+    metadata,
+    Column("batch_id", Uuid, ForeignKey("batches.id"), primary_key=True),
+    Column("instance_id", Uuid, primary_key=True),
+    Column("outcome", Text, nullable=False),
+    Column("message", Text, nullable=False),
+    Column("finished_at", DateTime(timezone=True)),
+)

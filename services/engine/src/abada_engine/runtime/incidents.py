@@ -137,37 +137,48 @@ class Incidents:
     async def resolve(
         self, incident_id: uuid.UUID, resolution: str, result: dict[str, Any] | None, comment: str
     ) -> IncidentView:
+        async with self._engine.begin() as conn:
+            await self.resolve_in(conn, incident_id, resolution, result, comment)
+        return await self.get(incident_id)
+
+    async def resolve_in(
+        self,
+        conn: AsyncConnection,
+        incident_id: uuid.UUID,
+        resolution: str,
+        result: dict[str, Any] | None,
+        comment: str,
+    ) -> None:
+        """`resolve` in the caller's transaction (a batch resolves several instances' incidents in one)."""
         if resolution not in RESOLUTIONS:
             raise invalid(
                 ErrorReason.INVALID_ARGUMENT, "resolution", f"must be one of {', '.join(RESOLUTIONS)}"
             )
-        async with self._engine.begin() as conn:
-            row = await incident_store.lock(conn, incident_id)
-            if row is None:
-                raise not_found("incident", str(incident_id), "incident_id")
-            if row.state != IncidentState.OPEN:
-                raise precondition(
-                    ErrorReason.INCIDENT_RESOLVED,
-                    f"incident {incident_id} is already resolved ({row.resolution})",
-                    "incident_id",
-                )
-            handler = self._handlers.get((row.type, resolution))
-            if resolution == "CANCEL_INSTANCE":
-                await self._close(conn, row, resolution, comment)
-                await cancel_instance(conn, row.instance_id, comment or f"incident {incident_id} resolved")
-            elif handler is not None:
-                await handler(conn, row, comment, result)
-                await self._close(conn, row, resolution, comment)
-            elif resolution == "RETRY" and row.type not in _NEEDS_A_DECISION:
-                await self._retry(conn, row)
-                await self._close(conn, row, resolution, comment)
-            else:
-                raise precondition(
-                    ErrorReason.RESOLUTION_NOT_APPLICABLE,
-                    f"{resolution} does not apply to a {row.type} incident",
-                    "resolution",
-                )
-        return await self.get(incident_id)
+        row = await incident_store.lock(conn, incident_id)
+        if row is None:
+            raise not_found("incident", str(incident_id), "incident_id")
+        if row.state != IncidentState.OPEN:
+            raise precondition(
+                ErrorReason.INCIDENT_RESOLVED,
+                f"incident {incident_id} is already resolved ({row.resolution})",
+                "incident_id",
+            )
+        handler = self._handlers.get((row.type, resolution))
+        if resolution == "CANCEL_INSTANCE":
+            await self._close(conn, row, resolution, comment)
+            await cancel_instance(conn, row.instance_id, comment or f"incident {incident_id} resolved")
+        elif handler is not None:
+            await handler(conn, row, comment, result)
+            await self._close(conn, row, resolution, comment)
+        elif resolution == "RETRY" and row.type not in _NEEDS_A_DECISION:
+            await self._retry(conn, row)
+            await self._close(conn, row, resolution, comment)
+        else:
+            raise precondition(
+                ErrorReason.RESOLUTION_NOT_APPLICABLE,
+                f"{resolution} does not apply to a {row.type} incident",
+                "resolution",
+            )
 
     async def _close(self, conn: AsyncConnection, row: IncidentRow, resolution: str, comment: str) -> None:
         await incident_store.close(conn, row.id, resolution)

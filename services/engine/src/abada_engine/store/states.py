@@ -88,6 +88,27 @@ class InstanceState(StrEnum):
     CANCELED = "CANCELED"
 
 
+class BatchKind(StrEnum):
+    """What a batch does to each of its instances (one function per kind in runtime/batches.py)."""
+
+    RETRY_INCIDENTS = "RETRY_INCIDENTS"
+    CANCEL = "CANCEL"
+
+
+class BatchState(StrEnum):
+    RUNNING = "RUNNING"  # the job claims its pending instances
+    PAUSED = "PAUSED"  # kept, claimed by nobody until resumed
+    COMPLETED = "COMPLETED"  # every instance has its outcome
+    CANCELED = "CANCELED"  # ended by an operator; its pending instances stay untouched
+
+
+class BatchOutcome(StrEnum):
+    PENDING = "PENDING"
+    DONE = "DONE"
+    SKIPPED = "SKIPPED"  # nothing left to do for this instance
+    FAILED = "FAILED"  # the operation was refused for this instance
+
+
 class ApprovalState(StrEnum):
     PENDING = "PENDING"
     APPROVED = "APPROVED"

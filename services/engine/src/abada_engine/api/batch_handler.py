@@ -1,0 +1,146 @@
+"""BatchService: thin translation onto batches."""
+
+from __future__ import annotations
+
+import grpc
+from abada.engine.v1 import batch_pb2, batch_pb2_grpc
+from abada.engine.v1.error_reason_pb2 import ErrorReason
+
+from abada_engine.errors import invalid
+from abada_engine.runtime.batches import Batches, BatchView
+from abada_engine.store.batches import BatchFilter, BatchItemRow
+from abada_engine.store.states import BatchKind, BatchOutcome, BatchState, InstanceState
+
+from .convert import optional_uuid, parse_uuid, storable_text, timestamp
+from .errors import translates_errors
+from .guard import ServiceHandler, current_caller
+
+_KINDS = {
+    batch_pb2.BATCH_KIND_RETRY_INCIDENTS: BatchKind.RETRY_INCIDENTS,
+    batch_pb2.BATCH_KIND_CANCEL: BatchKind.CANCEL,
+}
+_KIND_NUMBERS = {v: k for k, v in _KINDS.items()}
+_STATES = {
+    BatchState.RUNNING: batch_pb2.BATCH_STATE_RUNNING,
+    BatchState.PAUSED: batch_pb2.BATCH_STATE_PAUSED,
+    BatchState.COMPLETED: batch_pb2.BATCH_STATE_COMPLETED,
+    BatchState.CANCELED: batch_pb2.BATCH_STATE_CANCELED,
+}
+_OUTCOMES = {
+    BatchOutcome.PENDING: batch_pb2.BATCH_OUTCOME_PENDING,
+    BatchOutcome.DONE: batch_pb2.BATCH_OUTCOME_DONE,
+    BatchOutcome.SKIPPED: batch_pb2.BATCH_OUTCOME_SKIPPED,
+    BatchOutcome.FAILED: batch_pb2.BATCH_OUTCOME_FAILED,
+}
+_OUTCOME_NAMES = {v: k for k, v in _OUTCOMES.items()}
+MAX_BATCHES_LISTED = 100
+MAX_ITEMS_LISTED = 1000
+
+
+@translates_errors
+class BatchHandler(ServiceHandler, batch_pb2_grpc.BatchServiceServicer):
+    SERVICE = "abada.engine.v1.BatchService"
+
+    def __init__(self, batches: Batches) -> None:
+        self._batches = batches
+
+    async def CreateBatch(
+        self, request: batch_pb2.CreateBatchRequest, context: grpc.aio.ServicerContext
+    ) -> batch_pb2.CreateBatchResponse:
+        kind = _KINDS.get(request.kind)
+        if kind is None:
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "kind", "is required: RETRY_INCIDENTS or CANCEL")
+        given = request.filter
+        which = BatchFilter(
+            process_id=storable_text(given.process_id, "filter.process_id"),
+            version=given.version,
+            state=storable_text(given.state.upper(), "filter.state") or InstanceState.ACTIVE,
+            node_id=storable_text(given.node_id, "filter.node_id"),
+            business_key=storable_text(given.business_key, "filter.business_key"),
+            incident_type=storable_text(given.incident_type, "filter.incident_type"),
+            incident_message=storable_text(given.incident_message, "filter.incident_message"),
+        )
+        caller = current_caller.get()
+        created = await self._batches.create(
+            kind,
+            which,
+            storable_text(request.reason, "reason"),
+            caller.identity if caller is not None else "",
+        )
+        return batch_pb2.CreateBatchResponse(batch=_batch(created))
+
+    async def ListBatches(
+        self, request: batch_pb2.ListBatchesRequest, context: grpc.aio.ServicerContext
+    ) -> batch_pb2.ListBatchesResponse:
+        size = request.page_size if 0 < request.page_size <= MAX_BATCHES_LISTED else MAX_BATCHES_LISTED
+        return batch_pb2.ListBatchesResponse(batches=[_batch(b) for b in await self._batches.list(size)])
+
+    async def GetBatch(
+        self, request: batch_pb2.GetBatchRequest, context: grpc.aio.ServicerContext
+    ) -> batch_pb2.GetBatchResponse:
+        batch_id = parse_uuid(request.batch_id, "batch_id")
+        view = await self._batches.get(batch_id)
+        size = request.page_size if 0 < request.page_size <= MAX_ITEMS_LISTED else 100
+        items = await self._batches.items(
+            batch_id,
+            size,
+            optional_uuid(request.after_instance_id, "after_instance_id"),
+            _OUTCOME_NAMES.get(request.outcome, ""),
+        )
+        return batch_pb2.GetBatchResponse(batch=_batch(view), items=[_item(i) for i in items])
+
+    async def PauseBatch(
+        self, request: batch_pb2.PauseBatchRequest, context: grpc.aio.ServicerContext
+    ) -> batch_pb2.PauseBatchResponse:
+        changed = await self._batches.pause(parse_uuid(request.batch_id, "batch_id"))
+        return batch_pb2.PauseBatchResponse(batch=_batch(changed))
+
+    async def ResumeBatch(
+        self, request: batch_pb2.ResumeBatchRequest, context: grpc.aio.ServicerContext
+    ) -> batch_pb2.ResumeBatchResponse:
+        changed = await self._batches.resume(parse_uuid(request.batch_id, "batch_id"))
+        return batch_pb2.ResumeBatchResponse(batch=_batch(changed))
+
+    async def CancelBatch(
+        self, request: batch_pb2.CancelBatchRequest, context: grpc.aio.ServicerContext
+    ) -> batch_pb2.CancelBatchResponse:
+        changed = await self._batches.cancel(parse_uuid(request.batch_id, "batch_id"))
+        return batch_pb2.CancelBatchResponse(batch=_batch(changed))
+
+
+def _batch(view: BatchView) -> batch_pb2.Batch:
+    which = view.filter
+    return batch_pb2.Batch(
+        id=str(view.id),
+        kind=_KIND_NUMBERS.get(BatchKind(view.kind), batch_pb2.BATCH_KIND_UNSPECIFIED)
+        if view.kind in tuple(BatchKind)
+        else batch_pb2.BATCH_KIND_UNSPECIFIED,
+        state=_STATES.get(BatchState(view.state), batch_pb2.BATCH_STATE_UNSPECIFIED),
+        filter=batch_pb2.BatchFilter(
+            process_id=which.process_id,
+            version=which.version,
+            state=which.state,
+            node_id=which.node_id,
+            business_key=which.business_key,
+            incident_type=which.incident_type,
+            incident_message=which.incident_message,
+        ),
+        reason=view.reason,
+        created_by=view.created_by,
+        create_time=timestamp(view.created_at),
+        end_time=timestamp(view.ended_at),
+        total=view.total,
+        done=view.done,
+        skipped=view.skipped,
+        failed=view.failed,
+        pending=view.pending,
+    )
+
+
+def _item(row: BatchItemRow) -> batch_pb2.BatchItem:
+    return batch_pb2.BatchItem(
+        instance_id=str(row.instance_id),
+        outcome=_OUTCOMES.get(BatchOutcome(row.outcome), batch_pb2.BATCH_OUTCOME_UNSPECIFIED),
+        message=row.message,
+        finish_time=timestamp(row.finished_at),
+    )
