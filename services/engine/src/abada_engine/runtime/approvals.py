@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
+from abada_engine.definitions.schemas import input_problem
 from abada_engine.errors import Category, EngineError, invalid, not_found, precondition
 from abada_engine.runtime.crypto.sealing import Place, StepSealer
 from abada_engine.runtime.flow.navigator import HistoryEntry, advance
@@ -31,6 +32,7 @@ from abada_engine.runtime.flow.tokens import advance_move, apply_move, history_r
 from abada_engine.runtime.held import hold_for_a_person
 from abada_engine.runtime.incident_types import APPROVAL_TIMEOUT
 from abada_engine.runtime.leases import hold_lease
+from abada_engine.runtime.offload import run_cpu_check
 from abada_engine.store import approvals as approval_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import journal_steps as step_store
@@ -40,6 +42,8 @@ from abada_engine.store.incidents import IncidentRow
 from abada_engine.store.states import ApprovalState, InstanceState, StepState, TaskState
 
 MAX_COMMENT_CHARS = 4_000
+# How much of an edited call's check runs inline before it moves to the bounded executor.
+_EDIT_CHECK_INLINE_STEPS = 2_000
 DECISIONS = ("APPROVE", "REJECT")
 
 
@@ -174,6 +178,23 @@ class Approvals:
             return view
         return replace(view, input_schema=binding.input_schema)
 
+    async def _check_edited(self, approval_id: uuid.UUID, arguments: dict[str, Any]) -> None:
+        """Edited arguments meet the tool's input schema as deploy froze it, or nothing is decided
+        (INVALID_ARGUMENT naming the argument): the call must be one the tool accepts, whoever edited
+        it. The schema came from a tool server: it is checked like an output schema (RE2, no reference
+        fetched, under a work budget, off the event loop when it could take long)."""
+        schema = (await self.get(approval_id)).input_schema
+        if schema is None:
+            return  # deployed before tools' schemas were kept: the tool itself will judge
+        problem = await run_cpu_check(True, _EDIT_CHECK_INLINE_STEPS, input_problem, schema, arguments)
+        if problem is not None:
+            name, why = problem
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT,
+                f"arguments.{name}" if name else "arguments",
+                f"{why} (the tool's input schema, as deployed)",
+            )
+
     async def decide(
         self,
         approval_id: uuid.UUID,
@@ -195,6 +216,8 @@ class Approvals:
             raise invalid(
                 ErrorReason.INVALID_ARGUMENT, "comment", f"is longer than {MAX_COMMENT_CHARS} characters"
             )
+        if arguments is not None:
+            await self._check_edited(approval_id, arguments)
         async with self._engine.begin() as conn:
             found = await approval_store.listed(conn, approval_id=approval_id)
             if not found:
