@@ -55,10 +55,18 @@ class AbadaError(Exception):
 
     @property
     def transient(self) -> bool:
-        """Worth asking again later: the engine was unreachable, slow or pushing back."""
-        return isinstance(self, EngineUnavailable) or (
-            self.code is grpc.StatusCode.RESOURCE_EXHAUSTED
-            and self.reason != ErrorReason.Name(ErrorReason.LIMIT_EXCEEDED)
+        """Worth asking again later: the engine was unreachable, slow or pushing back, or the call met
+        another change of the same rows at the same moment and nothing of it was written."""
+        return (
+            isinstance(self, EngineUnavailable)
+            or (
+                self.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+                and self.reason != ErrorReason.Name(ErrorReason.LIMIT_EXCEEDED)
+            )
+            or (
+                self.code is grpc.StatusCode.ABORTED
+                and self.reason == ErrorReason.Name(ErrorReason.CONCURRENT_CHANGE)
+            )
         )
 
 

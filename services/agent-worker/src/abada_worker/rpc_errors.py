@@ -15,6 +15,7 @@ TRANSIENT_CODES = frozenset(
 )
 LIMIT_EXCEEDED = ErrorReason.Name(ErrorReason.LIMIT_EXCEEDED)
 MODEL_QUOTA_EXHAUSTED = ErrorReason.Name(ErrorReason.MODEL_QUOTA_EXHAUSTED)
+CONCURRENT_CHANGE = ErrorReason.Name(ErrorReason.CONCURRENT_CHANGE)
 # The engine refused a call to a dependency that is down (the task is parked instead).
 DEPENDENCY_UNAVAILABLE = ErrorReason.Name(ErrorReason.DEPENDENCY_UNAVAILABLE)
 
@@ -27,6 +28,10 @@ class RpcFailure(RpcStatus):
     def transient(self) -> bool:
         # RESOURCE_EXHAUSTED is back-pressure, unless the engine says a budget ran out or a model's
         # quota is used up (the task waits for that as long as it takes, not a retry budget).
+        # ABORTED with CONCURRENT_CHANGE: the call met another change of the same rows and was rolled
+        # back whole; sent again, it is decided afresh.
+        if self.code is grpc.StatusCode.ABORTED:
+            return self.reason == CONCURRENT_CHANGE
         return self.code in TRANSIENT_CODES and self.reason not in (LIMIT_EXCEEDED, MODEL_QUOTA_EXHAUSTED)
 
     @property

@@ -14,7 +14,7 @@ from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_common import rpc_status
 from google.rpc import status_pb2
 
-from abada_engine.db.outage import database_unreachable, unstorable_text
+from abada_engine.db.outage import conflicted, database_unreachable, unstorable_text
 from abada_engine.db.watch import DatabaseWatch
 from abada_engine.errors import Category, EngineError
 from abada_engine.metrics import RPC_SECONDS
@@ -34,6 +34,15 @@ def _violations(error: EngineError) -> list[rpc_status.Violation]:
 
 
 INTERNAL_ERROR = EngineError(Category.INTERNAL, ErrorReason.INTERNAL, "internal error; see the engine log")
+
+# PostgreSQL rolled the call's transaction back on meeting another one (a deadlock between, say, a
+# cancel and a completion of the same instance): nothing was written, and the call may be sent again.
+CONFLICTED = EngineError(
+    Category.ABORTED,
+    ErrorReason.CONCURRENT_CHANGE,
+    "the call met another change of the same rows at the same moment and was rolled back; send it again",
+    retry_after_seconds=0.1,
+)
 
 # The checks of each field run first; this catches a text the database refuses that no check named.
 UNSTORABLE_TEXT = EngineError(
@@ -107,5 +116,8 @@ def as_refusal(error: Exception, where: str, database: DatabaseWatch | None) -> 
         return DATABASE_UNAVAILABLE
     if unstorable_text(error):
         return UNSTORABLE_TEXT
+    if conflicted(error):
+        log.info("%s: rolled back on meeting another transaction (%s)", where, type(error).__name__)
+        return CONFLICTED
     log.error("unexpected error in %s", where, exc_info=error)
     return INTERNAL_ERROR

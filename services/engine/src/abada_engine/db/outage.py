@@ -55,11 +55,26 @@ _UNSTORABLE_TEXT = frozenset({"22P05", "22021"})
 
 def unstorable_text(error: BaseException) -> bool:
     """True when `error` (or what caused it) is PostgreSQL refusing a character of a value it was given."""
+    return _sqlstate_in(error, _UNSTORABLE_TEXT)
+
+
+# Two transactions that met on the same rows: PostgreSQL rolled this one back (a deadlock, or a
+# serialization failure), and the same call sent again goes through.
+_CONFLICTED = frozenset({"40P01", "40001"})
+
+
+def conflicted(error: BaseException) -> bool:
+    """True when `error` (or what caused it) is PostgreSQL rolling the statement back for meeting
+    another transaction at the same moment: nothing of it was written, and sending it again is safe."""
+    return _sqlstate_in(error, _CONFLICTED)
+
+
+def _sqlstate_in(error: BaseException, states: frozenset[str]) -> bool:
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if getattr(current, "sqlstate", None) in _UNSTORABLE_TEXT:
+        if getattr(current, "sqlstate", None) in states:
             return True
         orig = getattr(current, "orig", None)
         current = orig if isinstance(orig, BaseException) else (current.__cause__ or current.__context__)
