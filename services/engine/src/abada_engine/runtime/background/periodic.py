@@ -10,13 +10,11 @@ from collections.abc import Awaitable, Callable
 log = logging.getLogger(__name__)
 
 
-class Periodic:
-    """Calls `duty` every `interval` seconds until stopped; a failing round is logged, not fatal."""
+class BackgroundLoop:
+    """A loop of the engine's own (`_run`) started with it and cancelled when it stops."""
 
-    def __init__(self, name: str, duty: Callable[[], Awaitable[int]], interval: float) -> None:
+    def __init__(self, name: str) -> None:
         self._name = name
-        self._duty = duty
-        self._interval = interval
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -27,6 +25,18 @@ class Periodic:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Periodic(BackgroundLoop):
+    """Calls `duty` every `interval` seconds until stopped; a failing round is logged, not fatal."""
+
+    def __init__(self, name: str, duty: Callable[[], Awaitable[int]], interval: float) -> None:
+        super().__init__(name)
+        self._duty = duty
+        self._interval = interval
 
     async def _run(self) -> None:
         while True:

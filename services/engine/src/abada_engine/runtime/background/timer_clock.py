@@ -15,12 +15,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from .periodic import BackgroundLoop
+
 log = logging.getLogger(__name__)
 
 _GATHER_SECONDS = 0.05
 
 
-class TimerClock:
+class TimerClock(BackgroundLoop):
     def __init__(
         self,
         fire: Callable[[], Awaitable[int]],
@@ -28,6 +30,7 @@ class TimerClock:
         batch: int,
         idle_seconds: float = 5.0,
     ) -> None:
+        super().__init__("abada-timer-clock")
         self._fire = fire
         self._next_due = next_due
         self._batch = batch
@@ -36,7 +39,6 @@ class TimerClock:
         # When this replica will look next, on its own clock; and its clock's offset from the database's.
         self._sleeping_until: float = 0.0
         self._offset = 0.0
-        self._task: asyncio.Task[None] | None = None
 
     def heard(self, payload: str) -> None:
         """A notification on `abada_timers`: the epoch seconds of a new due time ("" after a gap)."""
@@ -47,15 +49,6 @@ class TimerClock:
             return
         if due < self._sleeping_until:
             self._wake.set()
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="abada-timer-clock")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     async def _run(self) -> None:
         while True:
@@ -83,29 +76,19 @@ class TimerClock:
                 await asyncio.sleep(1.0)
 
 
-class Nudged:
+class Nudged(BackgroundLoop):
     """Runs `duty` whenever nudged (coalescing nudges that arrive while it runs) and every
     `idle_seconds` regardless; `duty` returns how many it handled, and runs again while it was busy."""
 
     def __init__(self, name: str, duty: Callable[[], Awaitable[int]], idle_seconds: float, busy: int) -> None:
-        self._name = name
+        super().__init__(name)
         self._duty = duty
         self._idle = idle_seconds
         self._busy = busy
         self._nudge = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
     def nudge(self, _payload: str = "") -> None:
         self._nudge.set()
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=self._name)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     async def _run(self) -> None:
         while True:
