@@ -1,7 +1,8 @@
 """Retention beside live traffic: rows deleted per second, and task cycles with and without it.
 
 Fills the database with finished instances past their retention by SQL (one agent task each, with
-20 journal steps of 1 KiB sealed payloads and 4 history rows), 10 million journal rows by default.
+20 journal steps of 1 KiB sealed payloads each way, random bytes as ciphertext is, and 4 history
+rows), 10 million journal rows by default.
 Then, on one engine: task cycles (8 workers completing one-node instances) alone, and the same
 cycles while the retention job deletes the old instances in its batches, the way a replica runs it
 (runtime/retention.py, from this process against the same database). Prints rows deleted per second
@@ -24,6 +25,7 @@ from task_cycle import create_instances, run_workers
 
 STEPS_PER_TASK = 20
 HISTORY_PER_INSTANCE = 4
+PAYLOAD_POOL = 64
 OLD = """
 processes:
   - id: old_triage
@@ -69,18 +71,32 @@ async def fill(database_url: str, journal_rows: int, chunk: int = 20_000) -> flo
                 count,
                 HISTORY_PER_INSTANCE,
             )
-        # The journal of every old task: 1 KiB of "sealed" payload each way a step.
+        # The journal of every old task: 1 KiB of "sealed" payload each way a step. Ciphertext does not
+        # compress, so the payloads are random bytes (a pool of them, picked by step): PostgreSQL stores
+        # them as it stores real ones, one of the two out of line in the TOAST table.
+        await conn.execute(
+            """
+            CREATE TEMP TABLE payloads AS
+            SELECT p, decode(string_agg(lpad(to_hex((random() * 4294967295)::bigint), 8, '0'), ''), 'hex') AS bytes
+            FROM generate_series(0, $1 - 1) AS p, generate_series(1, 256) GROUP BY p
+            """,
+            PAYLOAD_POOL,
+        )
         await conn.execute(
             """
             INSERT INTO journal_steps (task_id, sequence, attempt, kind, state, tool_ref, key_id, aad_version,
                                        request_ciphertext, response_ciphertext, input_tokens, output_tokens,
                                        abandoned, created_at, updated_at)
-            SELECT t.id, s, 1, 'MODEL_CALL', 'COMPLETED', '', 'bench', 1,
-                   decode(repeat('ab', 1024), 'hex'), decode(repeat('cd', 1024), 'hex'), 100, 10, false,
-                   now() - interval '41 days', now() - interval '41 days'
-            FROM tasks t, generate_series(1, $1) AS s WHERE t.topic = 'abada:agent'
+            SELECT t.id, s, 1, 'MODEL_CALL', 'COMPLETED', '', 'bench', 1, request.bytes, response.bytes, 100, 10,
+                   false, now() - interval '41 days', now() - interval '41 days'
+            FROM tasks t
+            CROSS JOIN generate_series(1, $1) AS s
+            JOIN payloads request ON request.p = s % $2
+            JOIN payloads response ON response.p = (s + 1) % $2
+            WHERE t.topic = 'abada:agent'
             """,
             STEPS_PER_TASK,
+            PAYLOAD_POOL,
         )
         await conn.execute("ANALYZE")
     finally:
