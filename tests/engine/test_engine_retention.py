@@ -8,6 +8,9 @@ from typing import Any
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2, process_pb2
+from abada.engine.v1.error_reason_pb2 import ErrorReason
+from abada_engine.errors import EngineError
+from abada_engine.runtime.retention import Retention
 from engine_helpers import append, complete, deploy, error_info, fetch, instance, start, struct
 from google.protobuf import timestamp_pb2
 from sqlalchemy import text
@@ -360,3 +363,42 @@ async def test_erasure_by_variable_value(engine, db):
     with pytest.raises(grpc.aio.AioRpcError) as nobody:
         await engine.processes.EraseInstances(process_pb2.EraseInstancesRequest())
     assert nobody.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_an_erasure_larger_than_a_batch_goes_batch_by_batch_and_leaves_one_audit_row(
+    engine, engine_core, db
+):
+    await deploy(engine, BUNDLE)
+
+    async def waiting(customer: str) -> str:
+        started = await engine.processes.StartInstance(
+            process_pb2.StartInstanceRequest(
+                process_id="reply", variables=struct({"ticket": f"T-{customer}", "customerId": customer})
+            )
+        )
+        return started.instance.id
+
+    mine = [await waiting("C-500") for _ in range(11)]
+    theirs = [await waiting("C-501") for _ in range(2)]
+    for instance_id in mine[:8]:
+        await engine.processes.CancelInstance(
+            process_pb2.CancelInstanceRequest(instance_id=instance_id, reason="ended")
+        )
+    # Three instances a batch: the erasure takes four batches and never more ids than that at once.
+    retention = Retention(engine_core.db, batch=3)
+    with pytest.raises(EngineError) as refused:
+        await retention.erase("", {"customerId": "C-500"}, False, "dpo")
+    assert refused.value.reason == ErrorReason.INSTANCES_ACTIVE
+    assert refused.value.metadata["active"] == "3"
+    assert set(refused.value.metadata["instance_ids"].split(", ")) == set(mine[8:])
+    assert (await _rows_of(db, mine))["instances"] == 11  # nothing deleted
+
+    erased = await retention.erase("", {"customerId": "C-500"}, True, "dpo")
+    assert (erased.instances, erased.canceled) == (11, 3)
+    assert set((await _rows_of(db, mine)).values()) == {0}
+    assert (await _rows_of(db, theirs))["instances"] == 2
+    async with db.connect() as conn:
+        audit = [dict(r._mapping) for r in await conn.execute(text("SELECT * FROM erasures"))]
+    assert len(audit) == 1
+    assert (audit[0]["instances"], audit[0]["canceled"], audit[0]["rows"]) == (11, 3, erased.rows)
+    assert audit[0]["selected_by"] == "variables" and audit[0]["id"] == erased.audit_id
