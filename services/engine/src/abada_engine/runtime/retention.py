@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.errors import Category, EngineError, invalid
+from abada_engine.metrics import count_deleted
 from abada_engine.runtime.instances import cancel_instance
 from abada_engine.store import retention as retention_store
 from abada_engine.store.retention import Deleted
@@ -87,6 +88,7 @@ class Retention:
                         gone = await retention_store.delete_instances(batch_conn, due) if due else Deleted()
                     deleted += gone.instances
                     self.deleted.add(gone)
+                    count_deleted("retention", gone.rows)
                     if len(due) < self._batch or time.monotonic() >= ends:
                         return deleted
                     if self._pause:
@@ -109,6 +111,7 @@ class Retention:
                 found = await retention_store.ended_before(conn, before, process_id, self._batch)
                 gone = await retention_store.delete_instances(conn, found) if found else Deleted()
             total.add(gone)
+            count_deleted("purge", gone.rows)
             if len(found) < self._batch:
                 break
         log.info(
@@ -143,17 +146,22 @@ class Retention:
                 found = await retention_store.matching(
                     conn, business_key, variables_holding, self._batch, after, active=False
                 )
+                gone = Deleted()
                 if found:
                     ids = [m.id for m in found]
-                    total.add(await retention_store.delete_instances(conn, ids, skip_locked=False))
+                    gone = await retention_store.delete_instances(conn, ids, skip_locked=False)
+            total.add(gone)
+            count_deleted("erase", gone.rows)
             if len(found) < self._batch:
                 break
             after = found[-1].id
+        forgotten = Deleted()
         async with self._engine.begin() as conn:
             if business_key:
-                total.rows["messages"] = total.rows.get("messages", 0) + (
-                    await retention_store.forget_buffered_messages(conn, business_key)
+                forgotten.rows["messages"] = await retention_store.forget_buffered_messages(
+                    conn, business_key
                 )
+            total.add(forgotten)
             audit_id = await retention_store.record_erasure(
                 conn,
                 erased_by,
@@ -162,6 +170,7 @@ class Retention:
                 canceled,
                 total.total,
             )
+        count_deleted("erase", forgotten.rows)
         # The log names neither the key nor the variables: it is personal data being let go.
         log.info(
             "customer data erased",

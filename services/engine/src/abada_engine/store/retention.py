@@ -122,6 +122,27 @@ async def due_for_retention(conn: AsyncConnection, limit: int) -> list[uuid.UUID
     return list((await conn.execute(query)).scalars())
 
 
+async def retention_lag_seconds(conn: AsyncConnection) -> float:
+    """How long the most overdue finished instance has been past its version's retention (0 when none
+    is): the oldest finished instance of each version, one index probe per version, and the largest
+    lateness among them."""
+    retention = definitions.c.retention_seconds
+    oldest = lateral(
+        select(instances.c.ended_at)
+        .where(instances.c.definition_id == definitions.c.id, _FINISHED)
+        .order_by(instances.c.ended_at)
+        .limit(1)
+    )
+    overdue = func.extract("epoch", func.now() - (oldest.c.ended_at + retention * _SECOND))
+    query = (
+        select(func.coalesce(func.max(overdue), 0))
+        .select_from(definitions)
+        .join(oldest, true())
+        .where(retention.is_not(None))
+    )
+    return max(0.0, float((await conn.execute(query)).scalar_one()))
+
+
 async def ended_before(
     conn: AsyncConnection, before: datetime, process_id: str, limit: int
 ) -> list[uuid.UUID]:
