@@ -20,6 +20,8 @@ from abada_engine.metrics import (
     MODEL_CALLS_WAITING,
     OLDEST_READY,
     REGISTRY,
+    RETENTION_LAG,
+    ROWS_DELETED,
     RPC_SECONDS,
     TASKS_DELAYED,
     TASKS_DEMAND,
@@ -44,6 +46,7 @@ DATABASE_GAUGES = (
     DEPENDENCY_UP,
     DEPENDENCY_HELD_TASKS,
     TASKS_PARKED,
+    RETENTION_LAG,
 )
 
 
@@ -167,7 +170,7 @@ def metrics_table(guide: str) -> dict[str, tuple[str, set[str]]]:
 
 def test_the_metrics_tables_are_what_the_engine_the_workers_and_the_broker_export() -> None:
     # prometheus_client has no public accessor for a metric's label names.
-    replica_figures = (RPC_SECONDS, LEASE_EXPIRIES, MODEL_CALLS_ADMITTED, MODEL_CALLS_REFUSED)
+    replica_figures = (RPC_SECONDS, LEASE_EXPIRIES, MODEL_CALLS_ADMITTED, MODEL_CALLS_REFUSED, ROWS_DELETED)
     label_names = {c._name: set(c._labelnames) for c in (*replica_figures, *DATABASE_GAUGES)}
     exported: dict[str, tuple[str, set[str]]] = {}
     for family in REGISTRY.collect():

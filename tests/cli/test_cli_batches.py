@@ -97,3 +97,65 @@ async def test_cancel_batch_asks_first_and_needs_a_reason(engine):
     # BATCH given, `batch cancel` ends that batch instead: this one has ended already.
     again = await abada(engine.address, "batch", "cancel", batch_id)
     assert again.exit_code == 1 and "completed" in again.stderr
+
+
+async def test_migrate_and_modify_batches_over_a_filter(engine):
+    await deploy(engine, BUNDLE)
+    keyed = await engine.processes.StartInstance(
+        process_pb2.StartInstanceRequest(process_id="cli_batch", business_key="cust-1")
+    )
+    other = (await start(engine, "cli_batch")).id
+    await deploy(engine, BUNDLE.replace("retries: 0", "retries: 2"))
+
+    needs_version = await abada(
+        engine.address, "batch", "migrate", "--process", "cli_batch", "--to", "2", "--yes"
+    )
+    assert needs_version.exit_code == 2 and "--version" in needs_version.stderr
+    migrated = await abada(
+        engine.address,
+        "batch",
+        "migrate",
+        "--process",
+        "cli_batch",
+        "--version",
+        "1",
+        "--to",
+        "2",
+        "--map",
+        "call=call",
+        "--yes",
+        "-o",
+        "json",
+    )
+    assert migrated.exit_code == 0, migrated.stderr
+    data = await _finished(engine, json.loads(migrated.stdout)["batch"]["id"])
+    assert data["batch"]["done"] == 2
+    assert (await instance(engine, other)).version == 2
+    card = await abada(engine.address, "batch", "show", data["batch"]["id"])
+    assert "v2 (call -> call)" in card.stdout
+
+    nothing = await abada(
+        engine.address, "batch", "modify", "--process", "cli_batch", "--reason", "why", "--yes"
+    )
+    assert nothing.exit_code == 2 and "nothing to change" in nothing.stderr
+    modified = await abada(
+        engine.address,
+        "batch",
+        "modify",
+        "--process",
+        "cli_batch",
+        "--business-key",
+        "cust-1",
+        "--set",
+        "tier=gold",
+        "--reason",
+        "upgraded",
+        "--yes",
+        "-o",
+        "json",
+    )
+    assert modified.exit_code == 0, modified.stderr
+    data = await _finished(engine, json.loads(modified.stdout)["batch"]["id"])
+    assert [i["instanceId"] for i in data["items"]] == [keyed.instance.id]
+    assert dict((await instance(engine, keyed.instance.id)).variables)["tier"] == "gold"
+    assert "tier" not in dict((await instance(engine, other)).variables)

@@ -18,7 +18,7 @@ from abada_engine.runtime.crypto.keys import IdempotencyKeys
 from abada_engine.store.batches import BatchFilter
 from abada_engine.store.incidents import raise_incident
 from abada_engine.store.states import BatchOutcome
-from engine_helpers import complete, deploy, error_info, fetch, history_types, instance, start
+from engine_helpers import complete, deploy, error_info, fetch, history_types, instance, plain, start, struct
 from sqlalchemy import text
 
 FRAGILE = """
@@ -74,7 +74,7 @@ async def test_a_retry_batch_of_100_incidents_pauses_and_resumes_and_retries_eac
     await deploy(engine, FRAGILE)
     ids = await _incidents_at(engine, "fragile", "fragile", 100)
     [untouched] = await _incidents_at(engine, "other", "other", 1)
-    job = Batches(engine_core.db, engine_core.incidents, chunk=20)
+    job = Batches(engine_core.db, engine_core.incidents, engine_core.catalog, chunk=20)
 
     created = (
         await batches.CreateBatch(
@@ -166,7 +166,7 @@ async def test_a_cancel_batch_takes_what_its_filter_matches_and_records_each_out
     await engine.processes.CancelInstance(
         process_pb2.CancelInstanceRequest(instance_id=matching[0], reason="by hand")
     )
-    job = Batches(engine_core.db, engine_core.incidents)
+    job = Batches(engine_core.db, engine_core.incidents, engine_core.catalog)
     assert await job.step() == 4
 
     shown = await _batch(batches, created.id)
@@ -216,7 +216,7 @@ async def test_a_canceled_batch_leaves_its_pending_instances_alone(engine, engin
             )
         )
     ).batch
-    job = Batches(engine_core.db, engine_core.incidents, chunk=2)
+    job = Batches(engine_core.db, engine_core.incidents, engine_core.catalog, chunk=2)
     assert await job.step() == 2
     canceled = (await batches.CancelBatch(batch_pb2.CancelBatchRequest(batch_id=created.id))).batch
     assert (canceled.state, canceled.done, canceled.pending) == (batch_pb2.BATCH_STATE_CANCELED, 2, 4)
@@ -240,7 +240,7 @@ async def test_a_batch_is_carried_on_by_another_engine_on_the_same_database(
         )
     ).batch
     # This engine works a first chunk, then stops (its job is stopped by the fixture).
-    assert await Batches(engine_core.db, engine_core.incidents, chunk=10).step() == 10
+    assert await Batches(engine_core.db, engine_core.incidents, engine_core.catalog, chunk=10).step() == 10
 
     # Another engine on the same database picks the batch up with its own periodic job.
     pool = create_engine(database_url, pool_size=4)
@@ -323,7 +323,7 @@ async def test_an_instance_the_operation_refuses_is_failed_with_why_and_the_rest
         )
     ).batch
     assert created.total == 2
-    assert await Batches(engine_core.db, engine_core.incidents).step() == 2
+    assert await Batches(engine_core.db, engine_core.incidents, engine_core.catalog).step() == 2
     shown = await _batch(batches, created.id)
     assert (shown.batch.done, shown.batch.failed, shown.batch.state) == (
         1,
@@ -343,7 +343,7 @@ async def test_a_fault_on_one_instance_fails_it_alone_and_the_batch_goes_on(
 ):
     await deploy(engine, FRAGILE)
     ids = sorted([(await start(engine, "fragile")).id for _ in range(3)])
-    job = Batches(engine_core.db, engine_core.incidents)
+    job = Batches(engine_core.db, engine_core.incidents, engine_core.catalog)
     touched: list[str] = []
 
     async def faulty(conn, item):
@@ -380,7 +380,7 @@ async def test_replicas_working_one_batch_at_once_never_take_the_same_instance(
         )
     ).batch
     # Four jobs claim side by side, as four replicas would: each takes instances the others do not hold.
-    jobs = [Batches(engine_core.db, engine_core.incidents, chunk=10) for _ in range(4)]
+    jobs = [Batches(engine_core.db, engine_core.incidents, engine_core.catalog, chunk=10) for _ in range(4)]
     claimed = await asyncio.gather(*(job.step() for job in jobs))
     assert sum(claimed) == 40 and max(claimed) == 10
     while any(await asyncio.gather(*(job.step() for job in jobs))):
@@ -415,7 +415,7 @@ async def test_a_cancel_batch_beside_workers_completing_the_same_instances(
             )
         )
     ).batch
-    job = Batches(engine_core.db, engine_core.incidents, chunk=5)
+    job = Batches(engine_core.db, engine_core.incidents, engine_core.catalog, chunk=5)
 
     async def work_through() -> None:
         while await job.step():  # each chunk's statements let the completions in between
@@ -443,3 +443,152 @@ async def test_a_cancel_batch_beside_workers_completing_the_same_instances(
         }[state]
         assert outcomes[instance_id] == expected
     assert shown.batch.skipped == completed and shown.batch.done == 30 - completed
+
+
+def _review_flow(review_node: str) -> str:
+    """A service call followed by a review; version 2 renames or drops the review node."""
+    review = f"- {{ id: {review_node}, type: user_task, next: done }}" if review_node else ""
+    follows = review_node or "done"
+    return f"""
+processes:
+  - id: reviewed
+    start: call
+    nodes:
+      - {{ id: call, type: service, topic: reviewed-call, retries: 0, next: {follows} }}
+      {review}
+      - {{ id: done, type: end }}
+"""
+
+
+async def test_a_migrate_batch_moves_twenty_instances_and_refuses_the_one_at_an_unmapped_node(
+    engine, engine_core: EngineCore, batches
+):
+    await deploy(engine, _review_flow("review"))
+    ids = [(await start(engine, "reviewed")).id for _ in range(20)]
+    # One instance has gone on to the review, a node version 2 no longer has.
+    [ahead] = await fetch(engine, "w", "reviewed-call")
+    await complete(engine, ahead, "w", {})
+    await deploy(engine, _review_flow(""))
+
+    # A plan naming a node version 1 lacks, or a version that does not exist, is refused whole.
+    unknown_node = batch_pb2.BatchMigration(
+        to_version=2, mappings=[process_pb2.NodeMapping(from_node_id="nope", to_node_id="call")]
+    )
+    for which, migration, code in (
+        (1, unknown_node, grpc.StatusCode.INVALID_ARGUMENT),
+        (1, batch_pb2.BatchMigration(to_version=7), grpc.StatusCode.NOT_FOUND),
+        (0, batch_pb2.BatchMigration(to_version=2), grpc.StatusCode.INVALID_ARGUMENT),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await batches.CreateBatch(
+                batch_pb2.CreateBatchRequest(
+                    kind=batch_pb2.BATCH_KIND_MIGRATE,
+                    filter=batch_pb2.BatchFilter(process_id="reviewed", version=which),
+                    migration=migration,
+                )
+            )
+        assert refused.value.code() == code
+    assert "name the version the instances leave" in refused.value.details()
+    assert (await batches.ListBatches(batch_pb2.ListBatchesRequest())).batches == []
+
+    created = (
+        await batches.CreateBatch(
+            batch_pb2.CreateBatchRequest(
+                kind=batch_pb2.BATCH_KIND_MIGRATE,
+                filter=batch_pb2.BatchFilter(process_id="reviewed", version=1),
+                migration=batch_pb2.BatchMigration(to_version=2),
+            )
+        )
+    ).batch
+    assert (created.kind, created.total, created.migration.to_version) == (
+        batch_pb2.BATCH_KIND_MIGRATE,
+        20,
+        2,
+    )
+    job = Batches(engine_core.db, engine_core.incidents, engine_core.catalog, chunk=8)
+    while await job.step():
+        pass
+
+    shown = await _batch(batches, created.id)
+    assert (shown.batch.state, shown.batch.done, shown.batch.failed, shown.batch.skipped) == (
+        batch_pb2.BATCH_STATE_COMPLETED,
+        19,
+        1,
+        0,
+    )
+    by_instance = {i.instance_id: i for i in shown.items}
+    refused_item = by_instance[ahead.instance_id]
+    assert refused_item.outcome == batch_pb2.BATCH_OUTCOME_FAILED
+    assert refused_item.message.startswith("MIGRATION_PLAN_INVALID") and "'review'" in refused_item.message
+    assert (await instance(engine, ahead.instance_id)).version == 1
+    for instance_id in ids:
+        if instance_id == ahead.instance_id:
+            continue
+        assert by_instance[instance_id].outcome == batch_pb2.BATCH_OUTCOME_DONE
+        assert (await instance(engine, instance_id)).version == 2
+        assert ("INSTANCE_MIGRATED", "") in await history_types(engine, instance_id)
+    # The migrated ones go on under version 2: their call now leads straight to the end.
+    tasks = await fetch(engine, "w", "reviewed-call", max_tasks=50)
+    assert len(tasks) == 19
+    await complete(engine, tasks[0], "w", {})
+    assert (await instance(engine, tasks[0].instance_id)).state == process_pb2.INSTANCE_STATE_COMPLETED
+
+
+async def test_a_modify_batch_sets_a_variable_on_every_instance_of_one_business_key(
+    engine, engine_core: EngineCore, batches
+):
+    await deploy(engine, FRAGILE)
+
+    async def started(business_key: str) -> str:
+        response = await engine.processes.StartInstance(
+            process_pb2.StartInstanceRequest(
+                process_id="fragile", business_key=business_key, variables=struct({"tier": "basic"})
+            )
+        )
+        return response.instance.id
+
+    customer = [await started("customer-7") for _ in range(4)]
+    others = [await started("customer-8") for _ in range(2)]
+
+    with pytest.raises(grpc.aio.AioRpcError) as no_reason:
+        await batches.CreateBatch(
+            batch_pb2.CreateBatchRequest(
+                kind=batch_pb2.BATCH_KIND_MODIFY,
+                filter=batch_pb2.BatchFilter(process_id="fragile", business_key="customer-7"),
+                modification=batch_pb2.BatchModification(set_variables=struct({"tier": "gold"})),
+            )
+        )
+    assert no_reason.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    created = (
+        await batches.CreateBatch(
+            batch_pb2.CreateBatchRequest(
+                kind=batch_pb2.BATCH_KIND_MODIFY,
+                filter=batch_pb2.BatchFilter(process_id="fragile", business_key="customer-7"),
+                reason="upgraded by support",
+                modification=batch_pb2.BatchModification(
+                    set_variables=struct({"tier": "gold"}), unset_variables=["missing"]
+                ),
+            )
+        )
+    ).batch
+    assert created.total == 4
+    assert plain(created.modification.set_variables) == {"tier": "gold"}
+    job = Batches(engine_core.db, engine_core.incidents, engine_core.catalog)
+    assert await job.step() == 4
+
+    shown = await _batch(batches, created.id)
+    assert (shown.batch.state, shown.batch.done) == (batch_pb2.BATCH_STATE_COMPLETED, 4)
+    assert {i.instance_id for i in shown.items} == set(customer)
+    for instance_id in customer:
+        assert plain((await instance(engine, instance_id)).variables)["tier"] == "gold"
+        history = await engine.processes.GetHistory(process_pb2.GetHistoryRequest(instance_id=instance_id))
+        [entry] = [e for e in history.events if e.type == "VARIABLE_SET"]
+        assert plain(entry.data) == {
+            "name": "tier",
+            "value": "gold",
+            "by": "test-suite",
+            "reason": "upgraded by support",
+        }
+    for instance_id in others:
+        assert plain((await instance(engine, instance_id)).variables)["tier"] == "basic"

@@ -404,7 +404,7 @@ class AsyncEngineClient:
 
     async def create_batch(
         self,
-        kind: Literal["retry-incidents", "cancel"],
+        kind: Literal["retry-incidents", "cancel", "migrate", "modify"],
         process_id: str,
         *,
         version: int = 0,
@@ -414,6 +414,11 @@ class AsyncEngineClient:
         incident_type: str = "",
         incident_message: str = "",
         reason: str = "",
+        to_version: int = 0,
+        mappings: dict[str, str] | None = None,
+        set_variables: dict[str, Any] | None = None,
+        unset_variables: Sequence[str] = (),
+        moves: Sequence[tuple[str, str]] = (),
     ) -> batch_pb2.Batch:
         """A batch applying `kind` to every instance of `process_id` matching the filters given (see
         `requests.create_batch`); the engine works through it in the background."""
@@ -427,6 +432,11 @@ class AsyncEngineClient:
             incident_type=incident_type,
             incident_message=incident_message,
             reason=reason,
+            to_version=to_version,
+            mappings=mappings,
+            set_variables=set_variables,
+            unset_variables=unset_variables,
+            moves=moves,
         )
         created = await self.call(lambda: self.stubs.batches.CreateBatch, request)
         return created.batch

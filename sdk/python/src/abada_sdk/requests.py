@@ -140,7 +140,7 @@ def migrate_instances(
 
 
 def create_batch(
-    kind: Literal["retry-incidents", "cancel"],
+    kind: Literal["retry-incidents", "cancel", "migrate", "modify"],
     process_id: str,
     *,
     version: int = 0,
@@ -150,11 +150,18 @@ def create_batch(
     incident_type: str = "",
     incident_message: str = "",
     reason: str = "",
+    to_version: int = 0,
+    mappings: dict[str, str] | None = None,
+    set_variables: dict[str, Any] | None = None,
+    unset_variables: Sequence[str] = (),
+    moves: Sequence[tuple[str, str]] = (),
 ) -> batch_pb2.CreateBatchRequest:
     """A batch over the instances of `process_id` matching every filter given: `retry-incidents` retries
     their open incidents (of `incident_type`, whose message holds `incident_message`), `cancel` cancels
-    them with `reason`. `state` is the instances' (ACTIVE when empty)."""
-    return batch_pb2.CreateBatchRequest(
+    them with `reason`, `migrate` moves them from `version` to `to_version` (`mappings`: nodes renamed,
+    old id to new id), `modify` sets `set_variables`, removes `unset_variables` and moves the tokens of
+    `moves` (from node, to node) with `reason`. `state` is the instances' (ACTIVE when empty)."""
+    request = batch_pb2.CreateBatchRequest(
         kind=_BATCH_KINDS[kind],
         filter=batch_pb2.BatchFilter(
             process_id=process_id,
@@ -167,6 +174,18 @@ def create_batch(
         ),
         reason=reason,
     )
+    if kind == "migrate":
+        request.migration.to_version = to_version
+        for old, new in (mappings or {}).items():
+            request.migration.mappings.add(from_node_id=old, to_node_id=new)
+    if kind == "modify":
+        request.modification.SetInParent()
+        if set_variables:
+            request.modification.set_variables.CopyFrom(to_struct(set_variables))
+        request.modification.unset_variables.extend(unset_variables)
+        for from_node, to_node in moves:
+            request.modification.moves.add(from_node_id=from_node, to_node_id=to_node)
+    return request
 
 
 def get_batch(
@@ -185,6 +204,8 @@ def get_batch(
 _BATCH_KINDS = {
     "retry-incidents": batch_pb2.BATCH_KIND_RETRY_INCIDENTS,
     "cancel": batch_pb2.BATCH_KIND_CANCEL,
+    "migrate": batch_pb2.BATCH_KIND_MIGRATE,
+    "modify": batch_pb2.BATCH_KIND_MODIFY,
 }
 
 

@@ -169,7 +169,7 @@ class EngineCore:
         retention_rounds = Periodic("retention", retention.round, retention_round_seconds)
         if retention_round_seconds > 0:
             retention_rounds.start()
-        batches = Batches(db, incidents)
+        batches = Batches(db, incidents, catalog)
         batch_rounds = Periodic("batches", batches.round, batch_round_seconds)
         if batch_round_seconds > 0:
             batch_rounds.start()

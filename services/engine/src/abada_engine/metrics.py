@@ -74,6 +74,26 @@ DEPENDENCY_HELD_TASKS = Gauge(
     ["kind", "name"],
     registry=REGISTRY,
 )
+RETENTION_LAG = Gauge(
+    "abada_retention_lag_seconds",
+    "How long the most overdue finished instance has been past its retention (0: the job keeps up).",
+    registry=REGISTRY,
+)
+ROWS_DELETED = Counter(
+    "abada_retention_rows_deleted_total",
+    "Rows this replica deleted, per table, by the retention job, a purge or an erasure.",
+    ["source", "table"],
+    registry=REGISTRY,
+)
+
+
+def count_deleted(source: str, rows: dict[str, int]) -> None:
+    """Add one deletion's rows (per table) to ROWS_DELETED under `source`."""
+    for table, count in rows.items():
+        if count:
+            ROWS_DELETED.labels(source, table).inc(count)
+
+
 TASKS_PARKED = Gauge(
     "abada_tasks_parked",
     "Tasks parked for a dependency that is down, per topic.",
@@ -115,6 +135,7 @@ async def render(stats: QueueStats) -> bytes:
     MODEL_CALLS_WAITING.clear()
     for model, count in (await stats.model_calls_waiting()).items():
         MODEL_CALLS_WAITING.labels(model).set(count)
+    RETENTION_LAG.set(await stats.retention_lag_seconds())
     DEPENDENCY_UP.clear()
     DEPENDENCY_HELD_TASKS.clear()
     for circuit in await stats.dependencies():

@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import grpc
-from abada.engine.v1 import batch_pb2, batch_pb2_grpc
+from abada.engine.v1 import batch_pb2, batch_pb2_grpc, process_pb2
 from abada.engine.v1.error_reason_pb2 import ErrorReason
 
 from abada_engine.errors import invalid
-from abada_engine.runtime.batches import Batches, BatchView
+from abada_engine.runtime.batches import Batches, BatchView, Migration
+from abada_engine.runtime.instances import MAX_VARIABLES_BYTES
+from abada_engine.runtime.repairs import Modification
 from abada_engine.store.batches import BatchFilter, BatchItemRow
 from abada_engine.store.states import BatchKind, BatchOutcome, BatchState, InstanceState
 
-from .convert import optional_uuid, parse_uuid, storable_text, timestamp
+from .convert import from_struct, optional_uuid, parse_uuid, storable, storable_text, timestamp, to_struct
 from .errors import translates_errors
 from .guard import ServiceHandler, current_caller
 
 _KINDS = {
     batch_pb2.BATCH_KIND_RETRY_INCIDENTS: BatchKind.RETRY_INCIDENTS,
     batch_pb2.BATCH_KIND_CANCEL: BatchKind.CANCEL,
+    batch_pb2.BATCH_KIND_MIGRATE: BatchKind.MIGRATE,
+    batch_pb2.BATCH_KIND_MODIFY: BatchKind.MODIFY,
 }
 _KIND_NUMBERS = {v: k for k, v in _KINDS.items()}
 _STATES = {
@@ -49,7 +55,11 @@ class BatchHandler(ServiceHandler, batch_pb2_grpc.BatchServiceServicer):
     ) -> batch_pb2.CreateBatchResponse:
         kind = _KINDS.get(request.kind)
         if kind is None:
-            raise invalid(ErrorReason.INVALID_ARGUMENT, "kind", "is required: RETRY_INCIDENTS or CANCEL")
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT,
+                "kind",
+                "is required: RETRY_INCIDENTS, CANCEL, MIGRATE or MODIFY",
+            )
         given = request.filter
         which = BatchFilter(
             process_id=storable_text(given.process_id, "filter.process_id"),
@@ -61,11 +71,14 @@ class BatchHandler(ServiceHandler, batch_pb2_grpc.BatchServiceServicer):
             incident_message=storable_text(given.incident_message, "filter.incident_message"),
         )
         caller = current_caller.get()
+        reason = storable_text(request.reason, "reason")
         created = await self._batches.create(
             kind,
             which,
-            storable_text(request.reason, "reason"),
+            reason,
             caller.identity if caller is not None else "",
+            migration=_migration(request) if request.HasField("migration") else None,
+            modification=_modification(request, reason) if request.HasField("modification") else None,
         )
         return batch_pb2.CreateBatchResponse(batch=_batch(created))
 
@@ -108,6 +121,34 @@ class BatchHandler(ServiceHandler, batch_pb2_grpc.BatchServiceServicer):
         return batch_pb2.CancelBatchResponse(batch=_batch(changed))
 
 
+def _pairs(mappings: Iterable[process_pb2.NodeMapping], field: str) -> list[tuple[str, str]]:
+    return [(storable_text(m.from_node_id, field), storable_text(m.to_node_id, field)) for m in mappings]
+
+
+def _migration(request: batch_pb2.CreateBatchRequest) -> Migration:
+    return Migration(
+        to_version=request.migration.to_version,
+        mappings=dict(_pairs(request.migration.mappings, "migration.mappings")),
+    )
+
+
+def _modification(request: batch_pb2.CreateBatchRequest, reason: str) -> Modification:
+    given = request.modification
+    field = "modification.set_variables"
+    return Modification(
+        reason=reason,
+        set_variables=storable(from_struct(given.set_variables, field), field, MAX_VARIABLES_BYTES),
+        unset_variables=tuple(
+            storable_text(n, "modification.unset_variables") for n in given.unset_variables
+        ),
+        moves=tuple(_pairs(given.moves, "modification.moves")),
+    )
+
+
+def _node_mappings(pairs: Iterable[tuple[str, str]]) -> list[process_pb2.NodeMapping]:
+    return [process_pb2.NodeMapping(from_node_id=old, to_node_id=new) for old, new in pairs]
+
+
 def _batch(view: BatchView) -> batch_pb2.Batch:
     which = view.filter
     return batch_pb2.Batch(
@@ -134,6 +175,18 @@ def _batch(view: BatchView) -> batch_pb2.Batch:
         skipped=view.skipped,
         failed=view.failed,
         pending=view.pending,
+        migration=batch_pb2.BatchMigration(
+            to_version=view.migration.to_version, mappings=_node_mappings(view.migration.mappings.items())
+        )
+        if view.migration is not None
+        else None,
+        modification=batch_pb2.BatchModification(
+            set_variables=to_struct(view.modification.set_variables),
+            unset_variables=list(view.modification.unset_variables),
+            moves=_node_mappings(view.modification.moves),
+        )
+        if view.modification is not None
+        else None,
     )
 
 

@@ -1005,7 +1005,10 @@ class _BatchGroup(TyperGroup):
 batch_app = typer.Typer(
     name="batch",
     cls=_BatchGroup,
-    help="Retry incidents or cancel instances over a filter, as one batch worked through in the background.",
+    help=(
+        "Retry incidents, cancel, migrate or modify instances over a filter, as one batch worked through "
+        "in the background."
+    ),
     no_args_is_help=True,
     context_settings={"help_option_names": list(HELP_OPTIONS)},
 )
@@ -1121,6 +1124,103 @@ def batch_cancel(
             business_key=business_key or "",
             incident_type=incident_type or "",
             reason=reason,
+        ),
+    )
+
+
+@batch_app.command("migrate")
+def batch_migrate(
+    ctx: typer.Context,
+    process: _ProcessOption = None,
+    version: Annotated[int, typer.Option(min=0, help="The version the instances leave (required).")] = 0,
+    to: Annotated[int, typer.Option("--to", min=0, help="The version they move to (required).")] = 0,
+    map_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--map", metavar="OLD_NODE=NEW_NODE", help="A node renamed in the new version; repeatable."
+        ),
+    ] = None,
+    node: _NodeOption = None,
+    business_key: _BusinessKeyOption = None,
+    incident_type: Annotated[
+        str | None, typer.Option("--type", help="Only instances with an open incident of this type.")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Migrate without asking.")] = False,
+) -> None:
+    """Move every active instance of --process --version matching the filter to version --to, as a
+    batch: each is checked where it stands, and one holding a token at a node the new version lacks is
+    refused (outcome failed, naming the node) while the others move."""
+    if not process or not version or not to:
+        raise invalid_input("--process, --version and --to are required")
+    _confirmed(yes, f"migrate the matching instances of {process}:{version} to version {to}")
+    _created(
+        ctx,
+        requests.create_batch(
+            "migrate",
+            process,
+            version=version,
+            node_id=node or "",
+            business_key=business_key or "",
+            incident_type=incident_type or "",
+            to_version=to,
+            mappings=dict(_pairs(map_, "--map")),
+        ),
+    )
+
+
+@batch_app.command("modify")
+def batch_modify(
+    ctx: typer.Context,
+    process: _ProcessOption = None,
+    version: _VersionOption = 0,
+    node: _NodeOption = None,
+    business_key: _BusinessKeyOption = None,
+    incident_type: Annotated[
+        str | None, typer.Option("--type", help="Only instances with an open incident of this type.")
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", metavar="NAME=VALUE", help="Set a variable (JSON value or text); repeatable."),
+    ] = None,
+    unset: Annotated[
+        list[str] | None, typer.Option("--unset", metavar="NAME", help="Remove a variable; repeatable.")
+    ] = None,
+    move: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--move",
+            metavar="FROM_NODE=TO_NODE",
+            help="Move the token at FROM_NODE to TO_NODE (its task is withdrawn); repeatable.",
+        ),
+    ] = None,
+    reason: Annotated[
+        str | None, typer.Option(help="Why; kept in each instance's history (required).")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Modify without asking.")] = False,
+) -> None:
+    """Set or remove variables and move tokens of every active instance of --process matching the
+    filter, as a batch; each instance takes all its changes or none, recorded with your identity and
+    the reason."""
+    if not process:
+        raise invalid_input("--process is required")
+    if not reason:
+        raise invalid_input("--reason is required: it is kept in each instance's history")
+    if not (set_ or unset or move):
+        raise invalid_input("nothing to change: give --set, --unset or --move")
+    _confirmed(yes, f"modify the matching instances of {process}")
+    _created(
+        ctx,
+        requests.create_batch(
+            "modify",
+            process,
+            version=version,
+            node_id=node or "",
+            business_key=business_key or "",
+            incident_type=incident_type or "",
+            reason=reason,
+            set_variables=variables(set_ or [], None, "--set"),
+            unset_variables=unset or [],
+            moves=_pairs(move, "--move"),
         ),
     )
 

@@ -44,6 +44,8 @@ EXAMPLES: dict[str, str] = {
 BATCH_EXAMPLES: dict[str, str] = {
     "retry-incidents": "abada batch retry-incidents --process support_triage --type INVALID_OUTPUT --version 3",
     "cancel": 'abada batch cancel --process support_triage --node draft_reply --reason "bad prompt" --yes',
+    "migrate": "abada batch migrate --process support_triage --version 3 --to 4 --map triage=classify --yes",
+    "modify": 'abada batch modify --process support_triage --business-key C-42 --set tier=gold --reason "upgraded" --yes',
     "show": "abada batch show BATCH --outcome failed",
     "pause": "abada batch pause BATCH",
     "resume": "abada batch resume BATCH",

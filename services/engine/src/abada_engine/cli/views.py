@@ -597,6 +597,11 @@ def batch_card(response: batch_pb2.GetBatchResponse) -> str:
     ]
     if batch.reason:
         pairs.append(("Reason", batch.reason))
+    if batch.HasField("migration"):
+        renamed = ", ".join(f"{m.from_node_id} -> {m.to_node_id}" for m in batch.migration.mappings)
+        pairs.append(("Migrate to", f"v{batch.migration.to_version}" + (f" ({renamed})" if renamed else "")))
+    if batch.HasField("modification"):
+        pairs.append(("Changes", _modification_text(batch.modification)))
     if is_set(batch.end_time):
         pairs.append(("Ended", moment(batch.end_time)))
     worked = [i for i in response.items if i.outcome != batch_pb2.BATCH_OUTCOME_PENDING]
@@ -612,6 +617,13 @@ def batch_card(response: batch_pb2.GetBatchResponse) -> str:
         for i in worked
     ]
     return fields(pairs) + "\n\n" + table(("INSTANCE", "OUTCOME", "MESSAGE", "AT"), rows, drop=("AT",))
+
+
+def _modification_text(change: batch_pb2.BatchModification) -> str:
+    parts = [f"set {name}" for name in change.set_variables.fields]
+    parts += [f"unset {name}" for name in change.unset_variables]
+    parts += [f"move {m.from_node_id} -> {m.to_node_id}" for m in change.moves]
+    return ", ".join(parts) or EMPTY
 
 
 def batch_line(batch: batch_pb2.Batch, what: str) -> str:

@@ -7,7 +7,8 @@ taken, and the outcome of each taken one is kept. The job claims a few pending i
 batch's kind to each in a savepoint of one short transaction that also records the outcome: an instance
 is worked on exactly once, and a transaction cut short by a restart leaves its items pending for the next
 round. Each kind is one function over the engine's own per-instance operation (an incident's RETRY
-resolution, `cancel_instance`), never a copy of it.
+resolution, `cancel_instance`, `migrate_instance` under a plan checked for that one instance,
+`modify_instance`), never a copy of it.
 """
 
 from __future__ import annotations
@@ -18,16 +19,26 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from abada.engine.v1.error_reason_pb2 import ErrorReason
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
+from abada_engine.definitions.catalog import Definition, DefinitionCatalog
 from abada_engine.errors import EngineError, invalid, not_found, precondition
 from abada_engine.ids import new_id
 from abada_engine.runtime.incidents import Incidents
 from abada_engine.runtime.instances import cancel_instance
+from abada_engine.runtime.repairs import (
+    Modification,
+    check_modification,
+    migrate_instance,
+    migration_versions,
+    modify_instance,
+    plan_between,
+)
 from abada_engine.store import batches as batch_store
 from abada_engine.store.batches import BatchFilter, BatchItemRow, BatchRow, Claimed
 from abada_engine.store.states import BatchKind, BatchOutcome, BatchState, InstanceState
@@ -39,6 +50,8 @@ log = logging.getLogger(__name__)
 CHUNK = 50
 # How long one round goes on claiming chunks before it yields to the next round.
 ROUND_CHUNKS = 20
+# MIGRATE batches whose definitions a replica keeps found at once.
+_REMEMBERED_MIGRATIONS = 64
 # Reasons and comments stored per instance are cut to this length.
 _MAX_TEXT = 1000
 
@@ -55,6 +68,15 @@ KindFunction = Callable[[AsyncConnection, Claimed], Awaitable[Outcome]]
 
 
 @dataclass(frozen=True, slots=True)
+class Migration:
+    """A MIGRATE batch's plan: the version its instances move to and the nodes renamed on the way (the
+    filter's version is the one they leave)."""
+
+    to_version: int
+    mappings: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
 class BatchView:
     id: uuid.UUID
     kind: str
@@ -68,6 +90,8 @@ class BatchView:
     done: int
     skipped: int
     failed: int
+    migration: Migration | None = None
+    modification: Modification | None = None
 
     @property
     def pending(self) -> int:
@@ -81,20 +105,37 @@ _NOTHING_LEFT = frozenset(
 
 
 class Batches:
-    def __init__(self, engine: AsyncEngine, incidents: Incidents, chunk: int = CHUNK) -> None:
+    def __init__(
+        self, engine: AsyncEngine, incidents: Incidents, catalog: DefinitionCatalog, chunk: int = CHUNK
+    ) -> None:
         self._engine = engine
         self._reads = autocommit(engine)
         self._incidents = incidents
+        self._catalog = catalog
         self._chunk = chunk
+        # The two definitions of each MIGRATE batch being worked on: found once, not once per instance.
+        self._migration_versions: dict[uuid.UUID, tuple[Definition, Definition]] = {}
         self._kinds: dict[str, KindFunction] = {}
         self.register(BatchKind.RETRY_INCIDENTS, self._retry_incidents)
         self.register(BatchKind.CANCEL, self._cancel)
+        self.register(BatchKind.MIGRATE, self._migrate)
+        self.register(BatchKind.MODIFY, self._modify)
 
     def register(self, kind: str, function: KindFunction) -> None:
         """A kind of batch: `function` applies it to one claimed instance in the job's transaction."""
         self._kinds[kind] = function
 
-    async def create(self, kind: str, which: BatchFilter, reason: str, created_by: str) -> BatchView:
+    async def create(
+        self,
+        kind: str,
+        which: BatchFilter,
+        reason: str,
+        created_by: str,
+        migration: Migration | None = None,
+        modification: Modification | None = None,
+    ) -> BatchView:
+        """Record the instances `which` matches now as the batch's items; a MIGRATE batch's plan and a
+        MODIFY batch's changes are checked here, so a batch that could do nothing is refused whole."""
         if kind not in self._kinds:
             raise invalid(ErrorReason.INVALID_ARGUMENT, "kind", f"must be one of {', '.join(self._kinds)}")
         if not which.process_id:
@@ -105,16 +146,33 @@ class Batches:
             )
         if kind == BatchKind.CANCEL and not reason.strip():
             raise invalid(ErrorReason.INVALID_ARGUMENT, "reason", "is required to cancel instances")
+        parameters: dict[str, Any] = {"reason": reason[:_MAX_TEXT]}
+        if kind == BatchKind.MIGRATE:
+            parameters.update(await self._checked_migration(which, migration))
+        if kind == BatchKind.MODIFY:
+            parameters.update(_checked_modification(which, modification, reason))
         batch_id = new_id()
         async with self._engine.begin() as conn:
-            total = await batch_store.create(
-                conn, batch_id, kind, which, {"reason": reason[:_MAX_TEXT]}, created_by
-            )
+            total = await batch_store.create(conn, batch_id, kind, which, parameters, created_by)
         log.info(
             "batch created",
             extra={"batch_id": str(batch_id), "kind": kind, "instances": total, "created_by": created_by},
         )
         return await self.get(batch_id)
+
+    async def _checked_migration(self, which: BatchFilter, migration: Migration | None) -> dict[str, Any]:
+        if migration is None:
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "migration", "is required to migrate instances")
+        if which.version <= 0:
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT, "filter.version", "name the version the instances leave"
+            )
+        if which.state != InstanceState.ACTIVE:
+            raise invalid(ErrorReason.INVALID_ARGUMENT, "filter.state", "only active instances migrate")
+        await migration_versions(
+            self._catalog, which.process_id, which.version, migration.to_version, migration.mappings
+        )
+        return {"to_version": migration.to_version, "mappings": migration.mappings}
 
     async def get(self, batch_id: uuid.UUID) -> BatchView:
         async with self._reads.connect() as conn:
@@ -237,6 +295,68 @@ class Batches:
         await cancel_instance(conn, item.instance_id, reason)
         return Outcome(BatchOutcome.DONE, "canceled")
 
+    async def _migrate(self, conn: AsyncConnection, item: Claimed) -> Outcome:
+        which = BatchFilter.from_json(item.filter)
+        migration = _migration(item.parameters)
+        if migration is None:
+            return Outcome(BatchOutcome.FAILED, "the batch names no migration plan")
+        versions = self._migration_versions.get(item.batch_id)
+        if versions is None:
+            if len(self._migration_versions) >= _REMEMBERED_MIGRATIONS:
+                self._migration_versions.clear()
+            versions = await migration_versions(
+                self._catalog, which.process_id, which.version, migration.to_version, migration.mappings
+            )
+            self._migration_versions[item.batch_id] = versions
+        # The plan is checked for this instance alone, where it stands now: one whose token rests at a
+        # node the target version lacks is refused, naming it, and leaves the others to migrate.
+        plan = await plan_between(conn, *versions, migration.mappings, [item.instance_id])
+        if not await migrate_instance(conn, plan, item.instance_id, item.created_by):
+            return Outcome(BatchOutcome.SKIPPED, f"no longer active on {which.process_id} v{which.version}")
+        return Outcome(BatchOutcome.DONE, f"migrated to v{migration.to_version}")
+
+    async def _modify(self, conn: AsyncConnection, item: Claimed) -> Outcome:
+        change = _modification(item.parameters)
+        if change is None:
+            return Outcome(BatchOutcome.FAILED, "the batch names no modification")
+        await modify_instance(conn, self._catalog, item.instance_id, change, item.created_by)
+        return Outcome(BatchOutcome.DONE, "modified")
+
+
+def _checked_modification(
+    which: BatchFilter, modification: Modification | None, reason: str
+) -> dict[str, Any]:
+    if modification is None:
+        raise invalid(ErrorReason.INVALID_ARGUMENT, "modification", "is required to modify instances")
+    if which.state != InstanceState.ACTIVE:
+        raise invalid(ErrorReason.INVALID_ARGUMENT, "filter.state", "only active instances are modified")
+    check_modification(
+        Modification(reason, modification.set_variables, modification.unset_variables, modification.moves)
+    )
+    return {
+        "set_variables": modification.set_variables,
+        "unset_variables": list(modification.unset_variables),
+        "moves": [list(move) for move in modification.moves],
+    }
+
+
+def _migration(parameters: dict[str, Any]) -> Migration | None:
+    if "to_version" not in parameters:
+        return None
+    mappings = parameters.get("mappings") or {}
+    return Migration(int(parameters["to_version"]), {str(k): str(v) for k, v in mappings.items()})
+
+
+def _modification(parameters: dict[str, Any]) -> Modification | None:
+    if not any(name in parameters for name in ("set_variables", "unset_variables", "moves")):
+        return None
+    return Modification(
+        reason=str(parameters.get("reason", "")),
+        set_variables=dict(parameters.get("set_variables") or {}),
+        unset_variables=tuple(str(name) for name in parameters.get("unset_variables") or ()),
+        moves=tuple((str(move[0]), str(move[1])) for move in parameters.get("moves") or ()),
+    )
+
 
 # SQLSTATE classes that pass: a deadlock or serialization failure (40), a lock or resource not available
 # (55, 53), a cancelled statement or an operator intervention (57), a lost connection (08).
@@ -262,4 +382,6 @@ def _view(row: BatchRow) -> BatchView:
         done=row.done,
         skipped=row.skipped,
         failed=row.failed,
+        migration=_migration(row.parameters) if row.kind == BatchKind.MIGRATE else None,
+        modification=_modification(row.parameters) if row.kind == BatchKind.MODIFY else None,
     )

@@ -14,6 +14,7 @@ from abada_engine.store import dependencies as circuit_store
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import model_quotas as quota_store
+from abada_engine.store import retention as retention_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.dependencies import ListedCircuit
 from abada_engine.store.states import TaskState
@@ -142,6 +143,10 @@ class QueueStats:
     async def dependencies(self) -> list[ListedCircuit]:
         async with self._reads.connect() as conn:
             return await circuit_store.listed(conn)
+
+    async def retention_lag_seconds(self) -> float:
+        async with self._reads.connect() as conn:
+            return await retention_store.retention_lag_seconds(conn)
 
     async def journal_steps(self) -> dict[tuple[str, str], int]:
         async with self._reads.connect() as conn:

@@ -54,6 +54,14 @@ def _not_active(instance_id: uuid.UUID, state: str) -> EngineError:
     )
 
 
+def check_modification(change: Modification) -> None:
+    """Refuse a modification that says no reason or changes nothing, before any instance is touched."""
+    if not change.reason.strip():
+        raise invalid(ErrorReason.INVALID_ARGUMENT, "reason", "say why: it is kept in the history")
+    if not (change.set_variables or change.unset_variables or change.moves):
+        raise invalid(ErrorReason.INVALID_ARGUMENT, "set_variables", "nothing to change")
+
+
 async def modify_instance(
     conn: AsyncConnection,
     catalog: DefinitionCatalog,
@@ -63,10 +71,7 @@ async def modify_instance(
 ) -> None:
     """Apply `change` to one active instance in the caller's transaction: variables first (so a moved
     token walks on the corrected values), then the moves, each withdrawing the task it leaves."""
-    if not change.reason.strip():
-        raise invalid(ErrorReason.INVALID_ARGUMENT, "reason", "say why: it is kept in the history")
-    if not (change.set_variables or change.unset_variables or change.moves):
-        raise invalid(ErrorReason.INVALID_ARGUMENT, "set_variables", "nothing to change")
+    check_modification(change)
     instance = await instance_store.lock(conn, instance_id)
     if instance is None:
         raise not_found("instance", str(instance_id), "instance_id")
@@ -168,6 +173,24 @@ class MigrationPlan:
     nodes: dict[str, str]
 
 
+async def migration_versions(
+    catalog: DefinitionCatalog, process_id: str, from_version: int, to_version: int, mappings: dict[str, str]
+) -> tuple[Definition, Definition]:
+    """The definitions a migration leaves and reaches, once the versions and the mapped nodes are checked."""
+    if from_version <= 0 or to_version <= 0:
+        raise invalid(ErrorReason.INVALID_ARGUMENT, "to_version", "name both versions (1 or more)")
+    if from_version == to_version:
+        raise invalid(ErrorReason.INVALID_ARGUMENT, "to_version", "is the version the instances are on")
+    source = await catalog.find(process_id, from_version)
+    target = await catalog.find(process_id, to_version)
+    for old in mappings:
+        if old not in source.process.nodes:
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT, "mappings", f"{process_id} v{from_version} has no node {old!r}"
+            )
+    return source, target
+
+
 async def plan_migration(
     conn: AsyncConnection,
     catalog: DefinitionCatalog,
@@ -180,17 +203,19 @@ async def plan_migration(
     """Check the migration of the active instances of `process_id` v`from_version` (only
     `instance_ids` when given) to `to_version` before anything moves; refused whole, naming the node,
     when a node holding a token has no node of the same type in the target version."""
-    if from_version <= 0 or to_version <= 0:
-        raise invalid(ErrorReason.INVALID_ARGUMENT, "to_version", "name both versions (1 or more)")
-    if from_version == to_version:
-        raise invalid(ErrorReason.INVALID_ARGUMENT, "to_version", "is the version the instances are on")
-    source = await catalog.find(process_id, from_version)
-    target = await catalog.find(process_id, to_version)
-    for old in mappings:
-        if old not in source.process.nodes:
-            raise invalid(
-                ErrorReason.INVALID_ARGUMENT, "mappings", f"{process_id} v{from_version} has no node {old!r}"
-            )
+    source, target = await migration_versions(catalog, process_id, from_version, to_version, mappings)
+    return await plan_between(conn, source, target, mappings, instance_ids)
+
+
+async def plan_between(
+    conn: AsyncConnection,
+    source: Definition,
+    target: Definition,
+    mappings: dict[str, str],
+    instance_ids: Sequence[uuid.UUID] = (),
+) -> MigrationPlan:
+    """`plan_migration` between two definitions already found and checked."""
+    process_id, from_version, to_version = source.process_id, source.version, target.version
     ids = await repair_store.active_of_definition(conn, source.id, instance_ids)
     if instance_ids:
         missing = set(instance_ids) - set(ids)

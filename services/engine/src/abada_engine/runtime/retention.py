@@ -20,10 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.errors import Category, EngineError, invalid
+from abada_engine.metrics import count_deleted
 from abada_engine.runtime.instances import cancel_instance
 from abada_engine.store import retention as retention_store
 from abada_engine.store.retention import Deleted
-from abada_engine.store.states import InstanceState
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ class Retention:
                         gone = await retention_store.delete_instances(batch_conn, due) if due else Deleted()
                     deleted += gone.instances
                     self.deleted.add(gone)
+                    count_deleted("retention", gone.rows)
                     if len(due) < self._batch or time.monotonic() >= ends:
                         return deleted
                     if self._pause:
@@ -110,6 +111,7 @@ class Retention:
                 found = await retention_store.ended_before(conn, before, process_id, self._batch)
                 gone = await retention_store.delete_instances(conn, found) if found else Deleted()
             total.add(gone)
+            count_deleted("purge", gone.rows)
             if len(found) < self._batch:
                 break
         log.info(
@@ -132,41 +134,34 @@ class Retention:
             raise invalid(
                 ErrorReason.INVALID_ARGUMENT, "business_key", "name the customer: a business key or variables"
             )
-        found = await self._matching(business_key, variables_holding)
-        active = [m.id for m in found if m.state == InstanceState.ACTIVE]
-        if active and not cancel_active:
-            named = ", ".join(str(i) for i in active[:_NAMED_ACTIVE])
-            more = f" and {len(active) - _NAMED_ACTIVE} more" if len(active) > _NAMED_ACTIVE else ""
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
-                ErrorReason.INSTANCES_ACTIVE,
-                f"{len(active)} matching instance(s) are active: {named}{more}; cancel them first "
-                "(cancel_active) or wait for them to end",
-                metadata={"instance_ids": named, "active": str(len(active))},
-            )
-        canceled = 0
-        for instance_id in active:
-            async with self._engine.begin() as conn:
-                try:
-                    await cancel_instance(conn, instance_id, "erasure requested")
-                    canceled += 1
-                except EngineError as error:
-                    if error.reason != ErrorReason.INSTANCE_NOT_ACTIVE:  # it ended meanwhile: fine
-                        raise
+        if not cancel_active:
+            await self._refuse_if_active(business_key, variables_holding)
+        canceled = await self._cancel_active(business_key, variables_holding) if cancel_active else 0
+        # Batch after batch, each picked afresh through the customer's index and deleted in its own
+        # transaction: however many instances one customer has, neither memory nor a transaction grows.
         total = Deleted()
-        ids = [m.id for m in found]
-        for start in range(0, len(ids), self._batch):
+        after: uuid.UUID | None = None
+        while True:
             async with self._engine.begin() as conn:
-                total.add(
-                    await retention_store.delete_instances(
-                        conn, ids[start : start + self._batch], skip_locked=False
-                    )
+                found = await retention_store.matching(
+                    conn, business_key, variables_holding, self._batch, after, active=False
                 )
+                gone = Deleted()
+                if found:
+                    ids = [m.id for m in found]
+                    gone = await retention_store.delete_instances(conn, ids, skip_locked=False)
+            total.add(gone)
+            count_deleted("erase", gone.rows)
+            if len(found) < self._batch:
+                break
+            after = found[-1].id
+        forgotten = Deleted()
         async with self._engine.begin() as conn:
             if business_key:
-                total.rows["messages"] = total.rows.get("messages", 0) + (
-                    await retention_store.forget_buffered_messages(conn, business_key)
+                forgotten.rows["messages"] = await retention_store.forget_buffered_messages(
+                    conn, business_key
                 )
+            total.add(forgotten)
             audit_id = await retention_store.record_erasure(
                 conn,
                 erased_by,
@@ -175,6 +170,7 @@ class Retention:
                 canceled,
                 total.total,
             )
+        count_deleted("erase", forgotten.rows)
         # The log names neither the key nor the variables: it is personal data being let go.
         log.info(
             "customer data erased",
@@ -187,15 +183,43 @@ class Retention:
         )
         return Erased(total.instances, canceled, total.total, audit_id)
 
-    async def _matching(
-        self, business_key: str, variables_holding: dict[str, Any] | None
-    ) -> list[retention_store.Matched]:
-        found: list[retention_store.Matched] = []
-        after: uuid.UUID | None = None
+    async def _refuse_if_active(self, business_key: str, variables_holding: dict[str, Any] | None) -> None:
+        """Refuse the erasure, deleting nothing, while some of the customer's instances run."""
         async with self._reads.connect() as conn:
-            while True:
-                page = await retention_store.matching(conn, business_key, variables_holding, 1000, after)
-                found.extend(page)
-                if len(page) < 1000:
-                    return found
-                after = page[-1].id
+            active = await retention_store.count_active_matching(conn, business_key, variables_holding)
+            if not active:
+                return
+            first = await retention_store.matching(
+                conn, business_key, variables_holding, _NAMED_ACTIVE, active=True
+            )
+        named = ", ".join(str(m.id) for m in first)
+        more = f" and {active - len(first)} more" if active > len(first) else ""
+        raise EngineError(
+            Category.FAILED_PRECONDITION,
+            ErrorReason.INSTANCES_ACTIVE,
+            f"{active} matching instance(s) are active: {named}{more}; cancel them first "
+            "(cancel_active) or wait for them to end",
+            metadata={"instance_ids": named, "active": str(active)},
+        )
+
+    async def _cancel_active(self, business_key: str, variables_holding: dict[str, Any] | None) -> int:
+        """Cancel the customer's active instances, a page at a time, each in its own transaction; answers
+        how many this erasure cancelled."""
+        canceled = 0
+        after: uuid.UUID | None = None
+        while True:
+            async with self._reads.connect() as conn:
+                page = await retention_store.matching(
+                    conn, business_key, variables_holding, self._batch, after, active=True
+                )
+            for found in page:
+                async with self._engine.begin() as conn:
+                    try:
+                        await cancel_instance(conn, found.id, "erasure requested")
+                        canceled += 1
+                    except EngineError as error:
+                        if error.reason != ErrorReason.INSTANCE_NOT_ACTIVE:  # it ended meanwhile: fine
+                            raise
+            if len(page) < self._batch:
+                return canceled
+            after = page[-1].id

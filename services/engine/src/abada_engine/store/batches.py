@@ -96,6 +96,8 @@ class Claimed:
     kind: str
     filter: dict[str, Any]
     parameters: dict[str, Any]
+    # Who created the batch: the changes it makes are theirs in each instance's history.
+    created_by: str
 
 
 def _incident_matches(which: BatchFilter) -> ColumnElement[bool]:
@@ -222,7 +224,7 @@ async def claim(conn: AsyncConnection, limit: int) -> list[Claimed]:
     each claim an index range, not a sort of everything pending."""
     running = (
         await conn.execute(
-            select(batches.c.id, batches.c.kind, batches.c.filter, batches.c.parameters)
+            select(batches.c.id, batches.c.kind, batches.c.filter, batches.c.parameters, batches.c.created_by)
             .where(is_(batches.c.state, BatchState.RUNNING))
             .order_by(batches.c.created_at, batches.c.id)
         )
@@ -237,7 +239,10 @@ async def claim(conn: AsyncConnection, limit: int) -> list[Claimed]:
         )
         found = (await conn.execute(query)).scalars().all()
         if found:
-            return [Claimed(batch.id, i, batch.kind, batch.filter, batch.parameters) for i in found]
+            return [
+                Claimed(batch.id, i, batch.kind, batch.filter, batch.parameters, batch.created_by)
+                for i in found
+            ]
     return []
 
 

@@ -122,6 +122,27 @@ async def due_for_retention(conn: AsyncConnection, limit: int) -> list[uuid.UUID
     return list((await conn.execute(query)).scalars())
 
 
+async def retention_lag_seconds(conn: AsyncConnection) -> float:
+    """How long the most overdue finished instance has been past its version's retention (0 when none
+    is): the oldest finished instance of each version, one index probe per version, and the largest
+    lateness among them."""
+    retention = definitions.c.retention_seconds
+    oldest = lateral(
+        select(instances.c.ended_at)
+        .where(instances.c.definition_id == definitions.c.id, _FINISHED)
+        .order_by(instances.c.ended_at)
+        .limit(1)
+    )
+    overdue = func.extract("epoch", func.now() - (oldest.c.ended_at + retention * _SECOND))
+    query = (
+        select(func.coalesce(func.max(overdue), 0))
+        .select_from(definitions)
+        .join(oldest, true())
+        .where(retention.is_not(None))
+    )
+    return max(0.0, float((await conn.execute(query)).scalar_one()))
+
+
 async def ended_before(
     conn: AsyncConnection, before: datetime, process_id: str, limit: int
 ) -> list[uuid.UUID]:
@@ -144,24 +165,46 @@ class Matched:
     state: str
 
 
+def _of_customer(business_key: str, variables_holding: dict[str, Any] | None, active: bool | None) -> Any:
+    """One customer's instances, by business key and/or variables (the indexes
+    `instances_business_key` and `instances_variables` answer): only the active ones with `active`,
+    only the finished ones with `active=False`."""
+    condition: Any = true()
+    if business_key:
+        condition = condition & (instances.c.business_key == business_key)
+    if variables_holding:
+        condition = condition & instances.c.variables.contains(variables_holding)
+    if active is True:
+        condition = condition & ~_FINISHED
+    if active is False:
+        condition = condition & _FINISHED
+    return condition
+
+
 async def matching(
     conn: AsyncConnection,
     business_key: str,
     variables_holding: dict[str, Any] | None,
     limit: int,
     after: uuid.UUID | None = None,
+    *,
+    active: bool | None = None,
 ) -> list[Matched]:
-    """Instances of one customer, whatever their state or age: by business key and/or variables (the
-    indexes `instances_business_key` and `instances_variables` answer), in id order after `after`."""
-    condition: Any = true()
-    if business_key:
-        condition = condition & (instances.c.business_key == business_key)
-    if variables_holding:
-        condition = condition & instances.c.variables.contains(variables_holding)
+    """Up to `limit` of one customer's instances, whatever their age (of any state, or only the active
+    or finished ones: `active`), in id order after `after`."""
+    condition = _of_customer(business_key, variables_holding, active)
     if after is not None:
         condition = condition & (instances.c.id > after)
     query = select(instances.c.id, instances.c.state).where(condition).order_by(instances.c.id).limit(limit)
     return [Matched(row.id, row.state) for row in await conn.execute(query)]
+
+
+async def count_active_matching(
+    conn: AsyncConnection, business_key: str, variables_holding: dict[str, Any] | None
+) -> int:
+    """How many of one customer's instances are active."""
+    condition = _of_customer(business_key, variables_holding, True)
+    return int((await conn.execute(select(func.count()).where(condition))).scalar_one())
 
 
 async def delete_instances(

@@ -93,6 +93,8 @@ class BatchKind(StrEnum):
 
     RETRY_INCIDENTS = "RETRY_INCIDENTS"
     CANCEL = "CANCEL"
+    MIGRATE = "MIGRATE"
+    MODIFY = "MODIFY"
 
 
 class BatchState(StrEnum):
