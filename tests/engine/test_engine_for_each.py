@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import random
+import uuid
 from typing import Any
 
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2, incident_pb2, process_pb2
+from abada_engine.runtime.flow.items import finish_item
+from abada_engine.runtime.leases import hash_token
+from abada_engine.store.states import TaskState
 from engine_helpers import (
     complete,
     deploy,
@@ -375,3 +379,28 @@ async def test_an_agent_item_whose_answer_is_rejected_is_skipped(engine) -> None
     events = (await engine.processes.GetHistory(process_pb2.GetHistoryRequest(instance_id=started.id))).events
     [skipped] = [e for e in events if e.type == "ITEM_SKIPPED"]
     assert "output_schema" in plain(skipped.data)["reason"]
+
+
+async def test_a_last_item_ended_by_a_replica_that_died_before_deciding_is_ended_by_the_duty(
+    engine, engine_core
+) -> None:
+    await deploy(engine, LINES)
+    started = await start(engine, "lines", lines=lines(1), order="O-7")
+    [item] = await drain(engine, "price-line")
+    # What a replica writes for the item before it dies: the item's own statement, not the decision.
+    async with engine_core.db.connect() as conn:
+        finished = await finish_item(
+            conn,
+            uuid.UUID(started.id),
+            uuid.UUID(item.id),
+            state=TaskState.COMPLETED,
+            result=7,
+            history=[],
+            guard_worker="w",
+            guard_hash=hash_token(item.lease_token),
+        )
+        await conn.commit()
+    assert finished is not None and finished.last_round
+    [total] = await fetch(engine, "w", "total", wait_ms=10_000)
+    assert plain(total.variables)["prices"] == [7]
+    assert (await history_types(engine, started.id)).count(("FAN_OUT_COMPLETED", "price")) == 1
