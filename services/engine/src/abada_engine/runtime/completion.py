@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from abada_common.group_commit import GroupCommit
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.definitions.catalog import DefinitionCatalog
-from abada_engine.definitions.model import Node
+from abada_engine.definitions.model import Node, Process
 from abada_engine.errors import Category, EngineError, invalid
 from abada_engine.runtime.background.handed_out import HandedOut, LeaseHeld
 from abada_engine.runtime.dependencies import (
@@ -31,7 +32,14 @@ from abada_engine.runtime.dependencies import (
     outage_budget_ms,
     raise_unavailable,
 )
-from abada_engine.runtime.flow.contract import Verdict, check_written_variables, judge, judging_can_take_long
+from abada_engine.runtime.flow.contract import (
+    Decision,
+    Verdict,
+    check_written_variables,
+    judge,
+    judging_can_take_long,
+)
+from abada_engine.runtime.flow.items import end_fan_out_if_done, end_item, item_end, item_result
 from abada_engine.runtime.flow.navigator import (
     Advance,
     HistoryEntry,
@@ -54,6 +62,7 @@ from abada_engine.runtime.leases import hash_token, hold_lease
 from abada_engine.runtime.offload import run_cpu_check, run_cpu_work
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
+from abada_engine.store.fan_outs import FinishedItem, ItemEnd, finish_items, tail_open
 from abada_engine.store.hand_written import HotPath
 from abada_engine.store.moves import TokenMove, move_tokens
 from abada_engine.store.states import TaskState
@@ -128,6 +137,10 @@ class Completions:
         # Completes that arrive while the previous batch is in the database move their tokens together
         # next, in one statement (each under its own lease guard, answered on its own).
         self._moves = GroupCommit(self._move_many, each_alone_on_failure=True)
+        # The ends of `for_each` items that arrive together go in one statement as well.
+        self._item_ends = GroupCommit(self._end_items, each_alone_on_failure=True)
+        # The fan-outs whose end this replica is deciding, with when each decision began.
+        self._deciding: dict[uuid.UUID, float] = {}
         self._rng = random.Random()
 
     async def complete(
@@ -192,6 +205,33 @@ class Completions:
             applied[index] = ok
         return applied
 
+    async def _decide_fan_out(
+        self, process: Process, node: Node, instance_id: uuid.UUID, fan_out_id: uuid.UUID, ended_at: float
+    ) -> None:
+        """Decide the fan-out's end under its lock, unless a decision this replica began after this item's
+        end was written is under way: that one counts this item ended (if it fails, `FanOutEnds` decides).
+        So the last round's ends, often answered together, do not queue on the lock one by one."""
+        if self._deciding.get(fan_out_id, -1.0) > ended_at:
+            return
+        began = time.monotonic()
+        self._deciding[fan_out_id] = began
+        try:
+            async with self._engine.begin() as conn:
+                await end_fan_out_if_done(conn, process, node, instance_id, fan_out_id)
+        finally:
+            if self._deciding.get(fan_out_id) == began:
+                del self._deciding[fan_out_id]
+
+    async def _last_round_ended(self, fan_out_id: uuid.UUID) -> bool:
+        """Whether no item of the fan-out's last round is open (a read, no lock): only then may this end
+        be the fan-out's, decided under its lock."""
+        async with self._hot.connect() as conn:
+            return await tail_open(conn, fan_out_id) == 0
+
+    async def _end_items(self, ends: Sequence[ItemEnd]) -> list[FinishedItem | None]:
+        async with self._hot.connect() as conn:
+            return await finish_items(conn, list(ends))
+
     async def _judge_and_move(
         self,
         held: LeaseHeld,
@@ -231,6 +271,11 @@ class Completions:
                 "verdict": decision.verdict.value,
             },
         )
+
+        if node.fans_out and (decision.verdict is Verdict.ACCEPTED or node.skips_failed_items):
+            return await self._end_item(
+                held, definition.process, node, worker_id, lease_token, variables, decision, completed
+            )
 
         async def decide(tokens_elsewhere: int | None) -> TokenMove:
             preceding = [completed]
@@ -315,6 +360,49 @@ class Completions:
             decision.verdict, routed, applied.current_node_id, applied.incident_id, decision.reason
         )
 
+    async def _end_item(
+        self,
+        held: LeaseHeld,
+        process: Process,
+        node: Node,
+        worker_id: str,
+        lease_token: str,
+        variables: dict[str, Any],
+        decision: Decision,
+        completed: HistoryEntry,
+    ) -> CompleteResult | None:
+        """An item of a `for_each` ends on its own rows, under its lease: accepted, its result is kept
+        for `collect`; rejected on a node that skips failed items, it is left out (null)."""
+        history = [completed]
+        if decision.verdict is Verdict.ACCEPTED:
+            state, result = TaskState.COMPLETED, item_result(node, variables)
+        else:
+            state, result = TaskState.SKIPPED, None
+            history.append(
+                HistoryEntry(
+                    "ITEM_SKIPPED", node.id, {"reason": decision.reason, "verdict": decision.verdict.value}
+                )
+            )
+        # One statement on the hot path; only an item of the last round then asks whether the fan-out is
+        # over (a replica dying in between leaves that to `FanOutEnds`).
+        finished = await self._item_ends.submit(
+            item_end(
+                held.instance_id,
+                held.task_id,
+                state,
+                result,
+                history,
+                guard_worker=worker_id,
+                guard_hash=hash_token(lease_token),
+            )
+        )
+        ended_at = time.monotonic()
+        if finished is None:
+            return None
+        if finished.last_round and await self._last_round_ended(finished.fan_out_id):
+            await self._decide_fan_out(process, node, held.instance_id, finished.fan_out_id, ended_at)
+        return CompleteResult(decision.verdict, False, node.id, None, decision.reason)
+
     async def fail(
         self,
         task_id: uuid.UUID,
@@ -357,13 +445,29 @@ class Completions:
             }
             if transient:
                 return await self._wait_out(conn, held, node, error, retry_after_ms)
-            records = [history_record(held.instance_id, HistoryEntry("TASK_FAILED", node.id, error), task_id)]
+            records_entry = HistoryEntry("TASK_FAILED", node.id, error)
+            records = [history_record(held.instance_id, records_entry, task_id)]
             if not no_retry and held.retries_left > 0:
                 failures = node.retries - held.retries_left + 1
                 backoff_ms = min(node.retry_backoff_ms * 2 ** (failures - 1), MAX_BACKOFF_MS)
                 retry_at = await task_store.release_for_retry(conn, task_id, backoff_ms, error)
                 await write_history(conn, records)
                 return FailResult(True, retry_at, None)
+            if node.fans_out and node.skips_failed_items:
+                reason = error_message or error_code or "the task failed"
+                skipped = HistoryEntry("ITEM_SKIPPED", node.id, {"reason": reason, "error": error})
+                await end_item(
+                    conn,
+                    definition.process,
+                    node,
+                    held.instance_id,
+                    task_id,
+                    state=TaskState.SKIPPED,
+                    result=None,
+                    history=[records_entry, skipped],
+                    from_state=TaskState.LEASED,
+                )
+                return FailResult(False, None, None)
             await task_store.hold_as_incident(conn, task_id, last_error=error)
             incident_type = error_code if no_retry and error_code else FAILED_TASK
             message = error_message or "the task failed"
