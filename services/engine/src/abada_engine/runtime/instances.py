@@ -21,6 +21,7 @@ from abada_engine.definitions.model import Process
 from abada_engine.definitions.schemas import input_problem
 from abada_engine.errors import Category, EngineError, invalid, not_found
 from abada_engine.ids import new_id
+from abada_engine.runtime.calls import answer_parent_of_canceled, creates_call, follow_calls
 from abada_engine.runtime.flow.navigator import (
     HistoryEntry,
     JoinNeedsTokens,
@@ -39,6 +40,7 @@ from abada_engine.runtime.flow.tokens import (
 )
 from abada_engine.runtime.offload import run_cpu_check, run_cpu_work
 from abada_engine.runtime.views import HistoryView, InstanceView, UserTaskView, WaitView
+from abada_engine.store import calls as call_store
 from abada_engine.store import history as history_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
@@ -147,8 +149,14 @@ class Instances:
                 business_key,
             )
             write = StartToWrite(new, start_move(instance_id, moved, [started]), must_be_latest=not version)
-            # A start that forks writes its branches beside the instance: in a transaction of its own.
-            if request_id or process.unique_business_key or write.first_move.branches:
+            # A start that forks writes its branches beside the instance, one that calls starts the
+            # child with it: in a transaction of its own.
+            if (
+                request_id
+                or process.unique_business_key
+                or write.first_move.branches
+                or creates_call(write.first_move)
+            ):
                 created_at = await self._start_once(write, request_id, process.unique_business_key)
                 if isinstance(created_at, InstanceView):
                     return Started(created_at, already_started=True)
@@ -201,6 +209,8 @@ class Instances:
             outcome = await start_instance_once(conn, write, request_id, unique_business_key)
             if outcome.created_at is None:
                 await conn.rollback()
+            else:
+                await follow_calls(conn, self._catalog, [write.first_move])
         if outcome.started_before is not None:
             return await self.get(outcome.started_before)
         if outcome.key_held_by is not None:
@@ -220,10 +230,14 @@ class Instances:
             rows = await instance_store.listed(conn, instance_id=instance_id, limit=1)
             waits = await timer_store.waits_of_instance(conn, instance_id) if rows else []
             active = await token_store.active_nodes(conn, instance_id) if rows else []
+            children = await call_store.children_of(conn, instance_id) if rows else []
         if not rows:
             raise not_found("instance", str(instance_id), "instance_id")
         return replace(
-            _view(rows[0]), waits=tuple(WaitView(**asdict(w)) for w in waits), active_node_ids=tuple(active)
+            _view(rows[0]),
+            waits=tuple(WaitView(**asdict(w)) for w in waits),
+            active_node_ids=tuple(active),
+            children=tuple(children),
         )
 
     async def list(
@@ -237,6 +251,7 @@ class Instances:
         created_before: datetime | None = None,
         variables_holding: dict[str, Any] | None = None,
         waiting_for: TaskKind | None = None,
+        parent_instance_id: uuid.UUID | None = None,
     ) -> list[InstanceView]:
         """Instances newest first; with `waiting_for` (TIMER or RECEIVE), only those waiting on one."""
         async with self._reads.connect() as conn:
@@ -251,6 +266,7 @@ class Instances:
                 created_before=created_before,
                 variables_holding=variables_holding,
                 waiting_for=waiting_for,
+                parent_instance_id=parent_instance_id,
             )
         return [_view(r) for r in rows]
 
@@ -313,11 +329,12 @@ class Instances:
             except JoinNeedsTokens:
                 move = None
             if move is None or move.withdraws_other_branches:
-                await move_through_join(
+                move, _ = await move_through_join(
                     conn, row.instance_id, user_task_id, None, decide, instance_locked=True
                 )
             else:
                 await apply_move(conn, move)
+            await follow_calls(conn, self._catalog, [move])
             instance_id = row.instance_id
         return await self.get(instance_id)
 
@@ -335,6 +352,7 @@ def _view(r: ListedInstance) -> InstanceView:
         r.created_at,
         r.ended_at,
         r.open_incidents,
+        r.parent_instance_id,
     )
 
 
@@ -355,3 +373,4 @@ async def cancel_instance(conn: AsyncConnection, instance_id: uuid.UUID, reason:
     await write_history(
         conn, [history_record(instance_id, HistoryEntry("INSTANCE_CANCELED", None, {"reason": reason}))]
     )
+    await answer_parent_of_canceled(conn, instance_id)

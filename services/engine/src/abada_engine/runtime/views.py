@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from abada_engine.definitions.model import Limits, ToolBinding
+from abada_engine.store.calls import ChildRow
 from abada_engine.store.history import HistoryRow
 from abada_engine.store.incidents import ListedIncident
 from abada_engine.store.instances import ListedInstance
@@ -23,6 +24,8 @@ class InstanceView(ListedInstance):
     # Where its live tokens rest, one entry a token (GetInstance only): several between a `parallel`
     # and its join, else the one current node while active.
     active_node_ids: tuple[str, ...] = ()
+    # The instances its call activities started, oldest first (GetInstance only).
+    children: tuple[ChildView, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,9 @@ class WaitView:
     message: str | None = None
     correlation_key: str | None = None
 
+
+# A called instance as its parent lists it: the store's row holds nothing a reader may not see.
+ChildView = ChildRow
 
 # A history event and an incident are handed out as the store reads them: their rows hold nothing a
 # reader may not see.
