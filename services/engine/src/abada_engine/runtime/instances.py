@@ -183,6 +183,9 @@ class Instances:
                 "business_key": business_key,
             },
         )
+        if creates_call(write.first_move):
+            # Its child may have ended at once and moved it on: as it is now, children and all.
+            return Started(await self.get(instance_id))
         return Started(
             InstanceView(
                 id=instance_id,
