@@ -411,3 +411,76 @@ async def test_deploy_refuses_a_cycle_through_a_deployed_process(engine) -> None
         await deploy(engine, cyclic, "child.yaml")
     assert "a cycle of calls: credit_check -> loan -> credit_check" in caught.value.details()
     assert error_info(caught.value).metadata["line"] == "6"
+
+
+async def test_moving_the_token_away_from_a_call_cancels_its_child(engine) -> None:
+    await deploy(engine, CHILD)
+    await deploy(engine, PARENT)
+    parent = await start(engine, "loan", applicant="Hal")
+    [score] = await fetch(engine, "w", "score")
+    modified = await engine.processes.ModifyInstance(
+        process_pb2.ModifyInstanceRequest(
+            instance_id=parent.id,
+            set_variables=struct({"credit": {"score": 0}}),
+            moves=[process_pb2.NodeMapping(from_node_id="check", to_node_id="decide")],
+            reason="scored by hand",
+        )
+    )
+    assert list(modified.instance.active_node_ids) == ["decide"]
+    assert (await instance(engine, score.instance_id)).state == process_pb2.INSTANCE_STATE_CANCELED
+    with pytest.raises(grpc.aio.AioRpcError):
+        await complete(engine, score, "w", {"score": 1})
+    # No incident at the parent: it moved on on purpose.
+    assert await open_incidents(engine, parent.id) == []
+    [decide] = await fetch(engine, "w", "decide")
+    assert decide.instance_id == parent.id
+
+
+async def test_a_join_on_any_cancels_the_child_of_the_branch_it_withdraws(engine) -> None:
+    await deploy(engine, CHILD)
+    await deploy(
+        engine,
+        """
+processes:
+  - id: race
+    start: fork
+    nodes:
+      - { id: fork, type: parallel, branches: [check, quick] }
+      - { id: check, type: call, process: credit_check, next: first }
+      - { id: quick, type: service, topic: quick, next: first }
+      - { id: first, type: join, wait_for: any, next: done }
+      - { id: done, type: end }
+""",
+    )
+    parent = await start(engine, "race")
+    [score] = await fetch(engine, "w", "score")
+    [quick] = await fetch(engine, "w", "quick")
+    await complete(engine, quick, "w", {"quick": True})
+    assert (await instance(engine, parent.id)).state == process_pb2.INSTANCE_STATE_COMPLETED
+    assert (await instance(engine, score.instance_id)).state == process_pb2.INSTANCE_STATE_CANCELED
+    with pytest.raises(grpc.aio.AioRpcError):
+        await complete(engine, score, "w", {"score": 1})
+
+
+async def test_a_child_ended_by_its_timer_moves_the_parent_on(engine) -> None:
+    await deploy(
+        engine,
+        """
+processes:
+  - id: cool_off
+    start: wait
+    nodes:
+      - { id: wait, type: timer, duration: PT1S, next: done }
+      - { id: done, type: end }
+  - id: patient
+    start: pause
+    nodes:
+      - { id: pause, type: call, process: cool_off, result_variable: paused, next: after }
+      - { id: after, type: service, topic: after-call, next: done }
+      - { id: done, type: end }
+""",
+    )
+    parent = await start(engine, "patient", n=1)
+    [after] = await fetch(engine, "w", "after-call", wait_ms=10_000)
+    assert after.instance_id == parent.id
+    assert plain(after.variables) == {"n": 1, "paused": {"n": 1}}
