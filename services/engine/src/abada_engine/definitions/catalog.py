@@ -335,7 +335,7 @@ class _Calls:
         current now: the one this deploy gives it, else the latest deployed."""
         nodes = dict(process.nodes)
         for node in process.nodes.values():
-            if node.type != "call" or node.call_version != "pinned" or node.process is None:
+            if node.type != "call" or node.version != "pinned" or node.process is None:
                 continue
             version = deploying.get(node.process)
             if version is None:

@@ -218,7 +218,7 @@ class Node:
     # (CALL_VERSIONS), the pinned version as deploy resolved it (no YAML key: deploy writes it), and
     # the template of the child's business key (absent: the parent's).
     process: str | None = field(default=None, metadata=_on("call"))
-    call_version: str | None = field(default=None, metadata=_on("call", key="version"))
+    version: str | None = field(default=None, metadata=_on("call"))
     pinned_version: int | None = field(default=None, metadata=_on())
     business_key: str | None = field(default=None, metadata=_on("call"))
 

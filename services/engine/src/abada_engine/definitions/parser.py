@@ -566,7 +566,7 @@ def _check_call(checker: Checker, data: dict[str, Any], path: tuple[str | int, .
         checker.report((*path, "version"), f"{version!r} is not one of: {', '.join(CALL_VERSIONS)}")
     values: dict[str, Any] = {
         "process": checker.string(data, "process", path, pattern=_IDENTIFIER, what="process id"),
-        "call_version": version,
+        "version": version,
         "business_key": checker.string(data, "business_key", path, required=False),
         "result_variable": checker.string(
             data, "result_variable", path, required=False, pattern=_VARIABLE, what="variable name"
