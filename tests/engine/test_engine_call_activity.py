@@ -20,6 +20,7 @@ from engine_helpers import (
     start,
     struct,
 )
+from sqlalchemy import text
 
 CHILD = """
 processes:
@@ -484,3 +485,52 @@ processes:
     [after] = await fetch(engine, "w", "after-call", wait_ms=10_000)
     assert after.instance_id == parent.id
     assert plain(after.variables) == {"n": 1, "paused": {"n": 1}}
+
+
+async def test_a_child_that_cannot_be_written_takes_the_parents_move_with_it(engine, db) -> None:
+    """The parent's token reaches the call and the child is written in one transaction: when the
+    child's row is refused, the worker's Complete changes nothing, and sent again once the database
+    accepts it, it starts exactly one child."""
+    await deploy(engine, CHILD)
+    await deploy(
+        engine,
+        """
+processes:
+  - id: prepared
+    start: prep
+    nodes:
+      - { id: prep, type: service, topic: prep, next: check }
+      - { id: check, type: call, process: credit_check, next: done }
+      - { id: done, type: end }
+""",
+    )
+    parent = await start(engine, "prepared")
+    [prep] = await fetch(engine, "w", "prep")
+    async with db.begin() as conn:
+        await conn.execute(
+            text(
+                "CREATE FUNCTION refuse_credit_checks() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'no room for %', NEW.process_id; END $$"
+            )
+        )
+        await conn.execute(
+            text(
+                "CREATE TRIGGER refuse_credit_checks BEFORE INSERT ON instances FOR EACH ROW "
+                "WHEN (NEW.process_id = 'credit_check') EXECUTE FUNCTION refuse_credit_checks()"
+            )
+        )
+    try:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await complete(engine, prep, "w", {"prepared": True})
+        held = await instance(engine, parent.id)
+        assert list(held.active_node_ids) == ["prep"] and list(held.children) == []
+        assert "prepared" not in plain(held.variables)
+    finally:
+        async with db.begin() as conn:
+            await conn.execute(text("DROP TRIGGER refuse_credit_checks ON instances"))
+            await conn.execute(text("DROP FUNCTION refuse_credit_checks()"))
+    await complete(engine, prep, "w", {"prepared": True})
+    moved = await instance(engine, parent.id)
+    assert list(moved.active_node_ids) == ["check"] and len(moved.children) == 1
+    [score] = await fetch(engine, "w", "score")
+    assert score.instance_id == moved.children[0].instance_id
