@@ -214,6 +214,32 @@ processes:
     assert re.search(r'id="active-nodes">left, right<', page.text), page.text
 
 
+async def test_an_instance_page_lists_its_called_instances(client, engine, engine_tokens) -> None:  # type: ignore[no-untyped-def]
+    await deploy(
+        engine,
+        """
+processes:
+  - id: child
+    start: work
+    nodes:
+      - { id: work, type: service, topic: child-work, next: done }
+      - { id: done, type: end }
+  - id: parent
+    start: call_child
+    nodes:
+      - { id: call_child, type: call, process: child, next: done }
+      - { id: done, type: end }
+""",
+    )
+    started = await engine.processes.StartInstance(process_pb2.StartInstanceRequest(process_id="parent"))
+    [child] = started.instance.children
+    await sign_in(client, engine_tokens.operator)
+    page = await client.get(f"/console/instances/{started.instance.id}")
+    assert "Called instances" in page.text and f'/instances/{child.instance_id}"' in page.text, page.text
+    child_page = await client.get(f"/console/instances/{child.instance_id}")
+    assert f'/instances/{started.instance.id}"' in child_page.text
+
+
 async def test_a_user_task_is_completed_with_a_form_from_the_reviewed_output_schema(  # type: ignore[no-untyped-def]
     client, engine, engine_tokens
 ) -> None:

@@ -56,6 +56,24 @@ async def test_deploy_start_get_list_and_cancel(sdk_client):
     assert await sdk_client.list_instances("review", InstanceState.ACTIVE) == []
 
 
+async def test_the_instances_a_call_activity_started_are_listed_by_their_parent(sdk_client):
+    await sdk_client.deploy(
+        BUNDLE
+        + """
+  - id: calls_review
+    start: call_review
+    nodes:
+      - { id: call_review, type: call, process: review, next: done }
+      - { id: done, type: end }
+"""
+    )
+    parent = await sdk_client.start("calls_review", {"amount": 3})
+    [child] = await sdk_client.list_instances(parent_instance_id=parent.id)
+    assert child.process_id == "review" and child.parent_instance_id == parent.id
+    assert child.variables == {"amount": 3}
+    assert (await sdk_client.get(parent.id)).parent_instance_id == ""
+
+
 async def test_result_waits_through_a_user_task_and_returns_the_completed_instance(engine, sdk_client):
     await sdk_client.deploy(BUNDLE)
     handle = await sdk_client.start("review", {"amount": 12})

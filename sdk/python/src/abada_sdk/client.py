@@ -278,8 +278,10 @@ class AsyncEngineClient:
         created_after: datetime | None = None,
         created_before: datetime | None = None,
         where: dict[str, Any] | None = None,
+        parent_instance_id: str = "",
     ) -> list[Instance]:
-        """The newest `limit` instances that match; `iter_instances` walks them all."""
+        """The newest `limit` instances that match (`parent_instance_id`: the ones that instance's call
+        activities started); `iter_instances` walks them all."""
         found: list[Instance] = []
         async for instance in self.iter_instances(
             process_id,
@@ -288,6 +290,7 @@ class AsyncEngineClient:
             created_after=created_after,
             created_before=created_before,
             where=where,
+            parent_instance_id=parent_instance_id,
             page_size=min(limit, _PAGE_SIZE),
         ):
             found.append(instance)
@@ -305,6 +308,7 @@ class AsyncEngineClient:
         created_before: datetime | None = None,
         where: dict[str, Any] | None = None,
         page_size: int = _PAGE_SIZE,
+        parent_instance_id: str = "",
     ) -> AsyncIterator[Instance]:
         """Every instance that matches, newest first, read page by page as the caller goes; with
         `created_after` (inclusive) and `created_before`, only those started in that range; with
@@ -316,6 +320,7 @@ class AsyncEngineClient:
             created_after=created_after,
             created_before=created_before,
             where=where,
+            parent_instance_id=parent_instance_id,
         )
         async for instance in self.pages(
             lambda: self.stubs.processes.ListInstances, request, "instances", page_size

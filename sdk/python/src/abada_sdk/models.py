@@ -157,6 +157,8 @@ class Instance:
     open_incidents: int
     created_at: datetime.datetime | None
     ended_at: datetime.datetime | None
+    # The instance whose call activity started this one; "" for a top-level instance.
+    parent_instance_id: str = ""
 
     @property
     def ended(self) -> bool:

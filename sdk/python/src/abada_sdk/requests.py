@@ -58,14 +58,17 @@ def list_instances(
     created_before: datetime | None = None,
     where: dict[str, Any] | None = None,
     waiting_for: process_pb2.WaitingFor = process_pb2.WAITING_FOR_UNSPECIFIED,
+    parent_instance_id: str = "",
 ) -> process_pb2.ListInstancesRequest:
     """`where` ({"customerId": "C-42"}): only instances whose top-level variables equal those values;
-    `waiting_for` (WAITING_FOR_TIMER or WAITING_FOR_MESSAGE): only active ones waiting on that."""
+    `waiting_for` (WAITING_FOR_TIMER or WAITING_FOR_MESSAGE): only active ones waiting on that;
+    `parent_instance_id`: only the instances that one's call activities started."""
     request = process_pb2.ListInstancesRequest(
         process_id=process_id,
         state=state.to_proto() if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
         business_key=business_key,
         waiting_for=waiting_for,
+        parent_instance_id=parent_instance_id,
     )
     if created_after is not None:
         request.created_after.FromDatetime(created_after)

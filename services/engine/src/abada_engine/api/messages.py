@@ -19,6 +19,7 @@ from abada_engine.definitions.catalog import Definition
 from abada_engine.definitions.model import Limits, ToolBinding
 from abada_engine.runtime.dependencies import dependency_key, split_key
 from abada_engine.runtime.views import (
+    ChildView,
     HistoryView,
     IncidentView,
     InstanceView,
@@ -162,6 +163,19 @@ def instance(value: InstanceView) -> process_pb2.Instance:
             )
             for f in value.fan_outs
         ],
+        parent_instance_id=str(value.parent_instance_id) if value.parent_instance_id else "",
+        children=[child_instance(c) for c in value.children],
+    )
+
+
+def child_instance(value: ChildView) -> process_pb2.ChildInstance:
+    return process_pb2.ChildInstance(
+        instance_id=str(value.instance_id),
+        process_id=value.process_id,
+        version=value.version,
+        state=_INSTANCE_STATE[value.state],
+        node_id=value.node_id,
+        open_incidents=value.open_incidents,
     )
 
 

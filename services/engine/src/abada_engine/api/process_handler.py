@@ -120,6 +120,11 @@ class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
         created_after = optional_time(request, "created_after")
         created_before = optional_time(request, "created_before")
         holding = _variables_holding(request.variables)
+        parent = (
+            parse_uuid(request.parent_instance_id, "parent_instance_id")
+            if request.parent_instance_id
+            else None
+        )
         page = self._pages.page(
             request.page_size,
             request.page_token,
@@ -132,6 +137,8 @@ class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
                 created_before=created_before,
                 variables=json.dumps(holding, sort_keys=True),
                 waiting_for=str(request.waiting_for or ""),
+                # Only when set: tokens issued before the filter existed stay valid.
+                **({"parent_instance_id": request.parent_instance_id} if request.parent_instance_id else {}),
             ),
             (datetime, uuid.UUID),
         )
@@ -145,6 +152,7 @@ class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
             created_before=created_before,
             variables_holding=holding,
             waiting_for=_WAITING_FOR.get(request.waiting_for),
+            parent_instance_id=parent,
         )
         shown, next_token = self._pages.shown(page, found, _key)
         return process_pb2.ListInstancesResponse(

@@ -406,6 +406,9 @@ def instances(
         WaitingForChoice | None,
         typer.Option(help="Only active instances waiting on a timer, or on a message (a receive)."),
     ] = None,
+    parent: Annotated[
+        str | None, typer.Option(help="Only the instances this instance's call activities started.")
+    ] = None,
 ) -> None:
     """List instances, newest first, following the engine's pages up to --limit (or --all)."""
     found, page_token = _pages(
@@ -419,6 +422,7 @@ def instances(
             created_before=rfc3339(until, "--until") if until else None,
             where=variables(var or [], None),
             waiting_for=_WAITING_FOR[waiting_for] if waiting_for else process_pb2.WAITING_FOR_UNSPECIFIED,
+            parent_instance_id=parent or "",
         ),
         lambda response: response.instances,
         _MAX_PAGE_SIZE,

@@ -215,6 +215,7 @@ def instance_card(instance: process_pb2.Instance, events: Sequence[process_pb2.H
             # Several between a parallel and its join: every branch's token, where it rests.
             ("active tokens at", ", ".join(instance.active_node_ids) or EMPTY),
             ("business key", instance.business_key or EMPTY),
+            *([("called by", instance.parent_instance_id)] if instance.parent_instance_id else []),
             ("started", moment(instance.create_time)),
             ("ended", moment(instance.end_time)),
             ("open incidents", str(instance.open_incidents)),
@@ -229,8 +230,25 @@ def instance_card(instance: process_pb2.Instance, events: Sequence[process_pb2.H
         parts.append(f"timers, messages and deadlines:\n{waits_table(instance.waits)}")
     if instance.fan_outs:
         parts.append(f"for_each items:\n{fan_outs_table(instance.fan_outs)}")
+    if instance.children:
+        parts.append(f"called instances (abada show ID):\n{children_table(instance.children)}")
     parts.append(f"history:\n{history}")
     return "\n\n".join(parts)
+
+
+def children_table(children: Sequence[process_pb2.ChildInstance]) -> str:
+    """The instances an instance's call activities started: where each stands, and its incidents."""
+    rows = [
+        (
+            c.instance_id,
+            c.node_id or EMPTY,
+            f"{c.process_id} v{c.version}",
+            instance_state(c.state),
+            str(c.open_incidents),
+        )
+        for c in children
+    ]
+    return table(("ID", "CALLED FROM", "PROCESS", "STATE", "INCIDENTS"), rows)
 
 
 def waits_table(waits: Sequence[process_pb2.Wait]) -> str:

@@ -49,6 +49,9 @@ instances = Table(
     Column("business_key", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("ended_at", DateTime(timezone=True)),
+    # Set on an instance a call activity started: its parent and the parent's `call` task (0014).
+    Column("parent_instance_id", Uuid),
+    Column("parent_task_id", Uuid),
 )
 
 # A start's request_id, so the same start sent again within a day answers the first instance (0009).

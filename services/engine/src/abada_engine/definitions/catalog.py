@@ -8,6 +8,7 @@ and a start that relies on the belief has its statement re-check it (see `Instan
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -18,15 +19,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
-from abada_engine.errors import EngineError, not_found
+from abada_engine.errors import EngineError, FieldProblem, not_found
 from abada_engine.store import definitions as definition_store
 from abada_engine.store.definitions import DefinitionRow
 
 from .model import Bundle, Process, ToolBinding, ToolServerSpec, ToolSpec
-from .parser import parse_bundle
+from .parser import definition_invalid, parse_bundle
 
 log = logging.getLogger(__name__)
 
@@ -133,11 +134,15 @@ class DefinitionCatalog:
         observed: ObservedSchemas = (
             await self._contract_check(bundle, deployed_by) if self._contract_check else {}
         )
-        results: list[Definition] = []
+        by_process: dict[str, Definition] = {}
         created: list[str] = []
         async with self._engine.begin() as conn:
             await definition_store.lock_for_deploy(conn)
-            for process in bundle.processes:
+            calls = _Calls(conn, bundle)
+            await calls.check()
+            # The called before their callers: a caller pins the version its callee gets here.
+            for process in calls.callees_first():
+                process = await calls.pinned(process, {p: d.version for p, d in by_process.items()})
                 bindings = freeze_bindings(bundle, process, observed)
                 frozen: dict[str, Any] = {
                     "process": process.to_json(),
@@ -149,7 +154,7 @@ class DefinitionCatalog:
                     if latest.retention_seconds is None:
                         # Deployed before retention existed: the same content deployed again records it.
                         await definition_store.record_retention(conn, latest.id, process.retention_seconds)
-                    results.append(self._from_row(latest))
+                    by_process[process.id] = self._from_row(latest)
                     continue
                 row = await definition_store.insert_version(
                     conn,
@@ -161,8 +166,10 @@ class DefinitionCatalog:
                     frozen["tool_bindings"],
                     process.retention_seconds,
                 )
-                results.append(self._from_row(row))
+                by_process[process.id] = self._from_row(row)
                 created.append(process.id)
+        results = [by_process[process.id] for process in bundle.processes]
+        created = [process.id for process in bundle.processes if process.id in created]
         log.info(
             "deployed",
             extra={
@@ -251,6 +258,96 @@ class DefinitionCatalog:
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return definition
+
+
+class _Calls:
+    """Deploy's checks of a bundle's call activities, against the bundle and the deployed processes:
+    every called process exists, and no chain of calls comes back to where it started (a process's
+    calls are followed through its latest version, or through the bundle's when it redeploys it)."""
+
+    def __init__(self, conn: AsyncConnection, bundle: Bundle) -> None:
+        self._conn = conn
+        self._bundle = bundle
+        self._in_bundle = {process.id: process for process in bundle.processes}
+        self._deployed: dict[str, DefinitionRow | None] = {}
+
+    async def _latest(self, process_id: str) -> DefinitionRow | None:
+        if process_id not in self._deployed:
+            self._deployed[process_id] = await definition_store.latest(self._conn, process_id)
+        return self._deployed[process_id]
+
+    async def _callees(self, process_id: str) -> list[str]:
+        process = self._in_bundle.get(process_id)
+        if process is None:
+            row = await self._latest(process_id)
+            process = Process.from_json(row.spec) if row is not None else None
+        return _called_by(process) if process is not None else []
+
+    async def _path(self, start: str, goal: str) -> list[str] | None:
+        """A chain of calls from `start` to `goal` (both included), or None."""
+        came_from: dict[str, str | None] = {start: None}
+        stack = [start]
+        while stack:
+            current = stack.pop()
+            if current == goal:
+                chain = [current]
+                while (before := came_from[chain[-1]]) is not None:
+                    chain.append(before)
+                return chain[::-1]
+            for callee in await self._callees(current):
+                if callee not in came_from:
+                    came_from[callee] = current
+                    stack.append(callee)
+        return None
+
+    async def check(self) -> None:
+        problems: list[FieldProblem] = []
+        for site in self._bundle.call_sites:
+            if site.called not in self._in_bundle and await self._latest(site.called) is None:
+                why = f"calls {site.called!r}, a process neither deployed nor in this bundle"
+                problems.append(FieldProblem(site.field, why, site.file, site.line))
+                continue
+            chain = await self._path(site.called, site.process_id)
+            if chain is not None:
+                why = f"a cycle of calls: {' -> '.join([site.process_id, *chain])}"
+                problems.append(FieldProblem(site.field, why, site.file, site.line))
+        if problems:
+            raise definition_invalid(sorted(problems, key=lambda p: p.line))
+
+    def callees_first(self) -> list[Process]:
+        """The bundle's processes, each after the ones of the bundle it calls (calls have no cycle)."""
+        ordered: dict[str, Process] = {}
+
+        def visit(process: Process) -> None:
+            if process.id in ordered:
+                return
+            for callee in _called_by(process):
+                if callee in self._in_bundle and callee != process.id:
+                    visit(self._in_bundle[callee])
+            ordered[process.id] = process
+
+        for process in self._bundle.processes:
+            visit(process)
+        return list(ordered.values())
+
+    async def pinned(self, process: Process, deploying: dict[str, int]) -> Process:
+        """`process` with each `version: pinned` call frozen to the version of its callee that is
+        current now: the one this deploy gives it, else the latest deployed."""
+        nodes = dict(process.nodes)
+        for node in process.nodes.values():
+            if node.type != "call" or node.version != "pinned" or node.process is None:
+                continue
+            version = deploying.get(node.process)
+            if version is None:
+                row = await self._latest(node.process)
+                assert row is not None  # `check` saw it
+                version = row.version
+            nodes[node.id] = dataclasses.replace(node, pinned_version=version)
+        return dataclasses.replace(process, nodes=nodes)
+
+
+def _called_by(process: Process) -> list[str]:
+    return [node.process for node in process.nodes.values() if node.type == "call" and node.process]
 
 
 __all__ = [

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 NodeType = Literal[
-    "agent", "service", "exclusive", "user_task", "timer", "receive", "parallel", "join", "end"
+    "agent", "service", "exclusive", "user_task", "timer", "receive", "parallel", "join", "call", "end"
 ]
 NODE_TYPES: tuple[str, ...] = (
     "agent",
@@ -21,11 +21,15 @@ NODE_TYPES: tuple[str, ...] = (
     "receive",
     "parallel",
     "join",
+    "call",
     "end",
 )
 # How a join lets the token on: when every branch of its fork arrived, or when the first one did (the
 # other branches' tasks are withdrawn).
 JOIN_WAITS: tuple[str, ...] = ("all", "any")
+# Which version of the called process a `call` node starts: the latest when the token arrives, or the
+# one that was latest when the calling process was deployed (frozen in `pinned_version`).
+CALL_VERSIONS: tuple[str, ...] = ("latest", "pinned")
 # The nodes a token waits in for a worker, a person or the world: each may carry a deadline.
 WAITING_NODE_TYPES: tuple[str, ...] = ("agent", "service", "user_task", "receive")
 # The nodes `for_each` may run once per item of a list, each item a task of its own.
@@ -164,11 +168,11 @@ class Node:
     id: str = field(metadata=_on(*NODE_TYPES))
     type: str = field(metadata=_on(*NODE_TYPES))
     next: str | None = field(
-        default=None, metadata=_on("agent", "service", "user_task", "timer", "receive", "join")
+        default=None, metadata=_on("agent", "service", "user_task", "timer", "receive", "join", "call")
     )
     # service and agent nodes
     topic: str | None = field(default=None, metadata=_on("service"))
-    inputs: dict[str, Any] | None = field(default=None, metadata=_on("agent", "service", "user_task"))
+    inputs: dict[str, Any] | None = field(default=None, metadata=_on("agent", "service", "user_task", "call"))
     retries: int = field(default=3, metadata=_on("agent", "service"))
     retry_backoff_ms: int = field(default=1000, metadata=_on("agent", "service"))
     # How long a task waits out the outages of what it depends on (seconds; parsed from an ISO-8601
@@ -182,10 +186,10 @@ class Node:
     provider: str | None = field(default=None, metadata=_on("agent"))
     prompt: str | None = field(default=None, metadata=_on("agent"))
     tools: tuple[str, ...] = field(default=(), metadata=_on("agent"))
-    # agent and receive nodes; on a service or user_task node only with `for_each` (what `collect` takes
-    # of each item's completion).
+    # agent, receive and call nodes; on a service or user_task node only with `for_each` (what
+    # `collect` takes of each item's completion).
     result_variable: str | None = field(
-        default=None, metadata=_on("agent", "receive", "service", "user_task")
+        default=None, metadata=_on("agent", "receive", "call", "service", "user_task")
     )
     output_schema: dict[str, Any] | None = field(default=None, metadata=_on("agent"))
     confidence_threshold: float | None = field(default=None, metadata=_on("agent"))
@@ -230,6 +234,13 @@ class Node:
     forks: tuple[str, ...] = field(default=(), metadata=_on("parallel", key="branches"))
     # join nodes: "all" or "any" (JOIN_WAITS).
     wait_for: str | None = field(default=None, metadata=_on("join"))
+    # call nodes: the process whose instance the token starts and waits for, "latest" or "pinned"
+    # (CALL_VERSIONS), the pinned version as deploy resolved it (no YAML key: deploy writes it), and
+    # the template of the child's business key (absent: the parent's).
+    process: str | None = field(default=None, metadata=_on("call"))
+    version: str | None = field(default=None, metadata=_on("call"))
+    pinned_version: int | None = field(default=None, metadata=_on())
+    business_key: str | None = field(default=None, metadata=_on("call"))
 
     @property
     def fans_out(self) -> bool:
@@ -347,10 +358,25 @@ class Process:
 
 
 @dataclass(frozen=True)
+class CallSite:
+    """A `call` node as the bundle wrote it, where deploy reports what it finds wrong with it (the
+    called process may live in the database, so the parser cannot check it alone)."""
+
+    process_id: str
+    node_id: str
+    called: str
+    # The field path and line of its `process:` key.
+    field: str
+    file: str
+    line: int
+
+
+@dataclass(frozen=True)
 class Bundle:
     tool_servers: dict[str, ToolServerSpec]
     processes: list[Process]
     models: dict[str, ModelProfile] = field(default_factory=dict)
+    call_sites: tuple[CallSite, ...] = ()
 
     def bound_tools(self, process: Process) -> list[tuple[ToolServerSpec, ToolSpec]]:
         """The (server, tool) pairs a process's agent nodes reference, in first-use order."""

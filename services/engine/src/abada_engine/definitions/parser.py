@@ -22,6 +22,7 @@ from .durations import iso_duration_seconds
 from .expressions import cel_syntax_error, reference_syntax_errors
 from .model import (
     AGENT_TOPIC,
+    CALL_VERSIONS,
     DEFAULT_RETENTION_SECONDS,
     FAN_OUT_NODE_TYPES,
     ITEM_FAILURE_ACTIONS,
@@ -31,6 +32,7 @@ from .model import (
     WAITING_NODE_TYPES,
     Branch,
     Bundle,
+    CallSite,
     Limits,
     ModelProfile,
     Node,
@@ -41,7 +43,7 @@ from .model import (
 )
 from .providers import PROVIDERS, ProviderUndecided, resolve_provider
 from .schemas import schema_problems
-from .yaml_source import Refused
+from .yaml_source import Refused, path_text
 from .yaml_source import load as load_located
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}$")
@@ -89,6 +91,11 @@ def parse_bundle(content: str, source_name: str = "bundle.yaml") -> Bundle:
     return bundle
 
 
+def definition_invalid(problems: list[FieldProblem]) -> EngineError:
+    """DEFINITION_INVALID for problems found past parsing (deploy's checks against the database)."""
+    return _invalid(problems)
+
+
 def _invalid(problems: list[FieldProblem]) -> EngineError:
     first = problems[0]
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -120,7 +127,23 @@ def _check_bundle(checker: Checker) -> Bundle | None:
             checker.report(("processes", index, "id"), f"duplicate process id {process.id!r}")
         seen_ids[process.id] = index
         processes.append(process)
-    return Bundle(tool_servers=servers, processes=processes, models=models)
+    call_sites = tuple(_call_sites(checker, processes, seen_ids))
+    return Bundle(tool_servers=servers, processes=processes, models=models, call_sites=call_sites)
+
+
+def _call_sites(checker: Checker, processes: list[Process], indexes: dict[str, int]) -> Iterator[CallSite]:
+    """Each `call` node with the line of its `process:`, for deploy's checks (catalog.py)."""
+    for process in processes:
+        raw_nodes = checker.located.value["processes"][indexes[process.id]]["nodes"]
+        for node_index, raw_node in enumerate(raw_nodes):
+            node_id = raw_node.get("id") if isinstance(raw_node, dict) else None
+            node = process.nodes.get(node_id) if isinstance(node_id, str) else None
+            if node is None or node.type != "call" or node.process is None:
+                continue
+            path = ("processes", indexes[process.id], "nodes", node_index, "process")
+            yield CallSite(
+                process.id, node.id, node.process, path_text(path), checker.source_name, checker.line_of(path)
+            )
 
 
 def _check_models(checker: Checker, raw: Any) -> dict[str, ModelProfile]:
@@ -457,7 +480,7 @@ def _check_node(
     node_id = checker.string(data, "id", path, pattern=_IDENTIFIER, what="node id")
     if node_id is None:
         return None
-    needs_next = node_type in ("agent", "service", "user_task", "timer", "receive", "join")
+    needs_next = node_type in ("agent", "service", "user_task", "timer", "receive", "join", "call")
     next_node = checker.string(data, "next", path, required=needs_next)
     inputs = data.get("inputs")
     if inputs is not None:
@@ -491,6 +514,8 @@ def _check_node(
         values.update(_check_timer(checker, data, path))
     elif node_type == "receive":
         values.update(_check_receive(checker, data, path))
+    elif node_type == "call":
+        values.update(_check_call(checker, data, path))
     if node_type in WAITING_NODE_TYPES:
         values["deadline_seconds"], values["on_deadline"] = _paired_route(
             checker, data, path, "deadline", "on_deadline"
@@ -586,6 +611,25 @@ def _check_receive(checker: Checker, data: dict[str, Any], path: tuple[str | int
     values["timeout_seconds"], values["on_timeout"] = _paired_route(
         checker, data, path, "timeout", "on_timeout"
     )
+    return values
+
+
+def _check_call(checker: Checker, data: dict[str, Any], path: tuple[str | int, ...]) -> dict[str, Any]:
+    """A call activity: which process, which of its versions, the child's business key and where its
+    result lands (whether the process exists, and whether calls go round, deploy checks: catalog.py)."""
+    version = checker.string(data, "version", path, required=False) or "latest"
+    if version not in CALL_VERSIONS:
+        checker.report((*path, "version"), f"{version!r} is not one of: {', '.join(CALL_VERSIONS)}")
+    values: dict[str, Any] = {
+        "process": checker.string(data, "process", path, pattern=_IDENTIFIER, what="process id"),
+        "version": version,
+        "business_key": checker.string(data, "business_key", path, required=False),
+        "result_variable": checker.string(
+            data, "result_variable", path, required=False, pattern=_VARIABLE, what="variable name"
+        ),
+    }
+    if values["business_key"] is not None:
+        _check_references(checker, values["business_key"], (*path, "business_key"))
     return values
 
 

@@ -26,6 +26,7 @@ from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.schemas import input_problem
 from abada_engine.errors import Category, EngineError, invalid, not_found, precondition
+from abada_engine.runtime.calls import follow_calls
 from abada_engine.runtime.crypto.sealing import Place, StepSealer
 from abada_engine.runtime.flow.navigator import HistoryEntry, advance
 from abada_engine.runtime.flow.tokens import advance_move, apply_move, history_record, write_history
@@ -348,18 +349,17 @@ class Approvals:
                 node.on_approval_timeout,
                 context={"approval_timeout": details},
             )
-            await apply_move(
-                conn,
-                advance_move(
-                    instance_id=first.instance_id,
-                    advance=moved,
-                    variables=None,
-                    preceding=[timed_out],
-                    preceding_task_id=task_id,
-                    finished_task_id=task_id,
-                    finished_state=TaskState.CANCELED,
-                ),
+            move = advance_move(
+                instance_id=first.instance_id,
+                advance=moved,
+                variables=None,
+                preceding=[timed_out],
+                preceding_task_id=task_id,
+                finished_task_id=task_id,
+                finished_state=TaskState.CANCELED,
             )
+            await apply_move(conn, move)
+            await follow_calls(conn, self._catalog, [move])
             return
         message = (
             f"{', '.join(sorted(set(tool_refs)))} waited for approval longer than the node's "

@@ -26,6 +26,7 @@ from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.model import Node, Process
 from abada_engine.errors import Category, EngineError, invalid
 from abada_engine.runtime.background.handed_out import HandedOut, LeaseHeld
+from abada_engine.runtime.calls import creates_call, follow_calls
 from abada_engine.runtime.dependencies import (
     dependency_key,
     next_probe_delay,
@@ -217,7 +218,7 @@ class Completions:
         self._deciding[fan_out_id] = began
         try:
             async with self._engine.begin() as conn:
-                await end_fan_out_if_done(conn, process, node, instance_id, fan_out_id)
+                await end_fan_out_if_done(conn, self._catalog, process, node, instance_id, fan_out_id)
         finally:
             if self._deciding.get(fan_out_id) == began:
                 del self._deciding[fan_out_id]
@@ -342,14 +343,23 @@ class Completions:
             move: TokenMove | None = await decide(None)
         except JoinNeedsTokens:
             move = None
-        if move is None or move.branches or move.withdraws_other_branches:
-            # A fork or a join: decided on the instance's live tokens, locked, in a transaction.
+        if (
+            move is None
+            or move.branches
+            or move.withdraws_other_branches
+            or creates_call(move)
+            or (move.completed and held.called)
+        ):
+            # A fork or a join: decided on the instance's live tokens, locked, in a transaction; a
+            # call starts its child, or a called instance's end moves its parent, in the same one.
             async with self._engine.begin() as conn:
                 move, written = await move_through_join(
                     conn, held.instance_id, task_id, held.instance_xmin, decide
                 )
                 if not written:
                     await conn.rollback()
+                else:
+                    await follow_calls(conn, self._catalog, [move])
             applied = applied_advance(move, written)
         else:
             applied = applied_advance(move, await self._moves.submit(move))
@@ -458,6 +468,7 @@ class Completions:
                 skipped = HistoryEntry("ITEM_SKIPPED", node.id, {"reason": reason, "error": error})
                 await end_item(
                     conn,
+                    self._catalog,
                     definition.process,
                     node,
                     held.instance_id,

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import EngineError, invalid, not_found, precondition
+from abada_engine.runtime.calls import follow_calls
 from abada_engine.runtime.flow.navigator import HistoryEntry, JoinNeedsTokens, advance
 from abada_engine.runtime.flow.tokens import (
     advance_move,
@@ -237,11 +238,12 @@ class Incidents:
         except JoinNeedsTokens:
             move = None
         if move is None or move.withdraws_other_branches:
-            await move_through_join(
+            move, _ = await move_through_join(
                 conn, row.instance_id, row.task_id, None, decide_beside_this_incident, instance_locked=True
             )
         else:
             await apply_move(conn, move)
+        await follow_calls(conn, self._catalog, [move])
 
 
 # These ask a person what happened in the world; a blind retry is exactly what they exist to prevent.

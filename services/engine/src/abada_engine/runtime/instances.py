@@ -21,6 +21,7 @@ from abada_engine.definitions.model import Node, Process
 from abada_engine.definitions.schemas import input_problem
 from abada_engine.errors import Category, EngineError, invalid, not_found
 from abada_engine.ids import new_id
+from abada_engine.runtime.calls import answer_parent_of_canceled, creates_call, follow_calls
 from abada_engine.runtime.flow.items import end_item, item_result
 from abada_engine.runtime.flow.navigator import (
     HistoryEntry,
@@ -40,6 +41,7 @@ from abada_engine.runtime.flow.tokens import (
 )
 from abada_engine.runtime.offload import run_cpu_check, run_cpu_work
 from abada_engine.runtime.views import HistoryView, InstanceView, UserTaskView, WaitView
+from abada_engine.store import calls as call_store
 from abada_engine.store import fan_outs as fan_out_store
 from abada_engine.store import history as history_store
 from abada_engine.store import instances as instance_store
@@ -150,8 +152,14 @@ class Instances:
                 business_key,
             )
             write = StartToWrite(new, start_move(instance_id, moved, [started]), must_be_latest=not version)
-            # A start that forks writes its branches beside the instance: in a transaction of its own.
-            if request_id or process.unique_business_key or write.first_move.branches:
+            # A start that forks writes its branches beside the instance, one that calls starts the
+            # child with it: in a transaction of its own.
+            if (
+                request_id
+                or process.unique_business_key
+                or write.first_move.branches
+                or creates_call(write.first_move)
+            ):
                 created_at = await self._start_once(write, request_id, process.unique_business_key)
                 if isinstance(created_at, InstanceView):
                     return Started(created_at, already_started=True)
@@ -178,6 +186,9 @@ class Instances:
                 "business_key": business_key,
             },
         )
+        if creates_call(write.first_move):
+            # Its child may have ended at once and moved it on: as it is now, children and all.
+            return Started(await self.get(instance_id))
         return Started(
             InstanceView(
                 id=instance_id,
@@ -204,6 +215,8 @@ class Instances:
             outcome = await start_instance_once(conn, write, request_id, unique_business_key)
             if outcome.created_at is None:
                 await conn.rollback()
+            else:
+                await follow_calls(conn, self._catalog, [write.first_move])
         if outcome.started_before is not None:
             return await self.get(outcome.started_before)
         if outcome.key_held_by is not None:
@@ -224,6 +237,7 @@ class Instances:
             waits = await timer_store.waits_of_instance(conn, instance_id) if rows else []
             active = await token_store.active_nodes(conn, instance_id) if rows else []
             fanned = await fan_out_store.progress_of_instance(conn, instance_id) if rows else []
+            children = await call_store.children_of(conn, instance_id) if rows else []
         if not rows:
             raise not_found("instance", str(instance_id), "instance_id")
         return replace(
@@ -231,6 +245,7 @@ class Instances:
             waits=tuple(WaitView(**asdict(w)) for w in waits),
             active_node_ids=tuple(active),
             fan_outs=tuple(fanned),
+            children=tuple(children),
         )
 
     async def list(
@@ -244,6 +259,7 @@ class Instances:
         created_before: datetime | None = None,
         variables_holding: dict[str, Any] | None = None,
         waiting_for: TaskKind | None = None,
+        parent_instance_id: uuid.UUID | None = None,
     ) -> list[InstanceView]:
         """Instances newest first; with `waiting_for` (TIMER or RECEIVE), only those waiting on one."""
         async with self._reads.connect() as conn:
@@ -258,6 +274,7 @@ class Instances:
                 created_before=created_before,
                 variables_holding=variables_holding,
                 waiting_for=waiting_for,
+                parent_instance_id=parent_instance_id,
             )
         return [_view(r) for r in rows]
 
@@ -304,6 +321,7 @@ class Instances:
                 # An item of a `for_each`: what the person wrote is the item's result, not the instance's.
                 await end_item(
                     conn,
+                    self._catalog,
                     definition.process,
                     node,
                     row.instance_id,
@@ -343,9 +361,12 @@ class Instances:
         except JoinNeedsTokens:
             move = None
         if move is None or move.withdraws_other_branches:
-            await move_through_join(conn, row.instance_id, user_task_id, None, decide, instance_locked=True)
+            move, _ = await move_through_join(
+                conn, row.instance_id, user_task_id, None, decide, instance_locked=True
+            )
         else:
             await apply_move(conn, move)
+        await follow_calls(conn, self._catalog, [move])
 
 
 def _view(r: ListedInstance) -> InstanceView:
@@ -361,6 +382,7 @@ def _view(r: ListedInstance) -> InstanceView:
         r.created_at,
         r.ended_at,
         r.open_incidents,
+        r.parent_instance_id,
     )
 
 
@@ -381,3 +403,4 @@ async def cancel_instance(conn: AsyncConnection, instance_id: uuid.UUID, reason:
     await write_history(
         conn, [history_record(instance_id, HistoryEntry("INSTANCE_CANCELED", None, {"reason": reason}))]
     )
+    await answer_parent_of_canceled(conn, instance_id)

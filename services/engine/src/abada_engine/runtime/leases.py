@@ -215,6 +215,7 @@ class Leases:
                     row.instance_xmin,
                     lease_owner=worker_id,
                     lease_token_hash=hash_token(tokens[row.n - 1]),
+                    called=row.called,
                 )
             )
         if self._after_lock is None:
@@ -389,6 +390,7 @@ def held_from_row(
         row.variables,
         row.instance_state,
         row.instance_xmin,
+        called=row.called,
     )
 
 

@@ -21,8 +21,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.definitions.catalog import Definition, DefinitionCatalog
 from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.runtime.calls import follow_calls
 from abada_engine.runtime.flow.navigator import HistoryEntry, advance, task_payload
-from abada_engine.runtime.flow.tokens import advance_move, history_record, move_through_join, write_history
+from abada_engine.runtime.flow.tokens import (
+    advance_move,
+    cancel_called,
+    history_record,
+    move_through_join,
+    write_history,
+)
 from abada_engine.runtime.waits import WithdrawnTask, close_withdrawn
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
@@ -108,11 +115,12 @@ async def modify_instance(
     variables = {k: v for k, v in instance.variables.items() if k not in change.unset_variables}
     variables.update(change.set_variables)
     for index, (from_node, to_node) in enumerate(change.moves):
-        await _move_token(conn, definition, instance_id, variables, from_node, to_node, who, index)
+        await _move_token(conn, catalog, definition, instance_id, variables, from_node, to_node, who, index)
 
 
 async def _move_token(
     conn: AsyncConnection,
+    catalog: DefinitionCatalog,
     definition: Definition,
     instance_id: uuid.UUID,
     variables: dict[str, Any],
@@ -161,9 +169,13 @@ async def _move_token(
         )
 
     leaving = task.id if task else None
-    _, written = await move_through_join(conn, instance_id, leaving, None, decide, instance_locked=True)
+    move, written = await move_through_join(conn, instance_id, leaving, None, decide, instance_locked=True)
     if not written:  # the instance row is locked: only a vanished instance gets here
         raise not_found("instance", str(instance_id), "instance_id")
+    if task is not None:
+        # A token moved away from a call activity takes its child with it.
+        await cancel_called(conn, instance_id, _MOVED, only_task=task.id)
+    await follow_calls(conn, catalog, [move])
     if task is not None:
         withdrawn = WithdrawnTask(task.id, instance_id, from_node, task.state, definition)
         await close_withdrawn(conn, [withdrawn], _MOVED, "TOKEN_MOVED", _WRITE_IN_FLIGHT)

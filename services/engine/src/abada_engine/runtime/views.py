@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from abada_engine.definitions.model import Limits, ToolBinding
+from abada_engine.store.calls import ChildRow
 from abada_engine.store.fan_outs import FanOutProgress
 from abada_engine.store.history import HistoryRow
 from abada_engine.store.incidents import ListedIncident
@@ -26,6 +27,8 @@ class InstanceView(ListedInstance):
     active_node_ids: tuple[str, ...] = ()
     # Its `for_each` nodes' progress, oldest first (GetInstance only).
     fan_outs: tuple[FanOutProgress, ...] = ()
+    # The instances its call activities started, oldest first (GetInstance only).
+    children: tuple[ChildView, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ class WaitView:
     message: str | None = None
     correlation_key: str | None = None
 
+
+# A called instance as its parent lists it: the store's row holds nothing a reader may not see.
+ChildView = ChildRow
 
 # A history event and an incident are handed out as the store reads them: their rows hold nothing a
 # reader may not see.

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from abada_engine.definitions.catalog import Definition, DefinitionCatalog
 from abada_engine.definitions.model import Node, Process
 from abada_engine.ids import new_id
+from abada_engine.runtime.calls import follow_calls
 from abada_engine.runtime.flow.navigator import HistoryEntry, advance
 from abada_engine.runtime.flow.tokens import advance_move, apply_move, history_record, write_history
 from abada_engine.store import approvals as approval_store
@@ -85,6 +86,9 @@ class Waits:
                 fired.append((timer, definition))
             if moves:
                 written = await _move_in_rounds(conn, moves)
+                await follow_calls(
+                    conn, self._catalog, [m for m, ok in zip(moves, written, strict=True) if ok]
+                )
                 withdrawn = [
                     (timer, definition)
                     for (timer, definition), applied in zip(fired, written, strict=True)
@@ -181,19 +185,18 @@ class Waits:
             *(HistoryEntry("VARIABLE_WRITTEN", node.id, {"name": k, "value": v}) for k, v in written.items()),
             HistoryEntry("NODE_COMPLETED", node.id),
         ]
-        await apply_move(
-            conn,
-            advance_move(
-                instance_id=receive.instance_id,
-                advance=advance(definition.process, new_variables, node.next),
-                # Only what the message wrote: a branch moving beside this one keeps its writes.
-                variables=written,
-                preceding=history,
-                preceding_task_id=receive.task_id,
-                finished_task_id=receive.task_id,
-                only_if_open=True,
-            ),
+        move = advance_move(
+            instance_id=receive.instance_id,
+            advance=advance(definition.process, new_variables, node.next),
+            # Only what the message wrote: a branch moving beside this one keeps its writes.
+            variables=written,
+            preceding=history,
+            preceding_task_id=receive.task_id,
+            finished_task_id=receive.task_id,
+            only_if_open=True,
         )
+        if (await apply_move(conn, move)).applied:
+            await follow_calls(conn, self._catalog, [move])
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ class InstanceRow:
 @dataclass(slots=True)
 class ListedInstance(InstanceRow):
     open_incidents: int
+    # The instance whose call activity started this one (migration 0014); None for a top-level one.
+    parent_instance_id: uuid.UUID | None = None
 
 
 async def listed(
@@ -51,6 +53,7 @@ async def listed(
     created_before: datetime | None = None,
     variables_holding: dict[str, Any] | None = None,
     waiting_for: TaskKind | None = None,
+    parent_instance_id: uuid.UUID | None = None,
 ) -> list[ListedInstance]:
     """Instances, newest first (by `created_at`, then id), each with its count of open incidents; after
     `after_key`, the last row of the page before. Each filter has an index that yields its rows in this
@@ -69,6 +72,9 @@ async def listed(
         condition = condition & is_(instances.c.state, InstanceState(state))
     if business_key:
         condition = condition & (instances.c.business_key == business_key)
+    if parent_instance_id is not None:
+        # From the partial index of called instances (migration 0014).
+        condition = condition & (instances.c.parent_instance_id == parent_instance_id)
     if variables_holding:
         condition = condition & instances.c.variables.contains(variables_holding)
     if created_after is not None:

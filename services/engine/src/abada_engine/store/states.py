@@ -53,6 +53,8 @@ class TaskKind(StrEnum):
     # The token waits on the world, in state WAITING: for its timer's due time, or for a message.
     TIMER = "timer"
     RECEIVE = "receive"
+    # A call activity: the token waits, in state WAITING, for the child instance it started to end.
+    CALL = "call"
 
 
 class TimerKind(StrEnum):

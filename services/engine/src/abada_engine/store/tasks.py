@@ -56,6 +56,8 @@ class LockedRow:
     # The instance row's version (PostgreSQL xmin): a write guarded by it fails if anything changed it.
     instance_xmin: str
     business_key: str
+    # The instance was started by a call activity: its end moves its parent (runtime/calls.py).
+    called: bool
 
 
 @dataclass(slots=True)
@@ -76,6 +78,8 @@ class LeaseRow:
     variables: dict[str, Any]
     instance_state: str
     instance_xmin: str | None
+    # The instance was started by a call activity: its end moves its parent (runtime/calls.py).
+    called: bool
 
 
 # Hand-written: every fetch runs it. One statement picks due tasks with SKIP LOCKED (fetchers never
@@ -116,7 +120,7 @@ LEASE_DUE = HandWritten(
     WHERE t.id = numbered.id AND token.n = numbered.n AND i.id = t.instance_id
     RETURNING t.id, numbered.n, numbered.prior_state, t.instance_id, t.node_id, t.topic, t.payload, t.attempt,
               t.retries_left, t.lease_expires_at, i.definition_id, i.process_id, i.variables AS instance_variables,
-              i.xmin::text AS instance_xmin, i.business_key
+              i.xmin::text AS instance_xmin, i.business_key, i.parent_task_id IS NOT NULL AS called
     """
 )
 
@@ -159,7 +163,7 @@ async def seconds_until_due(conn: AsyncConnection, topics: Sequence[str]) -> flo
 _READ_LEASE_SQL = """
     SELECT t.id, t.instance_id, t.node_id, t.state, t.attempt, t.retries_left, t.lease_owner, t.lease_token_hash,
            t.lease_expires_at, t.lease_expires_at > now() AS live, i.definition_id, i.variables,
-           i.state AS instance_state, i.xmin::text AS instance_xmin
+           i.state AS instance_state, i.xmin::text AS instance_xmin, i.parent_task_id IS NOT NULL AS called
     FROM tasks t JOIN instances i ON i.id = t.instance_id
     WHERE t.id = :id
 """

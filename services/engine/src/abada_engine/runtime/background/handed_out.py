@@ -37,6 +37,8 @@ class LeaseHeld:
     # Whom the lease was granted to, when this replica granted it: a remembered lease serves only them.
     lease_owner: str = ""
     lease_token_hash: bytes = b""
+    # The instance was started by a call activity: its end moves its parent (runtime/calls.py).
+    called: bool = False
 
 
 class HandedOut:

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.model import Node, Process
+from abada_engine.runtime.calls import follow_calls
 from abada_engine.runtime.flow.navigator import HistoryEntry, leave_node
 from abada_engine.runtime.flow.tokens import advance_move, history_record
 from abada_engine.store import fan_outs as fan_out_store
@@ -32,6 +33,7 @@ def item_result(node: Node, written: dict[str, Any]) -> Any:
 
 async def end_item(
     conn: AsyncConnection,
+    catalog: DefinitionCatalog,
     process: Process,
     node: Node,
     instance_id: uuid.UUID,
@@ -59,7 +61,7 @@ async def end_item(
         from_state=from_state,
     )
     if finished is not None and finished.last_round:
-        await end_fan_out_if_done(conn, process, node, instance_id, finished.fan_out_id)
+        await end_fan_out_if_done(conn, catalog, process, node, instance_id, finished.fan_out_id)
     return finished
 
 
@@ -105,7 +107,12 @@ def item_end(
 
 
 async def end_fan_out_if_done(
-    conn: AsyncConnection, process: Process, node: Node, instance_id: uuid.UUID, fan_out_id: uuid.UUID
+    conn: AsyncConnection,
+    catalog: DefinitionCatalog,
+    process: Process,
+    node: Node,
+    instance_id: uuid.UUID,
+    fan_out_id: uuid.UUID,
 ) -> None:
     # The instance first, then the fan-out: the order a cancel takes them in (it withdraws the items
     # and ends the fan-out while holding the instance), so the two never wait on each other in a circle.
@@ -126,6 +133,8 @@ async def end_fan_out_if_done(
         instance_id=instance_id, advance=moved, variables=written, preceding=[completed, *leaving]
     )
     await move_token(conn, move)
+    # The node after the fan-out may call a process, or the fan-out may have ended a called instance.
+    await follow_calls(conn, catalog, [move])
 
 
 class FanOutEnds:
@@ -143,5 +152,7 @@ class FanOutEnds:
             definition = await self._catalog.get(fan.definition_id)
             process = definition.process
             async with self._engine.begin() as conn:
-                await end_fan_out_if_done(conn, process, process.node(fan.node_id), fan.instance_id, fan.id)
+                await end_fan_out_if_done(
+                    conn, self._catalog, process, process.node(fan.node_id), fan.instance_id, fan.id
+                )
         return len(unended)

@@ -324,7 +324,12 @@ def evaluates_conditions(process: Process, node_id: str) -> bool:
     return process.node(node_id).type == "exclusive"
 
 
-_TASK_KINDS = {"user_task": TaskKind.USER, "timer": TaskKind.TIMER, "receive": TaskKind.RECEIVE}
+_TASK_KINDS = {
+    "user_task": TaskKind.USER,
+    "timer": TaskKind.TIMER,
+    "receive": TaskKind.RECEIVE,
+    "call": TaskKind.CALL,
+}
 
 
 def _timers(node: Node, variables: dict[str, Any]) -> tuple[TimerToSet, ...]:
@@ -371,12 +376,30 @@ def task_payload(node: Node, variables: dict[str, Any]) -> dict[str, Any]:
     if node.type == "receive":
         assert node.message is not None
         return {"message": node.message, "correlation_key": correlation_key(node, variables)}
+    if node.type == "call":
+        return call_payload(node, variables)
     inputs = render(node.inputs, variables) if node.inputs is not None else dict(variables)
     if node.type == "agent":
         # References in a prompt point at inputs; no value is pasted into the instructions.
         prompt, inputs = render_prompt(node.prompt or "", inputs, variables)
         return {"inputs": inputs, "prompt": prompt}
     return {"inputs": inputs}
+
+
+def call_payload(node: Node, variables: dict[str, Any]) -> dict[str, Any]:
+    """What a call activity's task carries: the process and version (0: the latest) of the child to
+    start, the child's variables (`inputs` rendered, else a copy of the parent's, as Camunda's
+    call activity passes them all) and its business key (None: the parent's)."""
+    child_variables = render(node.inputs, variables) if node.inputs is not None else dict(variables)
+    business_key = render(node.business_key, variables) if node.business_key is not None else None
+    if business_key is not None and not isinstance(business_key, str):
+        business_key = str(business_key)
+    return {
+        "process_id": node.process,
+        "version": node.pinned_version or 0,
+        "variables": child_variables,
+        "business_key": business_key,
+    }
 
 
 def _choose_branch(node: Node, variables: dict[str, Any]) -> tuple[str, str] | None:

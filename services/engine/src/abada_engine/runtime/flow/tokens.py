@@ -12,9 +12,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from abada_engine.ids import new_id
 from abada_engine.runtime.flow.navigator import Advance, HistoryEntry, TaskToCreate
 from abada_engine.store import approvals as approval_store
+from abada_engine.store import calls as call_store
 from abada_engine.store import fan_outs as fan_out_store
 from abada_engine.store import history as history_store
 from abada_engine.store import incidents as incident_store
+from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store import tokens as token_store
 from abada_engine.store.hand_written import Executor
@@ -37,6 +39,7 @@ __all__ = [
     "advance_move",
     "applied_advance",
     "apply_move",
+    "cancel_called",
     "history_record",
     "move_through_join",
     "needs_transaction",
@@ -207,6 +210,27 @@ async def withdraw_tokens(
         await fan_out_store.cancel_of_instance(conn, instance_id)
     await incident_store.close_all_of_instance(conn, instance_id, resolution)
     await approval_store.cancel_pending_of_instance(conn, instance_id, why)
+    await cancel_called(conn, instance_id, why, but_task=but)
+
+
+async def cancel_called(
+    conn: AsyncConnection,
+    parent_id: uuid.UUID,
+    why: str,
+    *,
+    but_task: uuid.UUID | None = None,
+    only_task: uuid.UUID | None = None,
+) -> None:
+    """Cancel the instances the parent's call activities started, and theirs, as a cancel ends an
+    instance (their tasks withdrawn, incidents closed, approvals cancelled): all of them, all but the
+    child of `but_task`, or only the child of `only_task` (a token moved away from its call)."""
+    for child_id in await call_store.active_subtree(conn, parent_id, but_task=but_task, only_task=only_task):
+        await task_store.cancel_open_tasks(conn, child_id)
+        await incident_store.close_all_of_instance(conn, child_id, INSTANCE_CANCELED)
+        await approval_store.cancel_pending_of_instance(conn, child_id, why)
+        await instance_store.mark_canceled(conn, child_id)
+        entry = HistoryEntry("INSTANCE_CANCELED", None, {"reason": why, "by_parent": str(parent_id)})
+        await write_history(conn, [history_record(child_id, entry)])
 
 
 async def move_through_join(
@@ -246,6 +270,13 @@ def _created_entry(task: TaskToCreate) -> HistoryEntry:
         return HistoryEntry("TIMER_STARTED", task.node.id, due)
     if task.kind is TaskKind.RECEIVE:
         return HistoryEntry("MESSAGE_AWAITED", task.node.id, {**task.payload, **due})
+    if task.kind is TaskKind.CALL:
+        payload = task.payload
+        return HistoryEntry(
+            "CALL_ACTIVATED",
+            task.node.id,
+            {"process_id": payload["process_id"], "version": payload["version"]},
+        )
     return HistoryEntry("TASK_CREATED", task.node.id, {**data, **due})
 
 
