@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
@@ -31,6 +31,15 @@ from .convert import from_struct, parse_uuid, storable, timestamp
 from .errors import as_refusal, status_of, translates_errors
 from .guard import ServiceHandler, current_caller
 
+
+class _SentByWorker(Protocol):
+    """An item of a batch, whose worker_id the batch fills in when it is left empty."""
+
+    worker_id: str
+
+
+_Item = TypeVar("_Item", bound=_SentByWorker)
+_Answer = TypeVar("_Answer")
 _KIND_NAMES = {value: name for name, value in messages.STEP_KINDS.items()}
 _STATE_NAMES = {value: name for name, value in messages.STEP_STATES.items() if name in WORKER_STEP_STATES}
 _DEPENDENCY_ACTIONS = {
@@ -169,23 +178,36 @@ class ExternalTaskHandler(ServiceHandler, external_task_pb2_grpc.ExternalTaskSer
         _check_batch(request.worker_id, request.steps, "steps")
         # Each step on its own, all at once: admissions that reach the database together share the
         # model's group commit, and one refused leaves the others as they would be without it.
-        return external_task_pb2.AppendStepsResponse(
-            results=await asyncio.gather(
-                *(self._append_or_refuse(step, request.worker_id) for step in request.steps)
+        outcomes = await asyncio.gather(
+            *(
+                self._batch_item(step, request.worker_id, self._append, "ExternalTaskHandler.AppendSteps")
+                for step in request.steps
             )
         )
+        return external_task_pb2.AppendStepsResponse(
+            results=[
+                external_task_pb2.StepResult(refused=outcome)
+                if isinstance(outcome, external_task_pb2.Refusal)
+                else external_task_pb2.StepResult(appended=outcome)
+                for outcome in outcomes
+            ]
+        )
 
-    async def _append_or_refuse(
-        self, step: external_task_pb2.AppendStepRequest, worker_id: str
-    ) -> external_task_pb2.StepResult:
-        if not step.worker_id:
-            step.worker_id = worker_id
+    async def _batch_item(
+        self,
+        item: _Item,
+        worker_id: str,
+        run: Callable[[_Item], Awaitable[_Answer]],
+        where: str,
+    ) -> _Answer | external_task_pb2.Refusal:
+        """One item of a batch, sent under the batch's worker_id unless it names its own: what the
+        single call answers, or what it would have failed with (the other items go on)."""
+        if not item.worker_id:
+            item.worker_id = worker_id
         try:
-            return external_task_pb2.StepResult(appended=await self._append(step))
+            return await run(item)
         except Exception as error:
-            return external_task_pb2.StepResult(
-                refused=self._refusal(error, "ExternalTaskHandler.AppendSteps")
-            )
+            return self._refusal(error, where)
 
     async def _append(
         self, request: external_task_pb2.AppendStepRequest
@@ -304,25 +326,23 @@ class ExternalTaskHandler(ServiceHandler, external_task_pb2_grpc.ExternalTaskSer
         subscriptions = _next_subscriptions(caller, request.worker_id, fetch_next, "fetch_next.")
         # Each completion on its own, all at once: those that reach the database together share its
         # group commit, and one refused leaves the others as they would be without it.
-        results = await asyncio.gather(
-            *(self._complete_or_refuse(completion, request.worker_id) for completion in request.completions)
+        outcomes = await asyncio.gather(
+            *(
+                self._batch_item(
+                    completion, request.worker_id, self._complete, "ExternalTaskHandler.CompleteTasks"
+                )
+                for completion in request.completions
+            )
         )
         return external_task_pb2.CompleteTasksResponse(
-            results=results,
+            results=[
+                external_task_pb2.CompletionResult(refused=outcome)
+                if isinstance(outcome, external_task_pb2.Refusal)
+                else external_task_pb2.CompletionResult(completed=outcome)
+                for outcome in outcomes
+            ],
             next_tasks=await self._next_tasks(request.worker_id, subscriptions, request.fetch_next.max_tasks),
         )
-
-    async def _complete_or_refuse(
-        self, completion: external_task_pb2.CompleteRequest, worker_id: str
-    ) -> external_task_pb2.CompletionResult:
-        if not completion.worker_id:
-            completion.worker_id = worker_id
-        try:
-            return external_task_pb2.CompletionResult(completed=await self._complete(completion))
-        except Exception as error:
-            return external_task_pb2.CompletionResult(
-                refused=self._refusal(error, "ExternalTaskHandler.CompleteTasks")
-            )
 
     async def _complete(
         self, request: external_task_pb2.CompleteRequest
