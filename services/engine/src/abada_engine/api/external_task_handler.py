@@ -11,6 +11,7 @@ from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
 from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_common.telemetry import inject_traceparent
 from google.protobuf import struct_pb2
+from google.protobuf.message import Message
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
@@ -40,6 +41,7 @@ class _SentByWorker(Protocol):
 
 _Item = TypeVar("_Item", bound=_SentByWorker)
 _Answer = TypeVar("_Answer")
+_Result = TypeVar("_Result", external_task_pb2.StepResult, external_task_pb2.CompletionResult)
 _KIND_NAMES = {value: name for name, value in messages.STEP_KINDS.items()}
 _STATE_NAMES = {value: name for name, value in messages.STEP_STATES.items() if name in WORKER_STEP_STATES}
 _DEPENDENCY_ACTIONS = {
@@ -122,6 +124,15 @@ def _check_batch(worker_id: str, items: Sequence[_BatchItem], field: str) -> Non
         seen.add(item.task_id)
 
 
+def _batch_result(result: _Result, outcome: Message, answered: str) -> _Result:
+    """An item's entry in a batch's answer: its refusal, or the single call's answer in `answered`."""
+    if isinstance(outcome, external_task_pb2.Refusal):
+        result.refused.CopyFrom(outcome)
+    else:
+        getattr(result, answered).CopyFrom(outcome)
+    return result
+
+
 _tracer = trace.get_tracer("abada.engine")
 
 
@@ -178,20 +189,22 @@ class ExternalTaskHandler(ServiceHandler, external_task_pb2_grpc.ExternalTaskSer
         _check_batch(request.worker_id, request.steps, "steps")
         # Each step on its own, all at once: admissions that reach the database together share the
         # model's group commit, and one refused leaves the others as they would be without it.
-        outcomes = await asyncio.gather(
-            *(
-                self._batch_item(step, request.worker_id, self._append, "ExternalTaskHandler.AppendSteps")
-                for step in request.steps
-            )
+        outcomes = await self._each_or_refused(
+            request.steps, request.worker_id, self._append, "ExternalTaskHandler.AppendSteps"
         )
         return external_task_pb2.AppendStepsResponse(
-            results=[
-                external_task_pb2.StepResult(refused=outcome)
-                if isinstance(outcome, external_task_pb2.Refusal)
-                else external_task_pb2.StepResult(appended=outcome)
-                for outcome in outcomes
-            ]
+            results=[_batch_result(external_task_pb2.StepResult(), o, "appended") for o in outcomes]
         )
+
+    async def _each_or_refused(
+        self,
+        items: Sequence[_Item],
+        worker_id: str,
+        run: Callable[[_Item], Awaitable[_Answer]],
+        where: str,
+    ) -> list[_Answer | external_task_pb2.Refusal]:
+        """Every item of a batch on its own, all at once (see `_batch_item`), answers in the batch's order."""
+        return await asyncio.gather(*(self._batch_item(item, worker_id, run, where) for item in items))
 
     async def _batch_item(
         self,
@@ -326,21 +339,11 @@ class ExternalTaskHandler(ServiceHandler, external_task_pb2_grpc.ExternalTaskSer
         subscriptions = _next_subscriptions(caller, request.worker_id, fetch_next, "fetch_next.")
         # Each completion on its own, all at once: those that reach the database together share its
         # group commit, and one refused leaves the others as they would be without it.
-        outcomes = await asyncio.gather(
-            *(
-                self._batch_item(
-                    completion, request.worker_id, self._complete, "ExternalTaskHandler.CompleteTasks"
-                )
-                for completion in request.completions
-            )
+        outcomes = await self._each_or_refused(
+            request.completions, request.worker_id, self._complete, "ExternalTaskHandler.CompleteTasks"
         )
         return external_task_pb2.CompleteTasksResponse(
-            results=[
-                external_task_pb2.CompletionResult(refused=outcome)
-                if isinstance(outcome, external_task_pb2.Refusal)
-                else external_task_pb2.CompletionResult(completed=outcome)
-                for outcome in outcomes
-            ],
+            results=[_batch_result(external_task_pb2.CompletionResult(), o, "completed") for o in outcomes],
             next_tasks=await self._next_tasks(request.worker_id, subscriptions, request.fetch_next.max_tasks),
         )
 
