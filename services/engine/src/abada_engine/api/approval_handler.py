@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import asdict
 from datetime import datetime
 
 import grpc
@@ -12,6 +13,7 @@ from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_engine.errors import invalid
 from abada_engine.paging import MAX_LISTED, PageTokens, listing
 from abada_engine.runtime.approvals import Approvals, ApprovalView
+from abada_engine.store.approvals import ApprovalListing
 from abada_engine.store.states import ApprovalState
 
 from .convert import from_struct, parse_uuid, timestamp, to_struct
@@ -69,29 +71,21 @@ class ApprovalHandler(ServiceHandler, approval_pb2_grpc.ApprovalServiceServicer)
     async def ListApprovals(
         self, request: approval_pb2.ListApprovalsRequest, context: grpc.aio.ServicerContext
     ) -> approval_pb2.ListApprovalsResponse:
-        state = _STATE_NAMES.get(request.state, ApprovalState.PENDING)
+        which = ApprovalListing(
+            process_id=request.process_id,
+            business_key=request.business_key,
+            tool_ref=request.tool_ref,
+            state=_STATE_NAMES.get(request.state, ApprovalState.PENDING),
+        )
         page = self._pages.page(
             request.page_size,
             request.page_token,
-            listing(
-                "approvals",
-                process_id=request.process_id,
-                business_key=request.business_key,
-                tool_ref=request.tool_ref,
-                state=state,
-            ),
+            listing("approvals", **asdict(which)),
             (datetime, uuid.UUID, int),
             default_size=MAX_LISTED,
             max_size=MAX_LISTED,
         )
-        found = await self._approvals.list(
-            request.process_id,
-            request.business_key,
-            request.tool_ref,
-            state,
-            limit=page.size + 1,
-            after_key=page.after,
-        )
+        found = await self._approvals.list(which, limit=page.size + 1, after_key=page.after)
         shown, next_token = self._pages.shown(page, found, lambda a: (a.created_at, a.task_id, a.sequence))
         return approval_pb2.ListApprovalsResponse(
             approvals=[approval_message(a) for a in shown], next_page_token=next_token
