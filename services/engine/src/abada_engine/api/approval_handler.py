@@ -8,15 +8,13 @@ from datetime import datetime
 
 import grpc
 from abada.engine.v1 import approval_pb2, approval_pb2_grpc
-from abada.engine.v1.error_reason_pb2 import ErrorReason
 
-from abada_engine.errors import invalid
 from abada_engine.paging import MAX_LISTED, PageTokens, listing
 from abada_engine.runtime.approvals import Approvals, ApprovalView
 from abada_engine.store.approvals import ApprovalListing
 from abada_engine.store.states import ApprovalState
 
-from .convert import from_struct, parse_uuid, timestamp, to_struct
+from .convert import chosen, from_struct, parse_uuid, timestamp, to_struct
 from .errors import translates_errors
 from .guard import ServiceHandler, current_caller
 
@@ -100,13 +98,12 @@ class ApprovalHandler(ServiceHandler, approval_pb2_grpc.ApprovalServiceServicer)
     async def DecideApproval(
         self, request: approval_pb2.DecideApprovalRequest, context: grpc.aio.ServicerContext
     ) -> approval_pb2.DecideApprovalResponse:
-        decision = _DECISIONS.get(request.decision)
-        if decision is None:
-            raise invalid(
-                ErrorReason.INVALID_ARGUMENT,
-                "decision",
-                "say APPROVAL_DECISION_APPROVE or APPROVAL_DECISION_REJECT",
-            )
+        decision = chosen(
+            _DECISIONS,
+            request.decision,
+            "decision",
+            "say APPROVAL_DECISION_APPROVE or APPROVAL_DECISION_REJECT",
+        )
         caller = current_caller.get()
         decided = await self._approvals.decide(
             parse_uuid(request.approval_id, "approval_id"),

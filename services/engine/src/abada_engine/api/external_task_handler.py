@@ -28,7 +28,7 @@ from abada_engine.runtime.offload import LARGE_VALUE_BYTES, large_value_turn, ru
 from abada_engine.store.states import WORKER_STEP_STATES
 
 from . import messages
-from .convert import from_struct, parse_uuid, storable, timestamp
+from .convert import chosen, from_struct, parse_uuid, storable, timestamp
 from .errors import as_refusal, status_of, translates_errors
 from .guard import ServiceHandler, current_caller
 
@@ -225,18 +225,12 @@ class ExternalTaskHandler(ServiceHandler, external_task_pb2_grpc.ExternalTaskSer
     async def _append(
         self, request: external_task_pb2.AppendStepRequest
     ) -> external_task_pb2.AppendStepResponse:
-        kind = _KIND_NAMES.get(request.kind)
-        if kind is None:
-            raise invalid(
-                ErrorReason.INVALID_ARGUMENT, "kind", "must be STEP_KIND_MODEL_CALL or STEP_KIND_TOOL_CALL"
-            )
-        state = _STATE_NAMES.get(request.state)
-        if state is None:
-            raise invalid(
-                ErrorReason.INVALID_ARGUMENT,
-                "state",
-                "must be STARTED, COMPLETED, FAILED or AWAITING_APPROVAL",
-            )
+        kind = chosen(
+            _KIND_NAMES, request.kind, "kind", "must be STEP_KIND_MODEL_CALL or STEP_KIND_TOOL_CALL"
+        )
+        state = chosen(
+            _STATE_NAMES, request.state, "state", "must be STARTED, COMPLETED, FAILED or AWAITING_APPROVAL"
+        )
         sent_request = from_struct(request.request, "request") if request.HasField("request") else None
         sent_response = from_struct(request.response, "response") if request.HasField("response") else None
         result = await self._journal.append(

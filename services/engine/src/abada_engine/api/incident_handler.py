@@ -16,7 +16,7 @@ from abada_engine.store.incidents import IncidentListing
 from abada_engine.store.states import IncidentState
 
 from . import messages
-from .convert import from_struct, optional_uuid, parse_uuid
+from .convert import chosen, from_struct, optional_uuid, parse_uuid
 from .errors import translates_errors
 from .guard import ServiceHandler
 
@@ -104,13 +104,12 @@ class IncidentHandler(ServiceHandler, incident_pb2_grpc.IncidentServiceServicer)
     async def ResolveIncident(
         self, request: incident_pb2.ResolveIncidentRequest, context: grpc.aio.ServicerContext
     ) -> incident_pb2.ResolveIncidentResponse:
-        resolution = _RESOLUTIONS.get(request.resolution)
-        if resolution is None:
-            raise invalid(
-                ErrorReason.INVALID_ARGUMENT,
-                "resolution",
-                "say RETRY, HAPPENED, DID_NOT_HAPPEN or CANCEL_INSTANCE",
-            )
+        resolution = chosen(
+            _RESOLUTIONS,
+            request.resolution,
+            "resolution",
+            "say RETRY, HAPPENED, DID_NOT_HAPPEN or CANCEL_INSTANCE",
+        )
         result = from_struct(request.result) if request.HasField("result") else None
         resolved = await self._incidents.resolve(
             parse_uuid(request.incident_id, "incident_id"), resolution, result, request.comment
