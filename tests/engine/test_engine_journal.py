@@ -365,18 +365,18 @@ async def test_rows_sealed_under_an_old_key_still_open_after_a_new_key_is_rotate
 
     await rotated.append(
         StepRequest(
-            uuid.UUID(task.id),
-            "w",
-            task.lease_token,
-            1,
-            4,
-            "TOOL_CALL",
-            "STARTED",
-            "crm/create_ticket",
-            {"callId": "call_2"},
-            None,
-            0,
-            0,
+            task_id=uuid.UUID(task.id),
+            worker_id="w",
+            lease_token=task.lease_token,
+            attempt=1,
+            sequence=4,
+            kind="TOOL_CALL",
+            state="STARTED",
+            tool_ref="crm/create_ticket",
+            request={"callId": "call_2"},
+            response=None,
+            input_tokens=0,
+            output_tokens=0,
         )
     )
     async with db.connect() as conn:
@@ -423,18 +423,18 @@ async def test_two_replicas_journaling_one_task_keep_sequence_and_limits(engine,
 
     def model_call(sequence: int, state: str) -> StepRequest:
         return StepRequest(
-            task_id,
-            "w",
-            task.lease_token,
-            1,
-            sequence,
-            "MODEL_CALL",
-            state,
-            "",
-            {"turn": sequence} if state == "STARTED" else None,
-            {"text": "ok"} if state == "COMPLETED" else None,
-            1,
-            1,
+            task_id=task_id,
+            worker_id="w",
+            lease_token=task.lease_token,
+            attempt=1,
+            sequence=sequence,
+            kind="MODEL_CALL",
+            state=state,
+            tool_ref="",
+            request={"turn": sequence} if state == "STARTED" else None,
+            response={"text": "ok"} if state == "COMPLETED" else None,
+            input_tokens=1,
+            output_tokens=1,
         )
 
     async with db.connect() as conn:
@@ -454,18 +454,18 @@ async def test_two_replicas_journaling_one_task_keep_sequence_and_limits(engine,
     with pytest.raises(Exception) as caught:  # replica a still thinks sequence 2 is free
         await replicas[0].append(
             StepRequest(
-                task_id,
-                "w",
-                task.lease_token,
-                1,
-                2,
-                "MODEL_CALL",
-                "STARTED",
-                "",
-                {"turn": "other"},
-                None,
-                0,
-                0,
+                task_id=task_id,
+                worker_id="w",
+                lease_token=task.lease_token,
+                attempt=1,
+                sequence=2,
+                kind="MODEL_CALL",
+                state="STARTED",
+                tool_ref="",
+                request={"turn": "other"},
+                response=None,
+                input_tokens=0,
+                output_tokens=0,
             )
         )
     assert caught.value.reason_name == "SEQUENCE_CONFLICT"

@@ -160,7 +160,18 @@ async def test_two_key_ids_sharing_key_bytes_still_keep_their_rows_apart(engine,
     task_id = uuid.UUID(task.id)
     await replica.append(
         StepRequest(
-            task_id, "w", task.lease_token, 1, 1, "MODEL_CALL", "STARTED", "", {"turn": 0}, None, 0, 0
+            task_id=task_id,
+            worker_id="w",
+            lease_token=task.lease_token,
+            attempt=1,
+            sequence=1,
+            kind="MODEL_CALL",
+            state="STARTED",
+            tool_ref="",
+            request={"turn": 0},
+            response=None,
+            input_tokens=0,
+            output_tokens=0,
         )
     )
     [opened] = await replica.journal(task_id)

@@ -27,6 +27,8 @@ from abada_engine.store import definitions as definition_store
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
+from abada_engine.store.approvals import ApprovalListing
+from abada_engine.store.incidents import IncidentListing
 from engine_helpers import GREET, complete, deploy, error_info, fetch, start, struct
 from google.protobuf import timestamp_pb2
 from sqlalchemy import event, text
@@ -443,14 +445,18 @@ async def test_every_listing_query_reads_one_page_from_an_index_at_volume(engine
         ),
         "one instance's queued tasks": lambda c: task_store.open_external_tasks(c, None, deep[1], limit),
         "waiting user tasks": lambda c: task_store.waiting_user_tasks(c, None, limit, after_task),
-        "open incidents": lambda c: incident_store.listed(c, state="OPEN", limit=limit),
+        "open incidents": lambda c: incident_store.listed(c, IncidentListing(state="OPEN"), limit=limit),
         "open incidents of a type, after": lambda c: incident_store.listed(
-            c, state="OPEN", incident_type="FAILED_TASK", limit=limit, after_key=after_task
+            c, IncidentListing(state="OPEN", type="FAILED_TASK"), limit=limit, after_key=after_task
         ),
-        "resolved incidents": lambda c: incident_store.listed(c, state="RESOLVED", limit=limit),
-        "pending approvals": lambda c: approval_store.listed(c, state="PENDING", limit=limit),
+        "resolved incidents": lambda c: incident_store.listed(
+            c, IncidentListing(state="RESOLVED"), limit=limit
+        ),
+        "pending approvals": lambda c: approval_store.listed(
+            c, ApprovalListing(state="PENDING"), limit=limit
+        ),
         "approved approvals, after": lambda c: approval_store.listed(
-            c, state="APPROVED", limit=limit, after_key=(after_task[0], after_task[1], 1)
+            c, ApprovalListing(state="APPROVED"), limit=limit, after_key=(after_task[0], after_task[1], 1)
         ),
         "definitions": lambda c: definition_store.listed(c, limit=limit, after_key=("a", 1)),
     }

@@ -38,18 +38,18 @@ def _journal(db, ring: str) -> Journal:
 
 def _step(task, sequence: int, kind: str, state: str, tool_ref: str = "", request=None, response=None):  # type: ignore[no-untyped-def]
     return StepRequest(
-        uuid.UUID(task.id),
-        "w",
-        task.lease_token,
-        task.attempt,
-        sequence,
-        kind,
-        state,
-        tool_ref,
-        request,
-        response,
-        0,
-        0,
+        task_id=uuid.UUID(task.id),
+        worker_id="w",
+        lease_token=task.lease_token,
+        attempt=task.attempt,
+        sequence=sequence,
+        kind=kind,
+        state=state,
+        tool_ref=tool_ref,
+        request=request,
+        response=response,
+        input_tokens=0,
+        output_tokens=0,
     )
 
 

@@ -212,11 +212,9 @@ class AsyncEngineClient:
         process_id: str,
         variables: dict[str, Any] | None = None,
         *,
-        business_key: str = "",
-        version: int = 0,
-        request_id: str = "",
         wait: Literal[False] = False,
         timeout: float | None = None,
+        **options: Unpack[requests.StartOptions],
     ) -> InstanceHandle: ...
 
     @overload
@@ -225,11 +223,9 @@ class AsyncEngineClient:
         process_id: str,
         variables: dict[str, Any] | None = None,
         *,
-        business_key: str = "",
-        version: int = 0,
-        request_id: str = "",
         wait: Literal[True],
         timeout: float | None = None,
+        **options: Unpack[requests.StartOptions],
     ) -> Instance: ...
 
     async def start(
@@ -237,11 +233,9 @@ class AsyncEngineClient:
         process_id: str,
         variables: dict[str, Any] | None = None,
         *,
-        business_key: str = "",
-        version: int = 0,
-        request_id: str = "",
         wait: bool = False,
         timeout: float | None = None,
+        **options: Unpack[requests.StartOptions],
     ) -> InstanceHandle | Instance:
         """Starts an instance (latest version unless `version`). With `wait=True`, returns it completed.
 
@@ -249,9 +243,7 @@ class AsyncEngineClient:
         the first start's instance (a re-sent webhook starts one instance)."""
         reply = await self.call(
             lambda: self.stubs.processes.StartInstance,
-            requests.start_instance(
-                process_id, variables, business_key=business_key, version=version, request_id=request_id
-            ),
+            requests.start_instance(process_id, variables, **options),
         )
         handle = InstanceHandle(self, Instance.from_proto(reply.instance), reply.already_started)
         return await handle.result(timeout) if wait else handle
@@ -273,25 +265,13 @@ class AsyncEngineClient:
         process_id: str = "",
         state: InstanceState | None = None,
         limit: int = 100,
-        *,
-        business_key: str = "",
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        where: dict[str, Any] | None = None,
-        parent_instance_id: str = "",
+        **filters: Unpack[requests.InstanceFilter],
     ) -> list[Instance]:
         """The newest `limit` instances that match (`parent_instance_id`: the ones that instance's call
         activities started); `iter_instances` walks them all."""
         found: list[Instance] = []
         async for instance in self.iter_instances(
-            process_id,
-            state,
-            business_key=business_key,
-            created_after=created_after,
-            created_before=created_before,
-            where=where,
-            parent_instance_id=parent_instance_id,
-            page_size=min(limit, _PAGE_SIZE),
+            process_id, state, page_size=min(limit, _PAGE_SIZE), **filters
         ):
             found.append(instance)
             if len(found) == limit:
@@ -303,25 +283,12 @@ class AsyncEngineClient:
         process_id: str = "",
         state: InstanceState | None = None,
         *,
-        business_key: str = "",
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        where: dict[str, Any] | None = None,
         page_size: int = _PAGE_SIZE,
-        parent_instance_id: str = "",
+        **filters: Unpack[requests.InstanceFilter],
     ) -> AsyncIterator[Instance]:
-        """Every instance that matches, newest first, read page by page as the caller goes; with
-        `created_after` (inclusive) and `created_before`, only those started in that range; with
-        `where` ({"customerId": "C-42"}), only those whose top-level variables equal those values."""
-        request = requests.list_instances(
-            process_id,
-            state,
-            business_key=business_key,
-            created_after=created_after,
-            created_before=created_before,
-            where=where,
-            parent_instance_id=parent_instance_id,
-        )
+        """Every instance that matches `filters` (see `requests.InstanceFilter`), newest first, read page
+        by page as the caller goes."""
+        request = requests.list_instances(process_id, state, **filters)
         async for instance in self.pages(
             lambda: self.stubs.processes.ListInstances, request, "instances", page_size
         ):
@@ -412,36 +379,26 @@ class AsyncEngineClient:
         kind: Literal["retry-incidents", "cancel", "migrate", "modify"],
         process_id: str,
         *,
-        version: int = 0,
-        state: str = "",
-        node_id: str = "",
-        business_key: str = "",
-        incident_type: str = "",
-        incident_message: str = "",
         reason: str = "",
         to_version: int = 0,
         mappings: dict[str, str] | None = None,
         set_variables: dict[str, Any] | None = None,
         unset_variables: Sequence[str] = (),
         moves: Sequence[tuple[str, str]] = (),
+        **filters: Unpack[requests.BatchFilter],
     ) -> batch_pb2.Batch:
-        """A batch applying `kind` to every instance of `process_id` matching the filters given (see
+        """A batch applying `kind` to every instance of `process_id` matching `filters` (see
         `requests.create_batch`); the engine works through it in the background."""
         request = requests.create_batch(
             kind,
             process_id,
-            version=version,
-            state=state,
-            node_id=node_id,
-            business_key=business_key,
-            incident_type=incident_type,
-            incident_message=incident_message,
             reason=reason,
             to_version=to_version,
             mappings=mappings,
             set_variables=set_variables,
             unset_variables=unset_variables,
             moves=moves,
+            **filters,
         )
         created = await self.call(lambda: self.stubs.batches.CreateBatch, request)
         return created.batch

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 from abada.engine.v1 import (
     approval_pb2,
@@ -32,49 +32,69 @@ def list_definitions(process_id: str = "") -> definition_pb2.ListDefinitionsRequ
     return definition_pb2.ListDefinitionsRequest(process_id=process_id)
 
 
+class StartOptions(TypedDict, total=False):
+    """How an instance starts, besides its process and variables: `version` (0: the latest), its
+    `business_key`, and a `request_id` that makes the start idempotent for a day."""
+
+    business_key: str
+    version: int
+    request_id: str
+
+
+class InstanceFilter(TypedDict, total=False):
+    """Which instances a listing shows: by `business_key`, started in [`created_after`,
+    `created_before`), `where` ({"customerId": "C-42"}) their top-level variables equal those values,
+    and `parent_instance_id` the instances that one's call activities started."""
+
+    business_key: str
+    created_after: datetime | None
+    created_before: datetime | None
+    where: dict[str, Any] | None
+    parent_instance_id: str
+
+
+class BatchFilter(TypedDict, total=False):
+    """Which instances of a process a batch works on, besides the process: every filter given must
+    match. `state` is the instances' (ACTIVE when empty); `incident_type` and `incident_message` (a part
+    of it) select by their open incidents."""
+
+    version: int
+    state: str
+    node_id: str
+    business_key: str
+    incident_type: str
+    incident_message: str
+
+
 def start_instance(
-    process_id: str,
-    variables: dict[str, Any] | None = None,
-    *,
-    business_key: str = "",
-    version: int = 0,
-    request_id: str = "",
+    process_id: str, variables: dict[str, Any] | None = None, **options: Unpack[StartOptions]
 ) -> process_pb2.StartInstanceRequest:
-    return process_pb2.StartInstanceRequest(
-        process_id=process_id,
-        version=version,
-        variables=to_struct(variables),
-        business_key=business_key,
-        request_id=request_id,
-    )
+    return process_pb2.StartInstanceRequest(process_id=process_id, variables=to_struct(variables), **options)
 
 
 def list_instances(
     process_id: str = "",
     state: InstanceState | None = None,
     *,
-    business_key: str = "",
-    created_after: datetime | None = None,
-    created_before: datetime | None = None,
-    where: dict[str, Any] | None = None,
     waiting_for: process_pb2.WaitingFor = process_pb2.WAITING_FOR_UNSPECIFIED,
-    parent_instance_id: str = "",
+    **filters: Unpack[InstanceFilter],
 ) -> process_pb2.ListInstancesRequest:
-    """`where` ({"customerId": "C-42"}): only instances whose top-level variables equal those values;
-    `waiting_for` (WAITING_FOR_TIMER or WAITING_FOR_MESSAGE): only active ones waiting on that;
-    `parent_instance_id`: only the instances that one's call activities started."""
+    """Instances of `process_id` in `state` that match `filters`; with `waiting_for`
+    (WAITING_FOR_TIMER or WAITING_FOR_MESSAGE), only active ones waiting on that."""
     request = process_pb2.ListInstancesRequest(
         process_id=process_id,
         state=state.to_proto() if state else process_pb2.INSTANCE_STATE_UNSPECIFIED,
-        business_key=business_key,
+        business_key=filters.get("business_key", ""),
         waiting_for=waiting_for,
-        parent_instance_id=parent_instance_id,
+        parent_instance_id=filters.get("parent_instance_id", ""),
     )
+    created_after = filters.get("created_after")
     if created_after is not None:
         request.created_after.FromDatetime(created_after)
+    created_before = filters.get("created_before")
     if created_before is not None:
         request.created_before.FromDatetime(created_before)
-    for name, value in (where or {}).items():
+    for name, value in (filters.get("where") or {}).items():
         request.variables.add(name=name).value.CopyFrom(to_struct({name: value}).fields[name])
     return request
 
@@ -146,35 +166,21 @@ def create_batch(
     kind: Literal["retry-incidents", "cancel", "migrate", "modify"],
     process_id: str,
     *,
-    version: int = 0,
-    state: str = "",
-    node_id: str = "",
-    business_key: str = "",
-    incident_type: str = "",
-    incident_message: str = "",
     reason: str = "",
     to_version: int = 0,
     mappings: dict[str, str] | None = None,
     set_variables: dict[str, Any] | None = None,
     unset_variables: Sequence[str] = (),
     moves: Sequence[tuple[str, str]] = (),
+    **filters: Unpack[BatchFilter],
 ) -> batch_pb2.CreateBatchRequest:
-    """A batch over the instances of `process_id` matching every filter given: `retry-incidents` retries
-    their open incidents (of `incident_type`, whose message holds `incident_message`), `cancel` cancels
-    them with `reason`, `migrate` moves them from `version` to `to_version` (`mappings`: nodes renamed,
-    old id to new id), `modify` sets `set_variables`, removes `unset_variables` and moves the tokens of
-    `moves` (from node, to node) with `reason`. `state` is the instances' (ACTIVE when empty)."""
+    """A batch over the instances of `process_id` matching `filters`: `retry-incidents` retries their
+    open incidents, `cancel` cancels them with `reason`, `migrate` moves them from the filter's `version`
+    to `to_version` (`mappings`: nodes renamed, old id to new id), `modify` sets `set_variables`, removes
+    `unset_variables` and moves the tokens of `moves` (from node, to node) with `reason`."""
     request = batch_pb2.CreateBatchRequest(
         kind=_BATCH_KINDS[kind],
-        filter=batch_pb2.BatchFilter(
-            process_id=process_id,
-            version=version,
-            state=state,
-            node_id=node_id,
-            business_key=business_key,
-            incident_type=incident_type,
-            incident_message=incident_message,
-        ),
+        filter=batch_pb2.BatchFilter(process_id=process_id, **filters),
         reason=reason,
     )
     if kind == "migrate":

@@ -14,6 +14,7 @@ from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, Unpack, overlo
 
 import grpc
 
+from . import requests
 from .client import AsyncEngineClient, InstanceHandle, Stubs
 from .connection import Connection, ConnectionOptions
 from .models import Instance
@@ -110,11 +111,9 @@ class EngineClient:
         process_id: str,
         variables: dict[str, Any] | None = None,
         *,
-        business_key: str = "",
-        version: int = 0,
-        request_id: str = "",
         wait: Literal[False] = False,
         timeout: float | None = None,
+        **options: Unpack[requests.StartOptions],
     ) -> SyncInstanceHandle: ...
 
     @overload
@@ -123,11 +122,9 @@ class EngineClient:
         process_id: str,
         variables: dict[str, Any] | None = None,
         *,
-        business_key: str = "",
-        version: int = 0,
-        request_id: str = "",
         wait: Literal[True],
         timeout: float | None = None,
+        **options: Unpack[requests.StartOptions],
     ) -> Instance: ...
 
     def start(
@@ -135,17 +132,11 @@ class EngineClient:
         process_id: str,
         variables: dict[str, Any] | None = None,
         *,
-        business_key: str = "",
-        version: int = 0,
-        request_id: str = "",
         wait: bool = False,
         timeout: float | None = None,
+        **options: Unpack[requests.StartOptions],
     ) -> SyncInstanceHandle | Instance:
-        handle = self._runner.run(
-            self._async.start(
-                process_id, variables, business_key=business_key, version=version, request_id=request_id
-            )
-        )
+        handle = self._runner.run(self._async.start(process_id, variables, **options))
         synced = SyncInstanceHandle(self._runner, handle)
         return synced.result(timeout) if wait else synced
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, cast
 
 import httpx2
+from abada_common.bearer_auth import BearerAuth
 from abada_common.capped_http import CappedTransport, ResponseTooLarge
 from abada_common.tool_limits import MAX_RESPONSE_BYTES, MAX_TOOL_LIST_PAGES, MAX_TOOLS, TooMuchFromServer
 from abada_common.tool_schemas import description_sha256, schema_sha256
@@ -161,15 +162,6 @@ def check_contract(bindings: Iterable[ToolBinding], listed: dict[str, Tool]) -> 
     return mismatches
 
 
-class BearerAuth(httpx2.Auth):
-    def __init__(self, secret: Secret) -> None:
-        self._secret = secret
-
-    def auth_flow(self, request: httpx2.Request) -> Generator[httpx2.Request, httpx2.Response, None]:
-        request.headers["Authorization"] = f"Bearer {self._secret.reveal()}"
-        yield request
-
-
 async def _add_idempotency_header(request: httpx2.Request) -> None:
     key = _idempotency_key.get()
     if key is not None:
@@ -212,7 +204,7 @@ class ToolServer:
         try:
             async with (
                 httpx2.AsyncClient(
-                    auth=BearerAuth(credential) if credential is not None else None,
+                    auth=BearerAuth(credential.reveal) if credential is not None else None,
                     event_hooks=hooks,
                     timeout=httpx2.Timeout(timeout_seconds),
                     transport=transport,

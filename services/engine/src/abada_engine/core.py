@@ -4,7 +4,7 @@ any transport. The gRPC server (`api/server.py`) and, later, other faces serve i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -36,6 +36,10 @@ from abada_engine.store.dependencies import DEPENDENCY_CHANNEL
 from abada_engine.store.hand_written import HotPath
 from abada_engine.store.messages import RECEIVE_CHANNEL
 from abada_engine.store.timers import TIMER_CHANNEL
+
+
+class _Stoppable(Protocol):
+    async def stop(self) -> None: ...
 
 
 @dataclass
@@ -215,17 +219,22 @@ class EngineCore:
         )
 
     async def close(self) -> None:
-        await self.fan_out_ends.stop()
-        await self.batch_rounds.stop()
-        await self.retention_rounds.stop()
-        await self.message_expiry.stop()
-        await self.message_matcher.stop()
-        await self.timer_clock.stop()
-        await self.queue_upkeep.stop()
-        await self.outage_budget_rounds.stop()
-        await self.probe_rounds.stop()
-        await self.approval_reaper.stop()
-        await self.database.stop()
-        await self.reaper.stop()
-        await self.wakeups.stop()
+        # What runs in the background, in the order it stops in; the hot pool closes after it.
+        background: tuple[_Stoppable, ...] = (
+            self.fan_out_ends,
+            self.batch_rounds,
+            self.retention_rounds,
+            self.message_expiry,
+            self.message_matcher,
+            self.timer_clock,
+            self.queue_upkeep,
+            self.outage_budget_rounds,
+            self.probe_rounds,
+            self.approval_reaper,
+            self.database,
+            self.reaper,
+            self.wakeups,
+        )
+        for loop in background:
+            await loop.stop()
         await self.hot.close()

@@ -28,10 +28,6 @@ class FileSecretStore:
         self._fingerprint: bytes | None = None
         self._secrets: dict[str, Secret] = {}
 
-    @property
-    def path(self) -> Path:
-        return self._path
-
     def __repr__(self) -> str:
         return f"FileSecretStore({str(self._path)!r})"
 

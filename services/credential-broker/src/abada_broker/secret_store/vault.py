@@ -231,10 +231,6 @@ class VaultSecretStore:
         self._upkeep: asyncio.Task[None] | None = None
         self._closed = False
 
-    @property
-    def settings(self) -> VaultSettings:
-        return self._settings
-
     def __repr__(self) -> str:
         return f"VaultSecretStore(address={self._settings.address!r}, auth={self._keeper.auth_method_name!r})"
 

@@ -62,6 +62,16 @@ class TokenTrouble(enum.Enum):
     REJECTED = "rejected"  # Vault no longer accepts it: revoked, or expired early
 
 
+@dataclass(frozen=True)
+class DeadToken:
+    """The token the keeper holds and can no longer use: why, which one (its accessor, which Vault
+    logs too), and what failed when it found out ("" when Vault's answer says it all)."""
+
+    trouble: TokenTrouble
+    accessor: str
+    cause: str = ""
+
+
 class AuthMethod(ABC):
     """How the broker gets its Vault token. Synchronous: called from worker threads under the keeper's lock."""
 
@@ -75,16 +85,8 @@ class AuthMethod(ABC):
         """Install a token on ``client``; raises :class:`VaultLoginError` when none can be had."""
 
     @abstractmethod
-    def login_again(
-        self,
-        client: hvac.Client,
-        clock: Callable[[], float],
-        *,
-        trouble: TokenTrouble,
-        accessor: str,
-        cause: str,
-    ) -> Granted:
-        """Install a new token because the current one (``accessor``) is dead; raises
+    def login_again(self, client: hvac.Client, clock: Callable[[], float], dead: DeadToken) -> Granted:
+        """Install a new token because the current one (``dead.accessor``) is dead; raises
         :class:`VaultLoginError`, saying what the operator must do, when this method cannot get one."""
 
     def renew(self, client: hvac.Client, clock: Callable[[], float]) -> Granted:
@@ -122,26 +124,18 @@ class StaticTokenAuth(AuthMethod):
             raise VaultLoginError(self._dead[1])
         return self._adopt(client, token, clock)
 
-    def login_again(
-        self,
-        client: hvac.Client,
-        clock: Callable[[], float],
-        *,
-        trouble: TokenTrouble,
-        accessor: str,
-        cause: str,
-    ) -> Granted:
+    def login_again(self, client: hvac.Client, clock: Callable[[], float], dead: DeadToken) -> Granted:
         replacement = self._changed_token(client.token or "")
         if replacement is not None:
             return self._adopt(client, replacement, clock)
-        if trouble is TokenTrouble.EXPIRED:
+        if dead.trouble is TokenTrouble.EXPIRED:
             explanation = (
-                f"the static Vault token (accessor {accessor}) has expired{cause}. Auth method 'token' cannot "
+                f"the static Vault token (accessor {dead.accessor}) has expired{dead.cause}. Auth method 'token' cannot "
                 "log in again: provide a new token (VAULT_TOKEN / ABADA_VAULT_TOKEN_FILE) or use kubernetes auth"
             )
         else:
             explanation = (
-                f"Vault rejects the static token (accessor {accessor}): it was revoked or has expired. "
+                f"Vault rejects the static token (accessor {dead.accessor}): it was revoked or has expired. "
                 "Auth method 'token' cannot log in again: provide a new token or use kubernetes auth"
             )
         self._dead = (_digest(client.token or ""), explanation)
@@ -150,13 +144,7 @@ class StaticTokenAuth(AuthMethod):
 
     def _configured_token(self) -> str:
         if self.token_file is not None:
-            try:
-                token = self.token_file.read_text(encoding="utf-8").strip()
-            except OSError as error:
-                raise VaultLoginError(
-                    f"cannot read the Vault token file {str(self.token_file)!r}: "
-                    f"{error.strerror or type(error).__name__}"
-                ) from None
+            token = _read_token_file(self.token_file, "Vault token file")
             if token:
                 return token
             if not self._token:
@@ -227,13 +215,7 @@ class KubernetesAuth(AuthMethod):
         return f"KubernetesAuth(role={self.role!r}, jwt_file={self.jwt_file!r}, mount={self.mount!r})"
 
     def login(self, client: hvac.Client, clock: Callable[[], float]) -> Granted:
-        try:
-            jwt = self.jwt_file.read_text(encoding="utf-8").strip()
-        except OSError as error:
-            raise VaultLoginError(
-                f"cannot read the Kubernetes service-account token file {str(self.jwt_file)!r}: "
-                f"{error.strerror or type(error).__name__}"
-            ) from None
+        jwt = _read_token_file(self.jwt_file, "Kubernetes service-account token file")
         if not jwt:
             raise VaultLoginError(
                 f"the Kubernetes service-account token file {str(self.jwt_file)!r} is empty"
@@ -266,15 +248,7 @@ class KubernetesAuth(AuthMethod):
         )
         return granted
 
-    def login_again(
-        self,
-        client: hvac.Client,
-        clock: Callable[[], float],
-        *,
-        trouble: TokenTrouble,
-        accessor: str,
-        cause: str,
-    ) -> Granted:
+    def login_again(self, client: hvac.Client, clock: Callable[[], float], dead: DeadToken) -> Granted:
         return self.login(client, clock)
 
 
@@ -433,7 +407,7 @@ class VaultTokenKeeper:
     def _login_again(self, grant: _Grant, trouble: TokenTrouble, cause: str = "") -> _Grant:
         self._grant = None
         granted = self._method.login_again(
-            self._client, self._clock, trouble=trouble, accessor=grant.accessor, cause=cause
+            self._client, self._clock, DeadToken(trouble, grant.accessor, cause)
         )
         return self._install(granted)
 
@@ -533,6 +507,16 @@ def _auth_block(response: Any, *, require_token: bool = True) -> dict[str, Any]:
     if not isinstance(auth, dict) or (require_token and not isinstance(auth.get("client_token"), str)):
         raise VaultLoginError("Vault's answer has no usable 'auth' block")
     return auth
+
+
+def _read_token_file(path: Path, what: str) -> str:
+    """The file's text, stripped ("" when empty); a file that cannot be read refuses the login."""
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError as error:
+        raise VaultLoginError(
+            f"cannot read the {what} {str(path)!r}: {error.strerror or type(error).__name__}"
+        ) from None
 
 
 def _digest(token: str) -> bytes:

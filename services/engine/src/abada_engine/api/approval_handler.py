@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import asdict
 from datetime import datetime
 
 import grpc
 from abada.engine.v1 import approval_pb2, approval_pb2_grpc
-from abada.engine.v1.error_reason_pb2 import ErrorReason
 
-from abada_engine.errors import invalid
 from abada_engine.paging import MAX_LISTED, PageTokens, listing
 from abada_engine.runtime.approvals import Approvals, ApprovalView
+from abada_engine.store.approvals import ApprovalListing
 from abada_engine.store.states import ApprovalState
 
-from .convert import from_struct, parse_uuid, timestamp, to_struct
+from .convert import chosen, from_struct, parse_uuid, timestamp, to_struct
 from .errors import translates_errors
 from .guard import ServiceHandler, current_caller
 
@@ -69,29 +69,21 @@ class ApprovalHandler(ServiceHandler, approval_pb2_grpc.ApprovalServiceServicer)
     async def ListApprovals(
         self, request: approval_pb2.ListApprovalsRequest, context: grpc.aio.ServicerContext
     ) -> approval_pb2.ListApprovalsResponse:
-        state = _STATE_NAMES.get(request.state, ApprovalState.PENDING)
+        which = ApprovalListing(
+            process_id=request.process_id,
+            business_key=request.business_key,
+            tool_ref=request.tool_ref,
+            state=_STATE_NAMES.get(request.state, ApprovalState.PENDING),
+        )
         page = self._pages.page(
             request.page_size,
             request.page_token,
-            listing(
-                "approvals",
-                process_id=request.process_id,
-                business_key=request.business_key,
-                tool_ref=request.tool_ref,
-                state=state,
-            ),
+            listing("approvals", **asdict(which)),
             (datetime, uuid.UUID, int),
             default_size=MAX_LISTED,
             max_size=MAX_LISTED,
         )
-        found = await self._approvals.list(
-            request.process_id,
-            request.business_key,
-            request.tool_ref,
-            state,
-            limit=page.size + 1,
-            after_key=page.after,
-        )
+        found = await self._approvals.list(which, limit=page.size + 1, after_key=page.after)
         shown, next_token = self._pages.shown(page, found, lambda a: (a.created_at, a.task_id, a.sequence))
         return approval_pb2.ListApprovalsResponse(
             approvals=[approval_message(a) for a in shown], next_page_token=next_token
@@ -106,13 +98,12 @@ class ApprovalHandler(ServiceHandler, approval_pb2_grpc.ApprovalServiceServicer)
     async def DecideApproval(
         self, request: approval_pb2.DecideApprovalRequest, context: grpc.aio.ServicerContext
     ) -> approval_pb2.DecideApprovalResponse:
-        decision = _DECISIONS.get(request.decision)
-        if decision is None:
-            raise invalid(
-                ErrorReason.INVALID_ARGUMENT,
-                "decision",
-                "say APPROVAL_DECISION_APPROVE or APPROVAL_DECISION_REJECT",
-            )
+        decision = chosen(
+            _DECISIONS,
+            request.decision,
+            "decision",
+            "say APPROVAL_DECISION_APPROVE or APPROVAL_DECISION_REJECT",
+        )
         caller = current_caller.get()
         decided = await self._approvals.decide(
             parse_uuid(request.approval_id, "approval_id"),

@@ -6,16 +6,23 @@ from collections.abc import Iterable
 
 import grpc
 from abada.engine.v1 import batch_pb2, batch_pb2_grpc, process_pb2
-from abada.engine.v1.error_reason_pb2 import ErrorReason
 
-from abada_engine.errors import invalid
 from abada_engine.runtime.batches import Batches, BatchView, Migration
 from abada_engine.runtime.instances import MAX_VARIABLES_BYTES
 from abada_engine.runtime.repairs import Modification
 from abada_engine.store.batches import BatchFilter, BatchItemRow
 from abada_engine.store.states import BatchKind, BatchOutcome, BatchState, InstanceState
 
-from .convert import from_struct, optional_uuid, parse_uuid, storable, storable_text, timestamp, to_struct
+from .convert import (
+    chosen,
+    from_struct,
+    optional_uuid,
+    parse_uuid,
+    storable,
+    storable_text,
+    timestamp,
+    to_struct,
+)
 from .errors import translates_errors
 from .guard import ServiceHandler, current_caller
 
@@ -53,13 +60,7 @@ class BatchHandler(ServiceHandler, batch_pb2_grpc.BatchServiceServicer):
     async def CreateBatch(
         self, request: batch_pb2.CreateBatchRequest, context: grpc.aio.ServicerContext
     ) -> batch_pb2.CreateBatchResponse:
-        kind = _KINDS.get(request.kind)
-        if kind is None:
-            raise invalid(
-                ErrorReason.INVALID_ARGUMENT,
-                "kind",
-                "is required: RETRY_INCIDENTS, CANCEL, MIGRATE or MODIFY",
-            )
+        kind = chosen(_KINDS, request.kind, "kind", "is required: RETRY_INCIDENTS, CANCEL, MIGRATE or MODIFY")
         given = request.filter
         which = BatchFilter(
             process_id=storable_text(given.process_id, "filter.process_id"),

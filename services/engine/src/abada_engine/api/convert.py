@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_common import struct_codec
@@ -15,6 +16,8 @@ from google.protobuf import struct_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
 from abada_engine.errors import invalid
+
+Choice = TypeVar("Choice")
 
 # A NUL character in JSON text: \\u0000 after an even number (or none) of other backslashes.
 _NUL_IN_JSON = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -29,6 +32,15 @@ def storable(values: dict[str, Any], field: str, max_bytes: int | None = None) -
     if "\\u0000" in as_json and _NUL_IN_JSON.search(as_json):
         raise invalid(ErrorReason.INVALID_ARGUMENT, field, "must not contain NUL characters (U+0000)")
     return values
+
+
+def chosen(choices: Mapping[Any, Choice], value: int, field: str, expected: str) -> Choice:
+    """What the enum `value` of `field` stands for; one that stands for none of `choices` (unset
+    included) is refused, saying what is `expected`."""
+    choice = choices.get(value)
+    if choice is None:
+        raise invalid(ErrorReason.INVALID_ARGUMENT, field, expected)
+    return choice
 
 
 def storable_text(value: str, field: str) -> str:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from abada.engine.v1 import external_task_pb2, external_task_pb2_grpc
 from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_common.telemetry import inject_traceparent
 from google.protobuf import struct_pb2
+from google.protobuf.message import Message
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
@@ -27,10 +28,20 @@ from abada_engine.runtime.offload import LARGE_VALUE_BYTES, large_value_turn, ru
 from abada_engine.store.states import WORKER_STEP_STATES
 
 from . import messages
-from .convert import from_struct, parse_uuid, storable, timestamp
+from .convert import chosen, from_struct, parse_uuid, storable, timestamp
 from .errors import as_refusal, status_of, translates_errors
 from .guard import ServiceHandler, current_caller
 
+
+class _SentByWorker(Protocol):
+    """An item of a batch, whose worker_id the batch fills in when it is left empty."""
+
+    worker_id: str
+
+
+_Item = TypeVar("_Item", bound=_SentByWorker)
+_Answer = TypeVar("_Answer")
+_Result = TypeVar("_Result", external_task_pb2.StepResult, external_task_pb2.CompletionResult)
 _KIND_NAMES = {value: name for name, value in messages.STEP_KINDS.items()}
 _STATE_NAMES = {value: name for name, value in messages.STEP_STATES.items() if name in WORKER_STEP_STATES}
 _DEPENDENCY_ACTIONS = {
@@ -113,6 +124,15 @@ def _check_batch(worker_id: str, items: Sequence[_BatchItem], field: str) -> Non
         seen.add(item.task_id)
 
 
+def _batch_result(result: _Result, outcome: Message, answered: str) -> _Result:
+    """An item's entry in a batch's answer: its refusal, or the single call's answer in `answered`."""
+    if isinstance(outcome, external_task_pb2.Refusal):
+        result.refused.CopyFrom(outcome)
+    else:
+        getattr(result, answered).CopyFrom(outcome)
+    return result
+
+
 _tracer = trace.get_tracer("abada.engine")
 
 
@@ -169,39 +189,48 @@ class ExternalTaskHandler(ServiceHandler, external_task_pb2_grpc.ExternalTaskSer
         _check_batch(request.worker_id, request.steps, "steps")
         # Each step on its own, all at once: admissions that reach the database together share the
         # model's group commit, and one refused leaves the others as they would be without it.
+        outcomes = await self._each_or_refused(
+            request.steps, request.worker_id, self._append, "ExternalTaskHandler.AppendSteps"
+        )
         return external_task_pb2.AppendStepsResponse(
-            results=await asyncio.gather(
-                *(self._append_or_refuse(step, request.worker_id) for step in request.steps)
-            )
+            results=[_batch_result(external_task_pb2.StepResult(), o, "appended") for o in outcomes]
         )
 
-    async def _append_or_refuse(
-        self, step: external_task_pb2.AppendStepRequest, worker_id: str
-    ) -> external_task_pb2.StepResult:
-        if not step.worker_id:
-            step.worker_id = worker_id
+    async def _each_or_refused(
+        self,
+        items: Sequence[_Item],
+        worker_id: str,
+        run: Callable[[_Item], Awaitable[_Answer]],
+        where: str,
+    ) -> list[_Answer | external_task_pb2.Refusal]:
+        """Every item of a batch on its own, all at once (see `_batch_item`), answers in the batch's order."""
+        return await asyncio.gather(*(self._batch_item(item, worker_id, run, where) for item in items))
+
+    async def _batch_item(
+        self,
+        item: _Item,
+        worker_id: str,
+        run: Callable[[_Item], Awaitable[_Answer]],
+        where: str,
+    ) -> _Answer | external_task_pb2.Refusal:
+        """One item of a batch, sent under the batch's worker_id unless it names its own: what the
+        single call answers, or what it would have failed with (the other items go on)."""
+        if not item.worker_id:
+            item.worker_id = worker_id
         try:
-            return external_task_pb2.StepResult(appended=await self._append(step))
+            return await run(item)
         except Exception as error:
-            return external_task_pb2.StepResult(
-                refused=self._refusal(error, "ExternalTaskHandler.AppendSteps")
-            )
+            return self._refusal(error, where)
 
     async def _append(
         self, request: external_task_pb2.AppendStepRequest
     ) -> external_task_pb2.AppendStepResponse:
-        kind = _KIND_NAMES.get(request.kind)
-        if kind is None:
-            raise invalid(
-                ErrorReason.INVALID_ARGUMENT, "kind", "must be STEP_KIND_MODEL_CALL or STEP_KIND_TOOL_CALL"
-            )
-        state = _STATE_NAMES.get(request.state)
-        if state is None:
-            raise invalid(
-                ErrorReason.INVALID_ARGUMENT,
-                "state",
-                "must be STARTED, COMPLETED, FAILED or AWAITING_APPROVAL",
-            )
+        kind = chosen(
+            _KIND_NAMES, request.kind, "kind", "must be STEP_KIND_MODEL_CALL or STEP_KIND_TOOL_CALL"
+        )
+        state = chosen(
+            _STATE_NAMES, request.state, "state", "must be STARTED, COMPLETED, FAILED or AWAITING_APPROVAL"
+        )
         sent_request = from_struct(request.request, "request") if request.HasField("request") else None
         sent_response = from_struct(request.response, "response") if request.HasField("response") else None
         result = await self._journal.append(
@@ -304,25 +333,13 @@ class ExternalTaskHandler(ServiceHandler, external_task_pb2_grpc.ExternalTaskSer
         subscriptions = _next_subscriptions(caller, request.worker_id, fetch_next, "fetch_next.")
         # Each completion on its own, all at once: those that reach the database together share its
         # group commit, and one refused leaves the others as they would be without it.
-        results = await asyncio.gather(
-            *(self._complete_or_refuse(completion, request.worker_id) for completion in request.completions)
+        outcomes = await self._each_or_refused(
+            request.completions, request.worker_id, self._complete, "ExternalTaskHandler.CompleteTasks"
         )
         return external_task_pb2.CompleteTasksResponse(
-            results=results,
+            results=[_batch_result(external_task_pb2.CompletionResult(), o, "completed") for o in outcomes],
             next_tasks=await self._next_tasks(request.worker_id, subscriptions, request.fetch_next.max_tasks),
         )
-
-    async def _complete_or_refuse(
-        self, completion: external_task_pb2.CompleteRequest, worker_id: str
-    ) -> external_task_pb2.CompletionResult:
-        if not completion.worker_id:
-            completion.worker_id = worker_id
-        try:
-            return external_task_pb2.CompletionResult(completed=await self._complete(completion))
-        except Exception as error:
-            return external_task_pb2.CompletionResult(
-                refused=self._refusal(error, "ExternalTaskHandler.CompleteTasks")
-            )
 
     async def _complete(
         self, request: external_task_pb2.CompleteRequest

@@ -12,10 +12,11 @@ from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_engine.errors import invalid
 from abada_engine.paging import MAX_LISTED, PageTokens, listing
 from abada_engine.runtime.incidents import MAX_BULK, IncidentFilter, Incidents
+from abada_engine.store.incidents import IncidentListing
 from abada_engine.store.states import IncidentState
 
 from . import messages
-from .convert import from_struct, optional_uuid, parse_uuid
+from .convert import chosen, from_struct, optional_uuid, parse_uuid
 from .errors import translates_errors
 from .guard import ServiceHandler
 
@@ -38,30 +39,28 @@ class IncidentHandler(ServiceHandler, incident_pb2_grpc.IncidentServiceServicer)
     async def ListIncidents(
         self, request: incident_pb2.ListIncidentsRequest, context: grpc.aio.ServicerContext
     ) -> incident_pb2.ListIncidentsResponse:
-        state = messages.INCIDENT_STATE_NAMES.get(request.state, IncidentState.OPEN)
-        dependency = _dependency_filter(request)
+        which = IncidentListing(
+            instance_id=optional_uuid(request.instance_id, "instance_id"),
+            state=messages.INCIDENT_STATE_NAMES.get(request.state, IncidentState.OPEN),
+            type=request.type,
+            dependency=_dependency_filter(request),
+        )
         page = self._pages.page(
             request.page_size,
             request.page_token,
+            # instance_id as sent: a token stays bound to the request's own text, as it always was.
             listing(
                 "incidents",
                 instance_id=request.instance_id,
-                state=state,
-                type=request.type,
-                dependency=dependency,
+                state=which.state,
+                type=which.type,
+                dependency=which.dependency,
             ),
             (datetime, uuid.UUID),
             default_size=MAX_LISTED,
             max_size=MAX_LISTED,
         )
-        found = await self._incidents.list(
-            optional_uuid(request.instance_id, "instance_id"),
-            state,
-            request.type,
-            dependency=dependency,
-            limit=page.size + 1,
-            after_key=page.after,
-        )
+        found = await self._incidents.list(which, limit=page.size + 1, after_key=page.after)
         shown, next_token = self._pages.shown(page, found, lambda i: (i.created_at, i.id))
         return incident_pb2.ListIncidentsResponse(
             incidents=[messages.incident(i) for i in shown], next_page_token=next_token
@@ -105,13 +104,12 @@ class IncidentHandler(ServiceHandler, incident_pb2_grpc.IncidentServiceServicer)
     async def ResolveIncident(
         self, request: incident_pb2.ResolveIncidentRequest, context: grpc.aio.ServicerContext
     ) -> incident_pb2.ResolveIncidentResponse:
-        resolution = _RESOLUTIONS.get(request.resolution)
-        if resolution is None:
-            raise invalid(
-                ErrorReason.INVALID_ARGUMENT,
-                "resolution",
-                "say RETRY, HAPPENED, DID_NOT_HAPPEN or CANCEL_INSTANCE",
-            )
+        resolution = chosen(
+            _RESOLUTIONS,
+            request.resolution,
+            "resolution",
+            "say RETRY, HAPPENED, DID_NOT_HAPPEN or CANCEL_INSTANCE",
+        )
         result = from_struct(request.result) if request.HasField("result") else None
         resolved = await self._incidents.resolve(
             parse_uuid(request.incident_id, "incident_id"), resolution, result, request.comment

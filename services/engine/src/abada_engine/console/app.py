@@ -40,6 +40,8 @@ from .session import COOKIE, SESSION_SECONDS, SIGN_IN_COOKIE, Sealer, Session
 log = logging.getLogger(__name__)
 HERE = pathlib.Path(__file__).parent
 PAGE_SIZE = 50
+# Approvals and incidents are worked through on one page, so theirs are longer than the instances'.
+_LIST_PAGE_SIZE = 200
 Handler = Callable[[Request], Awaitable[Response]]
 STATES = {
     "": process_pb2.INSTANCE_STATE_UNSPECIFIED,
@@ -242,6 +244,32 @@ class Console:
 
     async def call(self, session: Session, method: Any, request: Any) -> Any:
         return await self.engine.call(session.token, method, request)
+
+    async def _list_page(
+        self,
+        request: Request,
+        session: Session,
+        method: Any,
+        search: Any,
+        rows: str,
+        filters: dict[str, str],
+        **context: Any,
+    ) -> HTMLResponse:
+        """A list page: the page of `rows` that `search` (a List...Request, its filters set) reaches at the
+        query's page token, shown by the template named after them, with a link to the next page that
+        keeps the filters."""
+        search.page_size = _LIST_PAGE_SIZE
+        search.page_token = request.query_params.get("page", "")
+        reply = await self.call(session, method, search)
+        context[rows] = list(getattr(reply, rows))
+        return self.render(
+            request,
+            f"{rows}.html",
+            session=session,
+            filters=filters,
+            next_query=_next_query(request, reply.next_page_token),
+            **context,
+        )
 
     def page(self, handler: Callable[[Request], Awaitable[Response]]) -> Handler:
         """Runs a page, turning refusals (ours and the engine's) into pages a person can act on."""
@@ -515,25 +543,19 @@ class Console:
             "rejected": approval_pb2.APPROVAL_STATE_REJECTED,
             "expired": approval_pb2.APPROVAL_STATE_EXPIRED,
         }.get(filters["state"], approval_pb2.APPROVAL_STATE_PENDING)
-        reply = await self.call(
+        search = approval_pb2.ListApprovalsRequest(
+            process_id=filters["process"],
+            tool_ref=filters["tool"],
+            business_key=filters["business_key"],
+            state=state,
+        )
+        return await self._list_page(
+            request,
             session,
             lambda e: e.approvals.ListApprovals,
-            approval_pb2.ListApprovalsRequest(
-                process_id=filters["process"],
-                tool_ref=filters["tool"],
-                business_key=filters["business_key"],
-                state=state,
-                page_size=200,
-                page_token=query.get("page", ""),
-            ),
-        )
-        return self.render(
-            request,
-            "approvals.html",
-            session=session,
-            approvals=list(reply.approvals),
-            filters=filters,
-            next_query=_next_query(request, reply.next_page_token),
+            search,
+            "approvals",
+            filters,
             decided=query.get("decided", ""),
         )
 
@@ -611,26 +633,20 @@ class Console:
         session = self.session(request, operator=True)
         query = request.query_params
         filters = _filters(query, "type", "instance", "state")
-        reply = await self.call(
+        search = incident_pb2.ListIncidentsRequest(
+            type=filters["type"],
+            instance_id=filters["instance"],
+            state=incident_pb2.INCIDENT_STATE_RESOLVED
+            if filters["state"] == "resolved"
+            else incident_pb2.INCIDENT_STATE_OPEN,
+        )
+        return await self._list_page(
+            request,
             session,
             lambda e: e.incidents.ListIncidents,
-            incident_pb2.ListIncidentsRequest(
-                type=filters["type"],
-                instance_id=filters["instance"],
-                state=incident_pb2.INCIDENT_STATE_RESOLVED
-                if filters["state"] == "resolved"
-                else incident_pb2.INCIDENT_STATE_OPEN,
-                page_size=200,
-                page_token=query.get("page", ""),
-            ),
-        )
-        return self.render(
-            request,
-            "incidents.html",
-            session=session,
-            incidents=list(reply.incidents),
-            filters=filters,
-            next_query=_next_query(request, reply.next_page_token),
+            search,
+            "incidents",
+            filters,
             resolutions_for=resolutions_for,
             resolution_names=RESOLUTIONS,
             resolved=query.get("resolved", ""),

@@ -12,7 +12,6 @@ import asyncio
 import json
 import logging
 import pathlib
-from collections.abc import Generator
 from typing import Any, Protocol
 
 import grpc
@@ -20,6 +19,7 @@ import httpx2
 import yaml
 from abada.broker.v1 import credential_pb2, credential_pb2_grpc
 from abada.engine.v1.error_reason_pb2 import ErrorReason
+from abada_common.bearer_auth import BearerAuth
 from abada_common.capped_http import CappedTransport, ResponseTooLarge
 from abada_common.tool_limits import MAX_RESPONSE_BYTES, MAX_TOOL_LIST_PAGES, MAX_TOOLS, TooMuchFromServer
 from abada_common.tool_schemas import description_sha256, schema_sha256
@@ -68,15 +68,6 @@ class FileCredentials:
                 f"tool_servers.{server}.credential",
             )
         return value
-
-
-class _Bearer(httpx2.Auth):
-    def __init__(self, token: str) -> None:
-        self._token = token
-
-    def auth_flow(self, request: httpx2.Request) -> Generator[httpx2.Request, httpx2.Response, None]:
-        request.headers["Authorization"] = f"Bearer {self._token}"
-        yield request
 
 
 class McpContractCheck:
@@ -155,7 +146,7 @@ class McpContractCheck:
         self, url: str, secret: str | None, refusals: list[int], transport: CappedTransport
     ) -> dict[str, Tool]:
         """The server's tools by name; a 401/403 answer is noted in `refusals` on the way."""
-        auth = _Bearer(secret) if secret else None
+        auth = BearerAuth(lambda: secret) if secret else None
 
         async def note_refusal(response: httpx2.Response) -> None:
             if response.status_code in (401, 403):

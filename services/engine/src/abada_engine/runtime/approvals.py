@@ -38,7 +38,7 @@ from abada_engine.store import approvals as approval_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import journal_steps as step_store
 from abada_engine.store import tasks as task_store
-from abada_engine.store.approvals import ApprovalRow, ListedApproval
+from abada_engine.store.approvals import ApprovalListing, ApprovalRow, ListedApproval
 from abada_engine.store.incidents import IncidentRow
 from abada_engine.store.states import ApprovalState, InstanceState, StepState, TaskState
 
@@ -148,23 +148,12 @@ class Approvals:
 
     async def list(
         self,
-        process_id: str = "",
-        business_key: str = "",
-        tool_ref: str = "",
-        state: str = ApprovalState.PENDING,
+        which: ApprovalListing,
         limit: int = 1000,
         after_key: tuple[datetime, uuid.UUID, int] | None = None,
     ) -> list[ApprovalView]:
         async with self._reads.connect() as conn:
-            rows = await approval_store.listed(
-                conn,
-                process_id=process_id,
-                business_key=business_key,
-                tool_ref=tool_ref,
-                state=state,
-                limit=limit,
-                after_key=after_key,
-            )
+            rows = await approval_store.listed(conn, which, limit=limit, after_key=after_key)
         return [self._view(r) for r in rows]
 
     async def get(self, approval_id: uuid.UUID) -> ApprovalView:

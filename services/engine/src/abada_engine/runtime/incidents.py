@@ -30,7 +30,7 @@ from abada_engine.runtime.views import IncidentView
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
-from abada_engine.store.incidents import IncidentRow
+from abada_engine.store.incidents import IncidentListing, IncidentRow
 from abada_engine.store.moves import TokenMove
 from abada_engine.store.states import IncidentState, InstanceState
 
@@ -91,23 +91,12 @@ class Incidents:
 
     async def list(
         self,
-        instance_id: uuid.UUID | None = None,
-        state: str = IncidentState.OPEN,
-        incident_type: str = "",
-        dependency: str = "",
+        which: IncidentListing,
         limit: int = 1000,
         after_key: tuple[datetime, uuid.UUID] | None = None,
     ) -> list[IncidentView]:
         async with self._reads.connect() as conn:
-            rows = await incident_store.listed(
-                conn,
-                instance_id=instance_id,
-                state=state,
-                incident_type=incident_type,
-                dependency=dependency,
-                limit=limit,
-                after_key=after_key,
-            )
+            rows = await incident_store.listed(conn, which, limit=limit, after_key=after_key)
         return [await self._opened(r) for r in rows]
 
     async def resolve_matching(

@@ -76,7 +76,10 @@ class AgentWorkView:
 
 
 @dataclass(frozen=True)
-class StepView:
+class StepContent:
+    """What a journal step says, as a worker sends it and as a reader sees it: where it stands in the
+    task's attempt, what it is, its payloads in clear and the tokens it used."""
+
     sequence: int
     attempt: int
     kind: str
@@ -86,6 +89,10 @@ class StepView:
     response: dict[str, Any] | None
     input_tokens: int
     output_tokens: int
+
+
+@dataclass(frozen=True)
+class StepView(StepContent):
     idempotency_key: str
     abandoned: bool
     created_at: datetime

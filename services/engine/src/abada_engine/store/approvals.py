@@ -293,14 +293,21 @@ async def reopen_expired_of_task(
     return result.rowcount
 
 
+@dataclass(frozen=True)
+class ApprovalListing:
+    """Which approvals a list shows: those matching every filter given ("" matches any)."""
+
+    process_id: str = ""
+    business_key: str = ""
+    tool_ref: str = ""
+    state: str = ""
+
+
 async def listed(
     conn: AsyncConnection,
+    which: ApprovalListing = ApprovalListing(),
     *,
     approval_id: uuid.UUID | None = None,
-    process_id: str = "",
-    business_key: str = "",
-    tool_ref: str = "",
-    state: str = "",
     limit: int = 1000,
     after_key: tuple[datetime, uuid.UUID, int] | None = None,
 ) -> list[ListedApproval]:
@@ -310,14 +317,14 @@ async def listed(
     query = keyset.ordered(_listed_query(), order, after_key)
     if approval_id is not None:
         query = query.where(approvals.c.id == approval_id)
-    if process_id:
-        query = query.where(instances.c.process_id == process_id)
-    if business_key:
-        query = query.where(instances.c.business_key == business_key)
-    if tool_ref:
-        query = query.where(approvals.c.tool_ref == tool_ref)
-    if state:
-        query = query.where(approvals.c.state == state)
+    if which.process_id:
+        query = query.where(instances.c.process_id == which.process_id)
+    if which.business_key:
+        query = query.where(instances.c.business_key == which.business_key)
+    if which.tool_ref:
+        query = query.where(approvals.c.tool_ref == which.tool_ref)
+    if which.state:
+        query = query.where(approvals.c.state == which.state)
     rows = (await conn.execute(query.limit(limit))).all()
     return [typed(ListedApproval, row._mapping) for row in rows]
 

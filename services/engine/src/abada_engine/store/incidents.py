@@ -102,13 +102,22 @@ async def close_all_of_instance(
     )
 
 
+@dataclass(frozen=True)
+class IncidentListing:
+    """Which incidents a list shows: those matching every filter given ("" and None match any); a
+    dependency is named as its incidents' details name it (`model:NAME`, `tool_server:NAME`)."""
+
+    instance_id: uuid.UUID | None = None
+    state: str = ""
+    type: str = ""
+    dependency: str = ""
+
+
 async def listed(
     conn: AsyncConnection,
+    which: IncidentListing = IncidentListing(),
+    *,
     incident_id: uuid.UUID | None = None,
-    instance_id: uuid.UUID | None = None,
-    state: str = "",
-    incident_type: str = "",
-    dependency: str = "",
     limit: int = 1000,
     after_key: tuple[datetime, uuid.UUID] | None = None,
 ) -> list[ListedIncident]:
@@ -121,14 +130,14 @@ async def listed(
     )
     if incident_id is not None:
         query = query.where(incidents.c.id == incident_id)
-    if instance_id is not None:
-        query = query.where(incidents.c.instance_id == instance_id)
-    if state:
-        query = query.where(incidents.c.state == state)
-    if incident_type:
-        query = query.where(incidents.c.type == incident_type)
-    if dependency:
-        query = query.where(incidents.c.details["dependency"].astext == dependency)
+    if which.instance_id is not None:
+        query = query.where(incidents.c.instance_id == which.instance_id)
+    if which.state:
+        query = query.where(incidents.c.state == which.state)
+    if which.type:
+        query = query.where(incidents.c.type == which.type)
+    if which.dependency:
+        query = query.where(incidents.c.details["dependency"].astext == which.dependency)
     rows = (await conn.execute(query.limit(limit))).all()
     return [typed(ListedIncident, row._mapping) for row in rows]
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, cast, func, literal, select, type_coerce, update
+from sqlalchemy import ColumnElement, Table, bindparam, cast, func, literal, select, type_coerce, update
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Text
@@ -165,31 +165,22 @@ async def rename_waiting_nodes(
     renamed nodes."""
     if not renames:
         return
-    mapped = func.jsonb_extract_path_text(bindparam("renames", renames, type_=JSONB), timers.c.node_id)
+    await _rename_nodes(conn, timers, instance_id, renames, timers.c.fired_at.is_(None))
+    await _rename_nodes(conn, approvals, instance_id, renames, is_(approvals.c.state, ApprovalState.PENDING))
+    await _rename_nodes(conn, incidents, instance_id, renames, is_(incidents.c.state, IncidentState.OPEN))
+
+
+async def _rename_nodes(
+    conn: AsyncConnection,
+    table: Table,
+    instance_id: uuid.UUID,
+    renames: dict[str, str],
+    still_open: ColumnElement[bool],
+) -> None:
+    """The rows of `table` of the instance that are `still_open`, at a renamed node, moved to its new id."""
+    mapped = func.jsonb_extract_path_text(bindparam("renames", renames, type_=JSONB), table.c.node_id)
     await conn.execute(
-        update(timers)
-        .where(
-            timers.c.instance_id == instance_id, timers.c.fired_at.is_(None), timers.c.node_id.in_(renames)
-        )
-        .values(node_id=mapped)
-    )
-    mapped = func.jsonb_extract_path_text(bindparam("renames", renames, type_=JSONB), approvals.c.node_id)
-    await conn.execute(
-        update(approvals)
-        .where(
-            approvals.c.instance_id == instance_id,
-            is_(approvals.c.state, ApprovalState.PENDING),
-            approvals.c.node_id.in_(renames),
-        )
-        .values(node_id=mapped)
-    )
-    mapped = func.jsonb_extract_path_text(bindparam("renames", renames, type_=JSONB), incidents.c.node_id)
-    await conn.execute(
-        update(incidents)
-        .where(
-            incidents.c.instance_id == instance_id,
-            is_(incidents.c.state, IncidentState.OPEN),
-            incidents.c.node_id.in_(renames),
-        )
+        update(table)
+        .where(table.c.instance_id == instance_id, still_open, table.c.node_id.in_(renames))
         .values(node_id=mapped)
     )

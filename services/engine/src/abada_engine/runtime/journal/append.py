@@ -19,7 +19,7 @@ from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import Definition, DefinitionCatalog
 from abada_engine.definitions.model import ModelProfile, Node, Process, ToolBinding
 from abada_engine.errors import Category, EngineError, not_found, precondition
-from abada_engine.runtime.background.handed_out import HandedOut
+from abada_engine.runtime.background.handed_out import HandedOut, LeaseHeld
 from abada_engine.runtime.crypto.keys import IdempotencyKeys, KeyRing
 from abada_engine.runtime.crypto.sealing import Place, StepSealer
 from abada_engine.runtime.dependencies import Dependencies, dependency_key
@@ -113,14 +113,8 @@ class Journal:
         free sequence; True when the sequence already holds this STARTED (a re-send)."""
         async with self._hot.connect() as conn:
             context = await step_store.append_context(conn, step.task_id, step.sequence)
-        held = held_from_row(context, step.task_id, step.worker_id, step.lease_token)
+        _held_for_attempt(context, step)
         assert context is not None  # held_from_row refused a missing task
-        if step.attempt != held.attempt:
-            raise precondition(
-                ErrorReason.ATTEMPT_MISMATCH,
-                f"the lease is for attempt {held.attempt}, not {step.attempt}",
-                "attempt",
-            )
         if context.taken_sequence is not None:
             if (context.kind, context.step_state) == (step.kind, StepState.STARTED):
                 return True  # the same STARTED again, or a different one `_append` refuses
@@ -263,20 +257,8 @@ class Journal:
             async with self._hot.connect() as conn:
                 context = await step_store.append_context(conn, step.task_id, step.sequence)
                 # A finished step is kept from a holder whose lease ran out with nobody taking over.
-                held = held_from_row(
-                    context,
-                    step.task_id,
-                    step.worker_id,
-                    step.lease_token,
-                    expired_ok=step.state in FINISHED_STEP_STATES,
-                )
+                held = _held_for_attempt(context, step, expired_ok=step.state in FINISHED_STEP_STATES)
                 assert context is not None  # held_from_row refused a missing task
-                if step.attempt != held.attempt:
-                    raise precondition(
-                        ErrorReason.ATTEMPT_MISMATCH,
-                        f"the lease is for attempt {held.attempt}, not {step.attempt}",
-                        "attempt",
-                    )
                 self.handed_out.place(step.task_id, held.definition_id, held.node_id)
                 definition = await self._catalog.get(held.definition_id)
                 node = definition.process.node(held.node_id)
@@ -452,3 +434,17 @@ class Journal:
             "input_tokens": step.input_tokens,
             "output_tokens": step.output_tokens,
         }
+
+
+def _held_for_attempt(
+    context: AppendContext | None, step: StepRequest, *, expired_ok: bool = False
+) -> LeaseHeld:
+    """The lease the step's sender holds, for the step's attempt; refused otherwise."""
+    held = held_from_row(context, step.task_id, step.worker_id, step.lease_token, expired_ok=expired_ok)
+    if step.attempt != held.attempt:
+        raise precondition(
+            ErrorReason.ATTEMPT_MISMATCH,
+            f"the lease is for attempt {held.attempt}, not {step.attempt}",
+            "attempt",
+        )
+    return held

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from abada.engine.v1.error_reason_pb2 import ErrorReason
 
 from abada_engine.db.database import dumps
 from abada_engine.definitions.model import Limits, ToolBinding
 from abada_engine.errors import Category, EngineError, invalid, precondition
-from abada_engine.runtime.views import StepView
+from abada_engine.runtime.views import StepContent, StepView
 from abada_engine.store.journal_steps import AppendContext
 from abada_engine.store.states import WORKER_STEP_STATES, StepKind, StepState
 
@@ -19,19 +18,12 @@ MAX_PAYLOAD_BYTES = 1_000_000
 
 
 @dataclass(frozen=True)
-class StepRequest:
+class StepRequest(StepContent):
+    """A step a worker asks to append, with the task and the lease it claims to hold."""
+
     task_id: uuid.UUID
     worker_id: str
     lease_token: str
-    attempt: int
-    sequence: int
-    kind: str
-    state: str
-    tool_ref: str
-    request: dict[str, Any] | None
-    response: dict[str, Any] | None
-    input_tokens: int
-    output_tokens: int
 
 
 def check_shape(step: StepRequest) -> None:
