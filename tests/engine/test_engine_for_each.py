@@ -158,11 +158,12 @@ async def test_a_skipped_item_is_null_in_collect_with_its_reason_in_the_history(
     started = await start(engine, "lenient", lines=lines(3))
     first, second = await drain(engine, "lenient-line")
     await fail(engine, second, "the supplier has no such sku")
-    # Item 2 runs in item 0's lane (max_concurrency 2): it is offered once item 0 has ended.
-    assert await drain(engine, "lenient-line") == []
-    await complete(engine, first, "w", {"price": 10})
+    # The skipped item frees its place at once (max_concurrency 2): item 2 runs while item 0 still does.
     [third] = await drain(engine, "lenient-line")
+    assert plain(third.variables)["line"]["sku"] == "S-2"
     await complete(engine, third, "w", {"price": 30})
+    assert await drain(engine, "lenient-total") == []
+    await complete(engine, first, "w", {"price": 10})
     [total] = await drain(engine, "lenient-total")
     assert plain(total.variables)["prices"] == [10, None, 30]
     events = (await engine.processes.GetHistory(process_pb2.GetHistoryRequest(instance_id=started.id))).events
@@ -174,6 +175,26 @@ async def test_a_skipped_item_is_null_in_collect_with_its_reason_in_the_history(
     assert (progress.items_done, progress.items_skipped) == (3, 1)
 
 
+async def test_a_slow_item_holds_its_own_place_only_and_the_others_keep_every_place_busy(engine) -> None:
+    await deploy(engine, LINES)
+    started = await start(engine, "lenient", lines=lines(5))
+    slow, quick = await drain(engine, "lenient-line")
+    assert plain(slow.variables)["line"]["sku"] == "S-0"
+    # Items 2, 3 and 4 each take the place the previous quick one left, while item 0 runs on; never
+    # more than max_concurrency (2) offered at once.
+    for index in (2, 3, 4):
+        await complete(engine, quick, "w", {"price": index - 1})
+        [quick] = await drain(engine, "lenient-line")
+        assert plain(quick.variables)["line"]["sku"] == f"S-{index}"
+        [progress] = (await instance(engine, started.id)).fan_outs
+        assert progress.items_running == 2
+    await complete(engine, quick, "w", {"price": 4})
+    assert await drain(engine, "lenient-total") == []
+    await complete(engine, slow, "w", {"price": 0})
+    [total] = await drain(engine, "lenient-total")
+    assert plain(total.variables)["prices"] == [0, 1, 2, 3, 4]
+
+
 async def test_a_failed_item_parks_in_an_incident_and_goes_on_once_retried(engine) -> None:
     await deploy(engine, LINES)
     started = await start(engine, "lines", lines=lines(4), order="O-3")
@@ -181,7 +202,7 @@ async def test_a_failed_item_parks_in_an_incident_and_goes_on_once_retried(engin
     assert len(offered) == 3
     by_sku = {plain(task.variables)["sku"]: task for task in offered}
     await fail(engine, by_sku["S-1"], "price service down")
-    # The incident holds that item only: the other lanes go on (item 3 runs in item 0's lane).
+    # The incident holds that item only (and its place): the others go on, item 3 in item 0's place.
     for sku in ("S-0", "S-2"):
         await complete(engine, by_sku[sku], "w", {"price": 1})
     [fourth] = await drain(engine, "price-line")
@@ -400,7 +421,7 @@ async def test_a_last_item_ended_by_a_replica_that_died_before_deciding_is_ended
             guard_hash=hash_token(item.lease_token),
         )
         await conn.commit()
-    assert finished is not None and finished.last_round
+    assert finished is not None and finished.may_be_last
     [total] = await fetch(engine, "w", "total", wait_ms=10_000)
     assert plain(total.variables)["prices"] == [7]
     assert (await history_types(engine, started.id)).count(("FAN_OUT_COMPLETED", "price")) == 1

@@ -125,7 +125,7 @@ def test_a_failed_tool_call_goes_back_to_the_model_as_an_error() -> None:
     assert plan.usage.tool_calls == 1
 
 
-def test_only_calls_still_missing_in_the_last_round_are_due() -> None:
+def test_only_calls_still_missing_in_the_may_be_last_are_due() -> None:
     both = [LOOKUP, ("call_0_1", "crm__get_customer", {"customerId": "C-7"})]
     steps = [model_step(1, both), tool_step(2, "call_0_0", GET_CUSTOMER, result=ALICE)]
     plan = plan_replay(agent_work(), VARIABLES, steps)

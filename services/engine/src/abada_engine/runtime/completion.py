@@ -63,7 +63,7 @@ from abada_engine.runtime.leases import hash_token, hold_lease
 from abada_engine.runtime.offload import run_cpu_check, run_cpu_work
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
-from abada_engine.store.fan_outs import FinishedItem, ItemEnd, finish_items, tail_open
+from abada_engine.store.fan_outs import FinishedItem, ItemEnd, finish_items, open_items
 from abada_engine.store.hand_written import HotPath
 from abada_engine.store.moves import TokenMove, move_tokens
 from abada_engine.store.states import TaskState
@@ -223,11 +223,11 @@ class Completions:
             if self._deciding.get(fan_out_id) == began:
                 del self._deciding[fan_out_id]
 
-    async def _last_round_ended(self, fan_out_id: uuid.UUID) -> bool:
-        """Whether no item of the fan-out's last round is open (a read, no lock): only then may this end
-        be the fan-out's, decided under its lock."""
+    async def _no_item_open(self, fan_out_id: uuid.UUID) -> bool:
+        """Whether no item of the fan-out is open (a read, no lock): only then may this end be the
+        fan-out's, decided under its lock."""
         async with self._hot.connect() as conn:
-            return await tail_open(conn, fan_out_id) == 0
+            return await open_items(conn, fan_out_id) == 0
 
     async def _end_items(self, ends: Sequence[ItemEnd]) -> list[FinishedItem | None]:
         async with self._hot.connect() as conn:
@@ -409,7 +409,7 @@ class Completions:
         ended_at = time.monotonic()
         if finished is None:
             return None
-        if finished.last_round and await self._last_round_ended(finished.fan_out_id):
+        if finished.may_be_last and await self._no_item_open(finished.fan_out_id):
             await self._decide_fan_out(process, node, held.instance_id, finished.fan_out_id, ended_at)
         return CompleteResult(decision.verdict, False, node.id, None, decision.reason)
 

@@ -88,7 +88,7 @@ async def modify_instance(
     process = definition.process
     for index, (from_node, to_node) in enumerate(change.moves):
         if from_node in process.nodes and process.node(from_node).fans_out:
-            # Its items are tokens of their own, each with its lane: moving one would leave the others.
+            # Its items are tokens of their own: moving one would leave the others.
             raise invalid(
                 ErrorReason.INVALID_ARGUMENT,
                 f"moves[{index}].from_node_id",

@@ -1,9 +1,11 @@
 """The items of a `for_each` node: each a task of its own, found by its fan-out and index.
 
-Item i's end offers item i + max_concurrency (PENDING until then), so at most max_concurrency items
-run at once and no end waits on a counter shared by all. An item j still open keeps j + c, j + 2c, ...
-PENDING, so the fan-out is over exactly when its last max_concurrency items have ended: only their
-ends ask, under the fan-out row's lock, and count no more than those few rows.
+At most max_concurrency items are open at once, as in Camunda 8: the move into the node offers the
+first max_concurrency, and each item's end offers the lowest-index item still PENDING, whichever item
+ended (claimed with SKIP LOCKED, so two ends never offer one item and no end waits on another). No
+row is written by every end. An end that found nothing left to offer may be the fan-out's last: it
+asks, after its commit, whether any item is still open (a read of the few open items through their
+own partial index), and only when none is does it take the fan-out row's lock to decide.
 """
 
 from __future__ import annotations
@@ -24,12 +26,17 @@ from .history import HistoryRecord
 from .states import OPEN_TASK_STATES, FanOutState, TaskKind, TaskState, is_, one_of, sql_list
 from .tasks import TASK_CHANNEL
 
+# The open states, as the partial index `tasks_fan_out_open` names them: a query that repeats its
+# predicate reads the fan-out's open items only, not every ended one.
+_OPEN = sql_list(OPEN_TASK_STATES)
+
 # Hand-written: every item's end runs it, and the ends that arrive together share it (a group commit).
 # Each ends its item (under its lease when `guard_worker` is set, else only while it is in
-# `from_state`), keeps what it gave, offers the item max_concurrency places later and writes the
-# item's history; nothing of an end unless its item ended (its `n` is then missing from the result).
-# Answers each item's place and whether it is among the last max_concurrency (whose end may be the
-# fan-out's). No two ends of one batch touch one row: an item's successor is PENDING, never ending.
+# `from_state`), keeps what it gave, and writes the item's history; each fan-out's ends in the batch
+# offer as many of its PENDING items, lowest index first, as there are ends (fewer when fewer are
+# left, or when a concurrent end holds one: it offers that one). Nothing of an end unless its item
+# ended (its `n` is then missing from the result). Answers each ended item's place and whether its
+# fan-out had nothing left to offer it (then the end may be the fan-out's last).
 FINISH_ITEMS = HandWritten(
     f"""
     WITH item AS (
@@ -49,18 +56,30 @@ FINISH_ITEMS = HandWritten(
         RETURNING m.n, t.id AS task_id, t.instance_id, t.fan_out_id, t.item_index
     ),
     fan AS (
-        SELECT f.n, f.fan_out_id, f.item_index, o.total, o.max_concurrency
-        FROM finished f JOIN fan_outs o ON o.id = f.fan_out_id
+        SELECT fan_out_id, count(*) AS ended FROM finished GROUP BY fan_out_id
+    ),
+    picked AS (
+        SELECT nx.id, fan.fan_out_id FROM fan CROSS JOIN LATERAL (
+            SELECT p.id FROM tasks p
+            WHERE p.fan_out_id = fan.fan_out_id AND p.state = '{TaskState.PENDING}'
+              AND p.state IN {_OPEN}
+            ORDER BY p.item_index
+            LIMIT fan.ended
+            FOR UPDATE SKIP LOCKED
+        ) AS nx
     ),
     offered AS (
         UPDATE tasks nx
         SET state = CASE WHEN nx.kind = '{TaskKind.EXTERNAL}' THEN '{TaskState.READY}'
                          ELSE '{TaskState.WAITING}' END,
             due_at = now(), created_at = now()
-        FROM fan
-        WHERE nx.fan_out_id = fan.fan_out_id AND nx.item_index = fan.item_index + fan.max_concurrency
-          AND nx.state = '{TaskState.PENDING}'
-        RETURNING nx.topic, nx.kind
+        FROM picked
+        WHERE nx.id = picked.id
+        RETURNING nx.topic, nx.kind, picked.fan_out_id
+    ),
+    short AS (
+        SELECT fan.fan_out_id FROM fan
+        WHERE fan.ended > (SELECT count(*) FROM offered o WHERE o.fan_out_id = fan.fan_out_id)
     ),
     written AS (
         INSERT INTO history (instance_id, type, node_id, task_id, data)
@@ -75,9 +94,9 @@ FINISH_ITEMS = HandWritten(
         SELECT count(pg_notify(CAST(:channel AS text), topic)) AS topics
         FROM (SELECT DISTINCT topic FROM offered WHERE topic IS NOT NULL AND kind = '{TaskKind.EXTERNAL}') AS o
     )
-    SELECT fan.n, fan.fan_out_id, fan.item_index, fan.item_index + fan.max_concurrency >= fan.total AS last_round,
+    SELECT f.n, f.fan_out_id, f.item_index, f.fan_out_id IN (SELECT fan_out_id FROM short) AS may_be_last,
            (SELECT topics FROM notified) AS notified, (SELECT count(*) FROM written) AS lines
-    FROM fan
+    FROM finished f
     """
 )
 
@@ -100,13 +119,13 @@ class ItemEnd:
 class FinishedItem:
     fan_out_id: uuid.UUID
     item_index: int
-    # Among the last max_concurrency items: its end may be the fan-out's (`end_if_done`).
-    last_round: bool
+    # Its fan-out had no PENDING item left to offer: its end may be the fan-out's (`end_if_done`).
+    may_be_last: bool
 
 
 async def finish_items(conn: Executor, ends: list[ItemEnd]) -> list[FinishedItem | None]:
-    """End items in one statement and offer the next of each lane; per item, how it ended, or None when
-    its lease (or `from_state`) no longer held, and then nothing of it was written."""
+    """End items in one statement and offer as many PENDING items in their place; per item, how it
+    ended, or None when its lease (or `from_state`) no longer held, and then nothing of it was written."""
     items = [
         {
             "n": n,
@@ -122,7 +141,7 @@ async def finish_items(conn: Executor, ends: list[ItemEnd]) -> list[FinishedItem
     ]
     rows = await FINISH_ITEMS.fetch(conn, {"items": dumps(items), "channel": TASK_CHANNEL})
     finished = {
-        row["n"]: FinishedItem(row["fan_out_id"], row["item_index"], bool(row["last_round"])) for row in rows
+        row["n"]: FinishedItem(row["fan_out_id"], row["item_index"], bool(row["may_be_last"])) for row in rows
     }
     return [finished.get(n) for n in range(len(ends))]
 
@@ -134,46 +153,34 @@ class FanOutEnded:
     skipped: int
 
 
-async def tail_open(conn: Executor, fan_out_id: uuid.UUID) -> int:
-    """How many of the fan-out's last max_concurrency items are open, read without a lock. An end that
-    committed before reading sees every end committed before it, and the last end to commit sees none
-    open: only an end that reads 0 needs `end_if_done` (which counts again under the lock)."""
-    rows = await TAIL_OPEN.fetch(conn, {"fan_out_id": str(fan_out_id)})
+async def open_items(conn: Executor, fan_out_id: uuid.UUID) -> int:
+    """How many of the fan-out's items are open (offered, running, held or PENDING), read without a
+    lock. An end that committed before reading sees every end committed before it, and the last end to
+    commit sees none open: only an end that reads 0 needs `end_if_done` (which counts again under the
+    lock). With nothing left to offer, at most max_concurrency items are open: a short read."""
+    rows = await OPEN_ITEMS.fetch(conn, {"fan_out_id": str(fan_out_id)})
     return int(rows[0]["open"]) if rows else 0
 
 
-TAIL_OPEN = HandWritten(
+OPEN_ITEMS = HandWritten(
     f"""
-    SELECT count(t.id) AS open FROM fan_outs f
-    JOIN tasks t ON t.fan_out_id = f.id AND t.item_index >= f.total - f.max_concurrency
-    WHERE f.id = CAST(:fan_out_id AS uuid) AND t.state IN {sql_list(OPEN_TASK_STATES)}
+    SELECT count(*) AS open FROM tasks t
+    WHERE t.fan_out_id = CAST(:fan_out_id AS uuid) AND t.state IN {_OPEN}
     """
 )
 
 
 async def end_if_done(conn: AsyncConnection, fan_out_id: uuid.UUID) -> FanOutEnded | None:
-    """In the caller's transaction: lock the fan-out and, when none of its last max_concurrency items is
-    still open, mark it COMPLETED and answer every item's result in order; else None. Two last items
+    """In the caller's transaction: lock the fan-out and, when none of its items is still open, mark it
+    COMPLETED and answer every item's result in order; else None. Two last items
     ending together take turns on the lock, and the second counts after the first committed, so
     exactly one of them ends the fan-out."""
     fan = (
-        await conn.execute(
-            select(fan_outs.c.state, fan_outs.c.total, fan_outs.c.max_concurrency)
-            .where(fan_outs.c.id == fan_out_id)
-            .with_for_update()
-        )
+        await conn.execute(select(fan_outs.c.state).where(fan_outs.c.id == fan_out_id).with_for_update())
     ).one_or_none()
     if fan is None or fan.state != FanOutState.RUNNING:
         return None
-    still_open = await conn.scalar(
-        select(func.count())
-        .select_from(tasks)
-        .where(
-            tasks.c.fan_out_id == fan_out_id,
-            tasks.c.item_index >= fan.total - fan.max_concurrency,
-            one_of(tasks.c.state, OPEN_TASK_STATES),
-        )
-    )
+    still_open = await open_items(conn, fan_out_id)
     if still_open:
         return None
     await conn.execute(
@@ -201,21 +208,17 @@ class Unended:
 
 
 async def unended(conn: AsyncConnection, limit: int = 100) -> list[Unended]:
-    """Running fan-outs none of whose last max_concurrency items is open: their end was not decided
-    (each is checked on those few items, through the running fan-outs' own index)."""
-    tail_open = (
+    """Running fan-outs none of whose items is open: their end was not decided (each is checked on its
+    open items, through the running fan-outs' index and the open items' one)."""
+    any_open = (
         select(tasks.c.id)
-        .where(
-            tasks.c.fan_out_id == fan_outs.c.id,
-            tasks.c.item_index >= fan_outs.c.total - fan_outs.c.max_concurrency,
-            one_of(tasks.c.state, OPEN_TASK_STATES),
-        )
+        .where(tasks.c.fan_out_id == fan_outs.c.id, one_of(tasks.c.state, OPEN_TASK_STATES))
         .exists()
     )
     query = (
         select(fan_outs.c.id, fan_outs.c.instance_id, fan_outs.c.node_id, instances.c.definition_id)
         .join(instances, instances.c.id == fan_outs.c.instance_id)
-        .where(is_(fan_outs.c.state, FanOutState.RUNNING), ~tail_open)
+        .where(is_(fan_outs.c.state, FanOutState.RUNNING), ~any_open)
         .limit(limit)
     )
     return [Unended(r.id, r.instance_id, r.node_id, r.definition_id) for r in await conn.execute(query)]
@@ -286,7 +289,7 @@ __all__ = [
     "cancel_of_instance",
     "end_if_done",
     "finish_items",
+    "open_items",
     "progress_of_instance",
-    "tail_open",
     "unended",
 ]

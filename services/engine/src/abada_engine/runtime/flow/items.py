@@ -1,7 +1,7 @@
 """Ending an item of a `for_each` node, and with the last one the fan-out: the token moves on.
 
 An item's end writes only its own rows (its task, its result, its history line, and the next item it
-offers); only an end among the last max_concurrency items asks, under the fan-out's lock, whether the
+offers); only an end that found no item left to offer asks, under the fan-out's lock, whether the
 fan-out is over (store/fan_outs.py says why that is enough). The one that finds it over gathers the
 results in the items' order and moves the token on through the ordinary move, in the same transaction.
 """
@@ -60,7 +60,7 @@ async def end_item(
         guard_hash=guard_hash,
         from_state=from_state,
     )
-    if finished is not None and finished.last_round:
+    if finished is not None and finished.may_be_last:
         await end_fan_out_if_done(conn, catalog, process, node, instance_id, finished.fan_out_id)
     return finished
 
@@ -77,7 +77,7 @@ async def finish_item(
     guard_hash: bytes | None = None,
     from_state: TaskState | None = None,
 ) -> FinishedItem | None:
-    """`end_item`'s one statement alone. When it answers `last_round`, the caller asks
+    """`end_item`'s one statement alone. When it answers `may_be_last`, the caller asks
     `end_fan_out_if_done` next; if it dies first, `FanOutEnds` asks for it."""
     [finished] = await fan_out_store.finish_items(
         conn, [item_end(instance_id, task_id, state, result, history, guard_worker, guard_hash, from_state)]

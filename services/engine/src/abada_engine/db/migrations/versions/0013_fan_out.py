@@ -9,6 +9,12 @@ from sqlalchemy.dialects.postgresql import JSONB
 revision = "0013"
 down_revision = "0012"
 
+# The open task states (store/states.py's OPEN_TASK_STATES, as this revision knew them).
+_OPEN_ITEM = (
+    "fan_out_id IS NOT NULL AND state IN "
+    "('READY', 'LEASED', 'WAITING', 'INCIDENT', 'AWAITING_APPROVAL', 'PARKED', 'PENDING')"
+)
+
 
 def upgrade() -> None:
     op.create_table(
@@ -16,8 +22,7 @@ def upgrade() -> None:
         sa.Column("id", sa.Uuid, primary_key=True),
         sa.Column("instance_id", sa.Uuid, sa.ForeignKey("instances.id"), nullable=False),
         sa.Column("node_id", sa.Text, nullable=False),
-        # How many items, and how many run at once: item i's end offers item i + max_concurrency, so
-        # only the last max_concurrency items' ends need to ask whether the fan-out is over.
+        # How many items, and how many may be open at once (each item's end offers the next PENDING one).
         sa.Column("total", sa.Integer, nullable=False),
         sa.Column("max_concurrency", sa.Integer, nullable=False),
         # RUNNING, COMPLETED or CANCELED.
@@ -36,9 +41,13 @@ def upgrade() -> None:
     op.execute(
         "CREATE UNIQUE INDEX tasks_fan_out_items ON tasks (fan_out_id, item_index) WHERE fan_out_id IS NOT NULL"
     )
+    # A fan-out's open items, in index order: where an item's end finds the next PENDING one and where
+    # the last ends count what is still open, without reading the items already ended.
+    op.execute(f"CREATE INDEX tasks_fan_out_open ON tasks (fan_out_id, item_index) WHERE {_OPEN_ITEM}")
 
 
 def downgrade() -> None:
+    op.drop_index("tasks_fan_out_open", table_name="tasks")
     op.drop_index("tasks_fan_out_items", table_name="tasks")
     op.drop_column("tasks", "item_result")
     op.drop_column("tasks", "item_index")
