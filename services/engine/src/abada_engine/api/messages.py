@@ -150,6 +150,18 @@ def instance(value: InstanceView) -> process_pb2.Instance:
         open_incidents=value.open_incidents,
         waits=[wait(w) for w in value.waits],
         active_node_ids=list(value.active_node_ids),
+        fan_outs=[
+            process_pb2.FanOut(
+                node_id=f.node_id,
+                state=f.state,
+                items_total=f.total,
+                items_done=f.done,
+                items_running=f.running,
+                items_failed=f.failed,
+                items_skipped=f.skipped,
+            )
+            for f in value.fan_outs
+        ],
     )
 
 

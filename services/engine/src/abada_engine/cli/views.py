@@ -188,6 +188,23 @@ def tasks_of(events: Sequence[process_pb2.HistoryEvent]) -> str:
     return table(("NODE", "TASK"), rows)
 
 
+def fan_outs_table(fan_outs: Sequence[process_pb2.FanOut]) -> str:
+    """Each `for_each` node's items: how many, and how far they got."""
+    rows = [
+        (
+            f.node_id,
+            f.state,
+            str(f.items_total),
+            str(f.items_done),
+            str(f.items_running),
+            str(f.items_failed),
+            str(f.items_skipped),
+        )
+        for f in fan_outs
+    ]
+    return table(("NODE", "STATE", "ITEMS", "DONE", "RUNNING", "FAILED", "SKIPPED"), rows)
+
+
 def instance_card(instance: process_pb2.Instance, events: Sequence[process_pb2.HistoryEvent]) -> str:
     card = fields(
         [
@@ -210,6 +227,8 @@ def instance_card(instance: process_pb2.Instance, events: Sequence[process_pb2.H
         parts.append(f"tasks (abada journal TASK):\n{tasks_of(events)}")
     if instance.waits:
         parts.append(f"timers, messages and deadlines:\n{waits_table(instance.waits)}")
+    if instance.fan_outs:
+        parts.append(f"for_each items:\n{fan_outs_table(instance.fan_outs)}")
     parts.append(f"history:\n{history}")
     return "\n\n".join(parts)
 

@@ -84,6 +84,24 @@ tasks = Table(
     Column("waiting_since", DateTime(timezone=True)),
     Column("outage_deadline", DateTime(timezone=True)),
     Column("outage_waits", Integer, nullable=False),
+    # An item of a `for_each` (migration 0013): its fan-out, its place in the list and what it gave.
+    Column("fan_out_id", Uuid),
+    Column("item_index", Integer),
+    Column("item_result", JSONB),
+)
+
+# A `for_each` node running (or ran) in an instance: its items are tasks (migration 0013).
+fan_outs = Table(
+    "fan_outs",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("instance_id", Uuid, ForeignKey("instances.id"), nullable=False),
+    Column("node_id", Text, nullable=False),
+    Column("total", Integer, nullable=False),
+    Column("max_concurrency", Integer, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True)),
 )
 
 dependencies = Table(

@@ -28,6 +28,12 @@ NODE_TYPES: tuple[str, ...] = (
 JOIN_WAITS: tuple[str, ...] = ("all", "any")
 # The nodes a token waits in for a worker, a person or the world: each may carry a deadline.
 WAITING_NODE_TYPES: tuple[str, ...] = ("agent", "service", "user_task", "receive")
+# The nodes `for_each` may run once per item of a list, each item a task of its own.
+FAN_OUT_NODE_TYPES: tuple[str, ...] = ("agent", "service", "user_task")
+DEFAULT_MAX_CONCURRENCY = 10
+DEFAULT_MAX_ITEMS = 1_000
+# What a failed item does: hold the item in an incident, or leave it out (null in `collect`).
+ITEM_FAILURE_ACTIONS: tuple[str, ...] = ("incident", "skip")
 AGENT_TOPIC = "abada:agent"
 AGENT_PROFILE = "abada.agent/v1"
 # How long a finished instance is kept when its process names no `retention:` (P30D).
@@ -176,7 +182,11 @@ class Node:
     provider: str | None = field(default=None, metadata=_on("agent"))
     prompt: str | None = field(default=None, metadata=_on("agent"))
     tools: tuple[str, ...] = field(default=(), metadata=_on("agent"))
-    result_variable: str | None = field(default=None, metadata=_on("agent", "receive"))
+    # agent and receive nodes; on a service or user_task node only with `for_each` (what `collect` takes
+    # of each item's completion).
+    result_variable: str | None = field(
+        default=None, metadata=_on("agent", "receive", "service", "user_task")
+    )
     output_schema: dict[str, Any] | None = field(default=None, metadata=_on("agent"))
     confidence_threshold: float | None = field(default=None, metadata=_on("agent"))
     limits: Limits = field(default_factory=Limits, metadata=_on("agent"))
@@ -202,6 +212,16 @@ class Node:
     # the token goes to `on_deadline`.
     deadline_seconds: float | None = field(default=None, metadata=_on(*WAITING_NODE_TYPES, key="deadline"))
     on_deadline: str | None = field(default=None, metadata=_on(*WAITING_NODE_TYPES))
+    # Multi-instance (`for_each`, on the FAN_OUT_NODE_TYPES): the template giving the list, the variable
+    # each item's inputs see it as, how many items run at once (None: 10), what list the items'
+    # `result_variable`s are collected into, what a failed item does (None: "incident") and how long a
+    # list may be (None: 1,000). Unset ones stay out of the JSON, so older definitions keep their digest.
+    for_each: str | None = field(default=None, metadata=_on(*FAN_OUT_NODE_TYPES))
+    item_variable: str | None = field(default=None, metadata=_on(*FAN_OUT_NODE_TYPES, key="as"))
+    max_concurrency: int | None = field(default=None, metadata=_on(*FAN_OUT_NODE_TYPES))
+    collect: str | None = field(default=None, metadata=_on(*FAN_OUT_NODE_TYPES))
+    on_item_failure: str | None = field(default=None, metadata=_on(*FAN_OUT_NODE_TYPES))
+    max_items: int | None = field(default=None, metadata=_on(*FAN_OUT_NODE_TYPES))
     # exclusive nodes
     branches: tuple[Branch, ...] = field(default=(), metadata=_on("exclusive"))
     default: str | None = field(default=None, metadata=_on("exclusive"))
@@ -210,6 +230,22 @@ class Node:
     forks: tuple[str, ...] = field(default=(), metadata=_on("parallel", key="branches"))
     # join nodes: "all" or "any" (JOIN_WAITS).
     wait_for: str | None = field(default=None, metadata=_on("join"))
+
+    @property
+    def fans_out(self) -> bool:
+        return self.for_each is not None
+
+    @property
+    def concurrency(self) -> int:
+        return self.max_concurrency if self.max_concurrency is not None else DEFAULT_MAX_CONCURRENCY
+
+    @property
+    def item_limit(self) -> int:
+        return self.max_items if self.max_items is not None else DEFAULT_MAX_ITEMS
+
+    @property
+    def skips_failed_items(self) -> bool:
+        return self.on_item_failure == "skip"
 
     def successors(self) -> list[str]:
         """Every node the token can move to from here, for reachability checks."""

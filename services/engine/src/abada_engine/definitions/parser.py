@@ -23,6 +23,8 @@ from .expressions import cel_syntax_error, reference_syntax_errors
 from .model import (
     AGENT_TOPIC,
     DEFAULT_RETENTION_SECONDS,
+    FAN_OUT_NODE_TYPES,
+    ITEM_FAILURE_ACTIONS,
     JOIN_WAITS,
     NODE_KEYS,
     NODE_TYPES,
@@ -418,6 +420,8 @@ def _branch_joins(nodes: dict[str, Node], first: str) -> tuple[set[str], str | N
             return joins, f"reaches end {node_id!r} before a join"
         elif node.type == "parallel":
             return joins, f"forks again at {node_id!r}: parallels inside a branch are not supported"
+        elif node.fans_out:
+            return joins, f"runs for_each at {node_id!r}: for_each inside a branch is not supported yet"
         else:
             stack.extend(node.successors())
     return joins, None
@@ -491,7 +495,59 @@ def _check_node(
         values["deadline_seconds"], values["on_deadline"] = _paired_route(
             checker, data, path, "deadline", "on_deadline"
         )
+    if node_type in FAN_OUT_NODE_TYPES:
+        values.update(_check_for_each(checker, data, path, node_type, values))
     return Node(**values)
+
+
+# The routes that move a node's token elsewhere: an item of a `for_each` has no token of its own to move.
+_ROUTES_NOT_WITH_FOR_EACH = ("on_invalid_output", "on_low_confidence", "on_approval_timeout", "deadline")
+
+
+def _check_for_each(
+    checker: Checker,
+    data: dict[str, Any],
+    path: tuple[str | int, ...],
+    node_type: str,
+    values: dict[str, Any],
+) -> dict[str, Any]:
+    """`for_each` and its fields: a list template, the item's name, how many at once, what is collected,
+    what a failed item does and how long the list may be."""
+    fan: dict[str, Any] = {}
+    if node_type != "agent":
+        fan["result_variable"] = checker.string(
+            data, "result_variable", path, required=False, pattern=_VARIABLE, what="variable name"
+        )
+    if data.get("for_each") is None:
+        for key in ("as", "max_concurrency", "collect", "on_item_failure", "max_items"):
+            if key in data:
+                checker.report((*path, key), "only applies with for_each")
+        if node_type != "agent" and "result_variable" in data:
+            checker.report((*path, "result_variable"), "only applies with for_each (what collect takes)")
+        return fan
+    for_each = checker.string(data, "for_each", path)
+    if for_each is not None:
+        _check_references(checker, for_each, (*path, "for_each"))
+    fan["for_each"] = for_each
+    fan["item_variable"] = checker.string(data, "as", path, pattern=_VARIABLE, what="variable name")
+    fan["max_concurrency"] = checker.optional_integer(data, "max_concurrency", path, minimum=1)
+    fan["max_items"] = checker.optional_integer(data, "max_items", path, minimum=1)
+    fan["collect"] = checker.string(
+        data, "collect", path, required=False, pattern=_VARIABLE, what="variable name"
+    )
+    result_variable = fan.get("result_variable", values.get("result_variable"))
+    if fan["collect"] is not None and result_variable is None:
+        checker.report((*path, "collect"), "needs a result_variable: what each item's completion gives")
+    action = checker.string(data, "on_item_failure", path, required=False)
+    if action is not None and action not in ITEM_FAILURE_ACTIONS:
+        checker.report(
+            (*path, "on_item_failure"), f"{action!r} is not one of: {', '.join(ITEM_FAILURE_ACTIONS)}"
+        )
+    fan["on_item_failure"] = action
+    for key in _ROUTES_NOT_WITH_FOR_EACH:
+        if key in data:
+            checker.report((*path, key), "is not supported with for_each yet")
+    return fan
 
 
 def _paired_route(

@@ -22,7 +22,7 @@ from abada_common.group_commit import GroupCommit
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.definitions.catalog import DefinitionCatalog
-from abada_engine.definitions.model import Node
+from abada_engine.definitions.model import Node, Process
 from abada_engine.errors import Category, EngineError, invalid
 from abada_engine.runtime.background.handed_out import HandedOut, LeaseHeld
 from abada_engine.runtime.dependencies import (
@@ -31,7 +31,14 @@ from abada_engine.runtime.dependencies import (
     outage_budget_ms,
     raise_unavailable,
 )
-from abada_engine.runtime.flow.contract import Verdict, check_written_variables, judge, judging_can_take_long
+from abada_engine.runtime.flow.contract import (
+    Decision,
+    Verdict,
+    check_written_variables,
+    judge,
+    judging_can_take_long,
+)
+from abada_engine.runtime.flow.items import end_item, item_result
 from abada_engine.runtime.flow.navigator import (
     Advance,
     HistoryEntry,
@@ -232,6 +239,11 @@ class Completions:
             },
         )
 
+        if node.fans_out and (decision.verdict is Verdict.ACCEPTED or node.skips_failed_items):
+            return await self._end_item(
+                held, definition.process, node, worker_id, lease_token, variables, decision, completed
+            )
+
         async def decide(tokens_elsewhere: int | None) -> TokenMove:
             preceding = [completed]
             written: dict[str, Any] | None = None
@@ -315,6 +327,46 @@ class Completions:
             decision.verdict, routed, applied.current_node_id, applied.incident_id, decision.reason
         )
 
+    async def _end_item(
+        self,
+        held: LeaseHeld,
+        process: Process,
+        node: Node,
+        worker_id: str,
+        lease_token: str,
+        variables: dict[str, Any],
+        decision: Decision,
+        completed: HistoryEntry,
+    ) -> CompleteResult | None:
+        """An item of a `for_each` ends on its own rows, under its lease: accepted, its result is kept
+        for `collect`; rejected on a node that skips failed items, it is left out (null)."""
+        history = [completed]
+        if decision.verdict is Verdict.ACCEPTED:
+            state, result = TaskState.COMPLETED, item_result(node, variables)
+        else:
+            state, result = TaskState.SKIPPED, None
+            history.append(
+                HistoryEntry(
+                    "ITEM_SKIPPED", node.id, {"reason": decision.reason, "verdict": decision.verdict.value}
+                )
+            )
+        async with self._engine.begin() as conn:
+            finished = await end_item(
+                conn,
+                process,
+                node,
+                held.instance_id,
+                held.task_id,
+                state=state,
+                result=result,
+                history=history,
+                guard_worker=worker_id,
+                guard_hash=hash_token(lease_token),
+            )
+        if finished is None:
+            return None
+        return CompleteResult(decision.verdict, False, node.id, None, decision.reason)
+
     async def fail(
         self,
         task_id: uuid.UUID,
@@ -357,13 +409,29 @@ class Completions:
             }
             if transient:
                 return await self._wait_out(conn, held, node, error, retry_after_ms)
-            records = [history_record(held.instance_id, HistoryEntry("TASK_FAILED", node.id, error), task_id)]
+            records_entry = HistoryEntry("TASK_FAILED", node.id, error)
+            records = [history_record(held.instance_id, records_entry, task_id)]
             if not no_retry and held.retries_left > 0:
                 failures = node.retries - held.retries_left + 1
                 backoff_ms = min(node.retry_backoff_ms * 2 ** (failures - 1), MAX_BACKOFF_MS)
                 retry_at = await task_store.release_for_retry(conn, task_id, backoff_ms, error)
                 await write_history(conn, records)
                 return FailResult(True, retry_at, None)
+            if node.fans_out and node.skips_failed_items:
+                reason = error_message or error_code or "the task failed"
+                skipped = HistoryEntry("ITEM_SKIPPED", node.id, {"reason": reason, "error": error})
+                await end_item(
+                    conn,
+                    definition.process,
+                    node,
+                    held.instance_id,
+                    task_id,
+                    state=TaskState.SKIPPED,
+                    result=None,
+                    history=[records_entry, skipped],
+                    from_state=TaskState.LEASED,
+                )
+                return FailResult(False, None, None)
             await task_store.hold_as_incident(conn, task_id, last_error=error)
             incident_type = error_code if no_retry and error_code else FAILED_TASK
             message = error_message or "the task failed"

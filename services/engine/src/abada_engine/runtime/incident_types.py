@@ -21,6 +21,7 @@ APPROVAL_TIMEOUT = type_name(IncidentType.INCIDENT_TYPE_APPROVAL_TIMEOUT)
 CONDITION_FAILED = type_name(IncidentType.INCIDENT_TYPE_CONDITION_FAILED)
 DEPENDENCY_UNAVAILABLE = type_name(IncidentType.INCIDENT_TYPE_DEPENDENCY_UNAVAILABLE)
 FAILED_TASK = type_name(IncidentType.INCIDENT_TYPE_FAILED_TASK)
+FOR_EACH_NOT_A_LIST = type_name(IncidentType.INCIDENT_TYPE_FOR_EACH_NOT_A_LIST)
 INPUT_MISSING = type_name(IncidentType.INCIDENT_TYPE_INPUT_MISSING)
 INVALID_OUTPUT = type_name(IncidentType.INCIDENT_TYPE_INVALID_OUTPUT)
 JOURNAL_INTEGRITY = type_name(IncidentType.INCIDENT_TYPE_JOURNAL_INTEGRITY)
@@ -28,6 +29,7 @@ LOW_CONFIDENCE = type_name(IncidentType.INCIDENT_TYPE_LOW_CONFIDENCE)
 NO_BRANCH_MATCHED = type_name(IncidentType.INCIDENT_TYPE_NO_BRANCH_MATCHED)
 TOO_MANY_HOPS = type_name(IncidentType.INCIDENT_TYPE_TOO_MANY_HOPS)
 TOOL_OUTCOME_UNKNOWN = type_name(IncidentType.INCIDENT_TYPE_TOOL_OUTCOME_UNKNOWN)
+TOO_MANY_ITEMS = type_name(IncidentType.INCIDENT_TYPE_TOO_MANY_ITEMS)
 
 # The types a worker may not name: each has resolutions of its own (FAILED_TASK has only the
 # generic RETRY and CANCEL, so a worker that failed a task without a type of its own may name it).
@@ -36,6 +38,7 @@ ENGINE_INCIDENT_TYPES = frozenset(
         APPROVAL_TIMEOUT,
         CONDITION_FAILED,
         DEPENDENCY_UNAVAILABLE,
+        FOR_EACH_NOT_A_LIST,
         INPUT_MISSING,
         INVALID_OUTPUT,
         JOURNAL_INTEGRITY,
@@ -43,6 +46,7 @@ ENGINE_INCIDENT_TYPES = frozenset(
         NO_BRANCH_MATCHED,
         TOO_MANY_HOPS,
         TOOL_OUTCOME_UNKNOWN,
+        TOO_MANY_ITEMS,
     }
 )
 

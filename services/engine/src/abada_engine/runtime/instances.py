@@ -17,10 +17,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
-from abada_engine.definitions.model import Process
+from abada_engine.definitions.model import Node, Process
 from abada_engine.definitions.schemas import input_problem
 from abada_engine.errors import Category, EngineError, invalid, not_found
 from abada_engine.ids import new_id
+from abada_engine.runtime.flow.items import end_item, item_result
 from abada_engine.runtime.flow.navigator import (
     HistoryEntry,
     JoinNeedsTokens,
@@ -39,6 +40,7 @@ from abada_engine.runtime.flow.tokens import (
 )
 from abada_engine.runtime.offload import run_cpu_check, run_cpu_work
 from abada_engine.runtime.views import HistoryView, InstanceView, UserTaskView, WaitView
+from abada_engine.store import fan_outs as fan_out_store
 from abada_engine.store import history as history_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
@@ -54,6 +56,7 @@ from abada_engine.store.moves import (
     start_instances,
 )
 from abada_engine.store.states import InstanceState, TaskKind, TaskState
+from abada_engine.store.tasks import UserTaskRow
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +146,7 @@ class Instances:
                 definition.id,
                 definition.process_id,
                 definition.version,
-                variables,
+                {**variables, **moved.written} if moved.written else variables,
                 business_key,
             )
             write = StartToWrite(new, start_move(instance_id, moved, [started]), must_be_latest=not version)
@@ -220,10 +223,14 @@ class Instances:
             rows = await instance_store.listed(conn, instance_id=instance_id, limit=1)
             waits = await timer_store.waits_of_instance(conn, instance_id) if rows else []
             active = await token_store.active_nodes(conn, instance_id) if rows else []
+            fanned = await fan_out_store.progress_of_instance(conn, instance_id) if rows else []
         if not rows:
             raise not_found("instance", str(instance_id), "instance_id")
         return replace(
-            _view(rows[0]), waits=tuple(WaitView(**asdict(w)) for w in waits), active_node_ids=tuple(active)
+            _view(rows[0]),
+            waits=tuple(WaitView(**asdict(w)) for w in waits),
+            active_node_ids=tuple(active),
+            fan_outs=tuple(fanned),
         )
 
     async def list(
@@ -293,33 +300,52 @@ class Instances:
                 )
             definition = await self._catalog.get(row.definition_id)
             node = definition.process.node(row.node_id)
-            await task_store.mark_user_task_completed(conn, user_task_id)
-
-            async def decide(tokens_elsewhere: int | None) -> TokenMove:
-                _, leaving, moved = await asyncio.to_thread(
-                    leave_node, definition.process, node, row.variables, variables, tokens_elsewhere
-                )
-                return advance_move(
-                    instance_id=row.instance_id,
-                    advance=moved,
-                    # Only what the person wrote: a branch moving beside this one keeps its writes.
-                    variables=variables,
-                    preceding=[HistoryEntry("USER_TASK_COMPLETED", node.id), *leaving],
-                    preceding_task_id=user_task_id,
-                )
-
-            try:
-                move: TokenMove | None = await decide(None)
-            except JoinNeedsTokens:
-                move = None
-            if move is None or move.withdraws_other_branches:
-                await move_through_join(
-                    conn, row.instance_id, user_task_id, None, decide, instance_locked=True
+            if node.fans_out:
+                # An item of a `for_each`: what the person wrote is the item's result, not the instance's.
+                await end_item(
+                    conn,
+                    definition.process,
+                    node,
+                    row.instance_id,
+                    user_task_id,
+                    state=TaskState.COMPLETED,
+                    result=item_result(node, variables),
+                    history=[HistoryEntry("USER_TASK_COMPLETED", node.id)],
+                    from_state=TaskState.WAITING,
                 )
             else:
-                await apply_move(conn, move)
+                await self._leave_user_task(conn, row, node, definition.process, variables)
             instance_id = row.instance_id
         return await self.get(instance_id)
+
+    async def _leave_user_task(
+        self, conn: AsyncConnection, row: UserTaskRow, node: Node, process: Process, variables: dict[str, Any]
+    ) -> None:
+        """A user task done: the token moves on with what the person wrote."""
+        user_task_id = row.id
+        await task_store.mark_user_task_completed(conn, user_task_id)
+
+        async def decide(tokens_elsewhere: int | None) -> TokenMove:
+            _, leaving, moved = await asyncio.to_thread(
+                leave_node, process, node, row.variables, variables, tokens_elsewhere
+            )
+            return advance_move(
+                instance_id=row.instance_id,
+                advance=moved,
+                # Only what the person wrote: a branch moving beside this one keeps its writes.
+                variables=variables,
+                preceding=[HistoryEntry("USER_TASK_COMPLETED", node.id), *leaving],
+                preceding_task_id=user_task_id,
+            )
+
+        try:
+            move: TokenMove | None = await decide(None)
+        except JoinNeedsTokens:
+            move = None
+        if move is None or move.withdraws_other_branches:
+            await move_through_join(conn, row.instance_id, user_task_id, None, decide, instance_locked=True)
+        else:
+            await apply_move(conn, move)
 
 
 def _view(r: ListedInstance) -> InstanceView:

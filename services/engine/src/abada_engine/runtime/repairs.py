@@ -74,7 +74,14 @@ async def modify_instance(
         raise _not_active(instance_id, instance.state)
     definition = await catalog.get(instance.definition_id)
     process = definition.process
-    for index, (_, to_node) in enumerate(change.moves):
+    for index, (from_node, to_node) in enumerate(change.moves):
+        if from_node in process.nodes and process.node(from_node).fans_out:
+            # Its items are tokens of their own, each with its lane: moving one would leave the others.
+            raise invalid(
+                ErrorReason.INVALID_ARGUMENT,
+                f"moves[{index}].from_node_id",
+                f"{from_node!r} runs for_each: moving a token out of its items is not supported yet",
+            )
         if to_node not in process.nodes:
             raise invalid(
                 ErrorReason.INVALID_ARGUMENT,

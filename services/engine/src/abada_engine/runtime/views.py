@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from abada_engine.definitions.model import Limits, ToolBinding
+from abada_engine.store.fan_outs import FanOutProgress
 from abada_engine.store.history import HistoryRow
 from abada_engine.store.incidents import ListedIncident
 from abada_engine.store.instances import ListedInstance
@@ -23,6 +24,8 @@ class InstanceView(ListedInstance):
     # Where its live tokens rest, one entry a token (GetInstance only): several between a `parallel`
     # and its join, else the one current node while active.
     active_node_ids: tuple[str, ...] = ()
+    # Its `for_each` nodes' progress, oldest first (GetInstance only).
+    fan_outs: tuple[FanOutProgress, ...] = ()
 
 
 @dataclass(frozen=True)

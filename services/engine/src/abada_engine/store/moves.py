@@ -20,6 +20,7 @@ from .history import HistoryRecord
 from .messages import RECEIVE_CHANNEL
 from .states import (
     OPEN_TASK_STATES,
+    FanOutState,
     IncidentState,
     InstanceState,
     TaskKind,
@@ -50,6 +51,21 @@ class NewTask:
     payload: dict[str, Any]
     retries: int
     timers: tuple[NewTimer, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NewFanOut:
+    """A `for_each` node's items: a task each (`item_ids[i]` with `payloads[i]`), the first
+    `max_concurrency` offered at once and the others PENDING until an earlier item ends."""
+
+    id: uuid.UUID
+    node_id: str
+    kind: TaskKind
+    topic: str | None
+    retries: int
+    max_concurrency: int
+    item_ids: tuple[uuid.UUID, ...]
+    payloads: tuple[dict[str, Any], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +109,8 @@ class TokenMove:
     branches: tuple[TokenMove, ...] = ()
     # A join on `any` let this token through: the other branches are withdrawn before it is written.
     withdraws_other_branches: bool = False
+    # The token rests at a `for_each` node: its items, written in the same statement (instead of a task).
+    fan_out: NewFanOut | None = None
 
 
 # A new due time: at the given time, or the given seconds after now (the database's clock, which every
@@ -115,6 +133,39 @@ _NOTIFY_RECEIVES = (
 )
 
 
+def _new_fan_out(rows: str) -> str:
+    """The CTEs writing a `for_each` node's fan-out and its items, from `rows` (the moves or starts
+    that proceed, aliased `p`). The first max_concurrency items are offered; the others wait PENDING."""
+    return f"""
+    new_fan_out AS (
+        INSERT INTO fan_outs (id, instance_id, node_id, total, max_concurrency, state, created_at)
+        SELECT p.fan_out_id, p.instance_id, p.fan_out_node, jsonb_array_length(p.fan_out_items),
+               p.fan_out_concurrency, '{FanOutState.RUNNING}', now()
+        FROM {rows} WHERE p.fan_out_id IS NOT NULL
+        RETURNING id
+    ),
+    new_items AS (
+        INSERT INTO tasks (id, instance_id, node_id, kind, topic, state, payload, attempt, retries_left, due_at,
+                           created_at, fan_out_id, item_index)
+        SELECT CAST(e.item ->> 'id' AS uuid), p.instance_id, p.fan_out_node, p.fan_out_kind, p.fan_out_topic,
+               CASE WHEN e.k <= p.fan_out_concurrency THEN p.fan_out_state ELSE '{TaskState.PENDING}' END,
+               e.item -> 'payload', 0, p.fan_out_retries, now(), now(), p.fan_out_id, e.k - 1
+        FROM {rows}, jsonb_array_elements(p.fan_out_items) WITH ORDINALITY AS e(item, k)
+        WHERE p.fan_out_id IS NOT NULL
+        ORDER BY p.n, e.k
+        RETURNING topic
+    ),"""
+
+
+# Tells the fetchers of each topic a new task was created (a new task's, or a fan-out's items').
+_NOTIFY_TOPICS = """
+    notified AS (
+        SELECT count(pg_notify(CAST(:channel AS text), topic)) AS topics
+        FROM (SELECT topic FROM new_task UNION SELECT topic FROM new_items) AS created
+        WHERE topic IS NOT NULL
+    )"""
+
+
 # Hand-written: every Complete runs it, and every other move of a token. One statement, so one round trip
 # and no transaction to hold open. Each move finishes the task it leaves, creates the next task or
 # incident, moves the instance and writes the history; with a lease guard, nothing of that move is
@@ -133,7 +184,9 @@ MOVE_TOKENS = HandWritten(
             task_topic text, task_state text, task_payload jsonb, task_retries integer, incident_id uuid,
             incident_task uuid, incident_node text, incident_type text, incident_message text,
             incident_details jsonb, current_node text, variables jsonb, completed boolean, history jsonb,
-            only_if_open boolean, timers jsonb)
+            only_if_open boolean, timers jsonb, fan_out_id uuid, fan_out_node text, fan_out_kind text,
+            fan_out_topic text, fan_out_state text, fan_out_retries integer, fan_out_concurrency integer,
+            fan_out_items jsonb)
     ),
     finished AS (
         UPDATE tasks t SET state = m.finished_state, completed_at = now(), lease_token_hash = NULL
@@ -168,7 +221,7 @@ MOVE_TOKENS = HandWritten(
         WHERE p.task_id IS NOT NULL
         RETURNING due_at
     ),
-    timers_notified AS ({_NOTIFY_TIMERS}),
+    timers_notified AS ({_NOTIFY_TIMERS}),{_new_fan_out("proceed p")}
     new_incident AS (
         INSERT INTO incidents (id, instance_id, task_id, node_id, type, message, details, state, created_at)
         SELECT p.incident_id, p.instance_id, p.incident_task, p.incident_node, p.incident_type, p.incident_message,
@@ -193,10 +246,7 @@ MOVE_TOKENS = HandWritten(
         ORDER BY p.n, h.k
         RETURNING id
     ),
-    notified AS (
-        SELECT count(pg_notify(CAST(:channel AS text), topic)) AS topics
-        FROM (SELECT DISTINCT topic FROM new_task WHERE topic IS NOT NULL) AS created
-    )
+{_NOTIFY_TOPICS}
     SELECT p.n, (SELECT topics FROM notified) AS notified, (SELECT due FROM timers_notified) AS due,
            (SELECT sent FROM receives_notified) AS receives
     FROM proceed p
@@ -279,6 +329,26 @@ def _created_by(move: TokenMove) -> dict[str, Any]:
             }
             for timer in (task.timers if task else ())
         ],
+        **_fan_out_json(move.fan_out),
+    }
+
+
+def _fan_out_json(fan_out: NewFanOut | None) -> dict[str, Any]:
+    if fan_out is None:
+        return {"fan_out_id": None}
+    first_state = TaskState.READY if fan_out.kind is TaskKind.EXTERNAL else TaskState.WAITING
+    return {
+        "fan_out_id": str(fan_out.id),
+        "fan_out_node": fan_out.node_id,
+        "fan_out_kind": fan_out.kind.value,
+        "fan_out_topic": fan_out.topic,
+        "fan_out_state": first_state.value,
+        "fan_out_retries": fan_out.retries,
+        "fan_out_concurrency": fan_out.max_concurrency,
+        "fan_out_items": [
+            {"id": str(item_id), "payload": payload}
+            for item_id, payload in zip(fan_out.item_ids, fan_out.payloads, strict=True)
+        ],
     }
 
 
@@ -318,7 +388,9 @@ START_INSTANCES = HandWritten(
             completed boolean, variables jsonb, current_node text, business_key text, must_be_latest boolean,
             task_id uuid, task_node text, task_kind text, task_topic text, task_state text, task_payload jsonb,
             task_retries integer, incident_id uuid, incident_task uuid, incident_node text, incident_type text,
-            incident_message text, incident_details jsonb, history jsonb, timers jsonb)
+            incident_message text, incident_details jsonb, history jsonb, timers jsonb, fan_out_id uuid,
+            fan_out_node text, fan_out_kind text, fan_out_topic text, fan_out_state text,
+            fan_out_retries integer, fan_out_concurrency integer, fan_out_items jsonb)
     ),
     instance AS (
         INSERT INTO instances (id, definition_id, process_id, version, state, variables, current_node_id,
@@ -352,7 +424,7 @@ START_INSTANCES = HandWritten(
         WHERE s.task_id IS NOT NULL
         RETURNING due_at
     ),
-    timers_notified AS ({_NOTIFY_TIMERS}),
+    timers_notified AS ({_NOTIFY_TIMERS}),{_new_fan_out("start p JOIN instance i ON i.id = p.instance_id")}
     new_incident AS (
         INSERT INTO incidents (id, instance_id, task_id, node_id, type, message, details, state, created_at)
         SELECT s.incident_id, s.instance_id, s.incident_task, s.incident_node, s.incident_type,
@@ -370,10 +442,7 @@ START_INSTANCES = HandWritten(
         ORDER BY s.n, h.n
         RETURNING id
     ),
-    notified AS (
-        SELECT count(pg_notify(CAST(:channel AS text), topic)) AS topics
-        FROM (SELECT DISTINCT topic FROM new_task WHERE topic IS NOT NULL) AS created
-    )
+{_NOTIFY_TOPICS}
     SELECT i.id, i.created_at, (SELECT topics FROM notified) AS notified,
            (SELECT due FROM timers_notified) AS due,
            (SELECT sent FROM receives_notified) AS receives

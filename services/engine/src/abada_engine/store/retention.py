@@ -37,6 +37,7 @@ from abada_engine.db.schema import (
     approvals,
     definitions,
     erasures,
+    fan_outs,
     history,
     incidents,
     instances,
@@ -197,6 +198,7 @@ async def delete_instances(
         ("history", history, history.c.instance_id == _ids("ids", locked)),
         ("messages", messages, messages.c.correlated_instance_id == _ids("ids", locked)),
         ("start_requests", start_requests, start_requests.c.instance_id == _ids("ids", locked)),
+        ("fan_outs", fan_outs, fan_outs.c.instance_id == _ids("ids", locked)),
         ("tasks", tasks, tasks.c.instance_id == _ids("ids", locked)),
         ("instances", instances, instances.c.id == _ids("ids", locked)),
     ]

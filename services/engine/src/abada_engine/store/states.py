@@ -25,6 +25,10 @@ class TaskState(StrEnum):
     PARKED = "PARKED"
     COMPLETED = "COMPLETED"
     CANCELED = "CANCELED"
+    # An item of a `for_each` waiting for a free place (max_concurrency): not fetchable, no lease.
+    PENDING = "PENDING"
+    # An item of a `for_each` that failed and was left out (`on_item_failure: skip`): finished.
+    SKIPPED = "SKIPPED"
 
 
 # The queue: the states a fetcher can take a task from (the partial index `tasks_fetchable` covers them).
@@ -39,6 +43,7 @@ OPEN_TASK_STATES = (
     TaskState.INCIDENT,
     TaskState.AWAITING_APPROVAL,
     TaskState.PARKED,
+    TaskState.PENDING,
 )
 
 
@@ -85,6 +90,12 @@ FINISHED_STEP_STATES = (StepState.COMPLETED, StepState.FAILED)
 class InstanceState(StrEnum):
     ACTIVE = "ACTIVE"
     COMPLETED = "COMPLETED"
+    CANCELED = "CANCELED"
+
+
+class FanOutState(StrEnum):
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"  # every item finished; the token moved on
     CANCELED = "CANCELED"
 
 

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.db.schema import incidents, instances, tasks
 
-from .states import OPEN_TASK_STATES, IncidentState, is_, one_of
+from .states import OPEN_TASK_STATES, IncidentState, TaskState, is_, one_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +72,10 @@ async def lock_tokens(
 async def active_nodes(conn: AsyncConnection, instance_id: uuid.UUID) -> list[str]:
     """Where the instance's live tokens rest: the nodes of its open tasks and of its open incidents
     that hold no task, in the order they were reached."""
+    # An item of a `for_each` waiting for its turn rests nowhere yet.
+    resting = tuple(state for state in OPEN_TASK_STATES if state != TaskState.PENDING)
     at_tasks = select(tasks.c.node_id, tasks.c.created_at).where(
-        tasks.c.instance_id == instance_id, one_of(tasks.c.state, OPEN_TASK_STATES)
+        tasks.c.instance_id == instance_id, one_of(tasks.c.state, resting)
     )
     at_incidents = select(incidents.c.node_id, incidents.c.created_at).where(
         incidents.c.instance_id == instance_id,

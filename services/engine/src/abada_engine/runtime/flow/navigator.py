@@ -17,9 +17,11 @@ from abada_engine.definitions.expressions import ExpressionError, evaluate_condi
 from abada_engine.definitions.model import Node, Process
 from abada_engine.runtime.incident_types import (
     CONDITION_FAILED,
+    FOR_EACH_NOT_A_LIST,
     INPUT_MISSING,
     NO_BRANCH_MATCHED,
     TOO_MANY_HOPS,
+    TOO_MANY_ITEMS,
 )
 from abada_engine.store.states import TaskKind, TimerKind
 
@@ -55,6 +57,18 @@ class TaskToCreate:
 
 
 @dataclass(frozen=True)
+class FanOutToStart:
+    """A `for_each` node entered: one task per item, each with its own payload (the node's inputs with
+    the item under the node's `as`), the first `max_concurrency` of them offered at once."""
+
+    node: Node
+    kind: TaskKind
+    topic: str | None
+    retries: int
+    payloads: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class IncidentToRaise:
     node_id: str
     type: str
@@ -77,6 +91,11 @@ class Advance:
     joined: bool = False
     # The token passed a `join` with `wait_for: any`: the other branches' tasks are withdrawn.
     withdraw_other_branches: bool = False
+    # The token rests at a `for_each` node: its items' tasks (instead of `task`).
+    fan_out: FanOutToStart | None = None
+    # Variables the walk itself wrote (a `for_each` over an empty list collects []), merged into the
+    # instance's by whoever writes the move.
+    written: dict[str, Any] = field(default_factory=dict)
 
 
 class JoinNeedsTokens(Exception):
@@ -169,6 +188,14 @@ def _walk(
             result.history.append(HistoryEntry("BRANCH_TAKEN", node_id, {"when": condition, "next": target}))
             node_id = target
             continue
+        kind = _TASK_KINDS.get(node.type, TaskKind.EXTERNAL)
+        if node.fans_out:
+            passed_to = _fan_out(node, kind, variables, context, result)
+            if passed_to is None:
+                return
+            variables = {**variables, **result.written}
+            node_id = passed_to
+            continue
         try:
             payload = task_payload(node, variables)
             timers = _timers(node, variables)
@@ -177,10 +204,65 @@ def _walk(
             return
         if context:
             payload["context"] = context
-        kind = _TASK_KINDS.get(node.type, TaskKind.EXTERNAL)
         result.task = TaskToCreate(node, kind, node.topic, payload, node.retries, timers)
         return
     result.incident = IncidentToRaise(node_id, TOO_MANY_HOPS, f"more than {MAX_HOPS} hops without waiting")
+
+
+def _fan_out(
+    node: Node, kind: TaskKind, variables: dict[str, Any], context: dict[str, Any] | None, result: Advance
+) -> str | None:
+    """Enter a `for_each` node: its items' tasks, or an incident naming the node when the list is not
+    one or is too long. An empty list has nothing to wait for: it collects [] and answers the next
+    node (else None: the token rests at the items)."""
+    assert node.for_each is not None and node.item_variable is not None
+    try:
+        items = render(node.for_each, variables)
+    except ExpressionError as error:
+        result.incident = IncidentToRaise(node.id, INPUT_MISSING, f"for_each of {node.id!r}: {error}")
+        return None
+    if not isinstance(items, list):
+        result.incident = IncidentToRaise(
+            node.id,
+            FOR_EACH_NOT_A_LIST,
+            f"for_each of {node.id!r} gave {_kind(items)}, not a list",
+            {"for_each": node.for_each},
+        )
+        return None
+    if len(items) > node.item_limit:
+        result.incident = IncidentToRaise(
+            node.id,
+            TOO_MANY_ITEMS,
+            f"for_each of {node.id!r} gave {len(items)} items, more than its max_items {node.item_limit}",
+            {"for_each": node.for_each, "items": len(items), "max_items": node.item_limit},
+        )
+        return None
+    if not items:
+        if node.collect:
+            result.written[node.collect] = []
+        result.history.append(HistoryEntry("FAN_OUT_COMPLETED", node.id, {"items": 0}))
+        assert node.next is not None
+        return node.next
+    payloads: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        try:
+            payload = task_payload(node, {**variables, node.item_variable: item})
+        except ExpressionError as error:
+            result.incident = IncidentToRaise(
+                node.id, INPUT_MISSING, f"item {index} of {node.id!r}: {error}", {"item_index": index}
+            )
+            return None
+        if context:
+            payload["context"] = context
+        payloads.append(payload)
+    result.fan_out = FanOutToStart(node, kind, node.topic, node.retries, payloads)
+    return None
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {dict: "an object", str: "a string", bool: "a boolean"}.get(type(value), "a number")
 
 
 def _fork(

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from abada_engine.ids import new_id
 from abada_engine.runtime.flow.navigator import Advance, HistoryEntry, TaskToCreate
 from abada_engine.store import approvals as approval_store
+from abada_engine.store import fan_outs as fan_out_store
 from abada_engine.store import history as history_store
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
@@ -21,6 +22,7 @@ from abada_engine.store.history import HistoryRecord
 from abada_engine.store.incidents import BRANCH_WITHDRAWN, INSTANCE_CANCELED
 from abada_engine.store.moves import (
     LeaseGuard,
+    NewFanOut,
     NewIncident,
     NewTask,
     NewTimer,
@@ -119,6 +121,33 @@ def _token_move(
         timers = tuple(NewTimer(t.kind, t.delay_seconds, t.at) for t in task.timers)
         new_task = NewTask(new_id(), task.node.id, task.kind, task.topic, task.payload, task.retries, timers)
         records.append(history_record(instance_id, _created_entry(task), new_task.id))
+    new_fan_out = None
+    if advance.fan_out is not None:
+        fan = advance.fan_out
+        new_fan_out = NewFanOut(
+            new_id(),
+            fan.node.id,
+            fan.kind,
+            fan.topic,
+            fan.retries,
+            fan.node.concurrency,
+            tuple(new_id() for _ in fan.payloads),
+            tuple(fan.payloads),
+        )
+        # One line for all the items: a fan-out of thousands writes no line per item it offers.
+        started = HistoryEntry(
+            "FAN_OUT_STARTED",
+            fan.node.id,
+            {
+                "fan_out_id": str(new_fan_out.id),
+                "items": len(fan.payloads),
+                "max_concurrency": fan.node.concurrency,
+                "topic": fan.topic,
+            },
+        )
+        records.append(history_record(instance_id, started))
+    if advance.written:
+        variables = {**(variables or {}), **advance.written}
     new_incident = None
     if advance.incident is not None:
         incident = advance.incident
@@ -151,6 +180,7 @@ def _token_move(
         new_incident=new_incident,
         branches=branches,
         withdraws_other_branches=advance.withdraw_other_branches,
+        fan_out=new_fan_out,
     )
 
 
@@ -173,6 +203,8 @@ async def withdraw_tokens(
     them all; a join on `any` (`branches`) all but the task of the branch that passed it (`but`)."""
     resolution = BRANCH_WITHDRAWN if branches else INSTANCE_CANCELED
     await task_store.cancel_open_tasks(conn, instance_id, but)
+    if not branches:
+        await fan_out_store.cancel_of_instance(conn, instance_id)
     await incident_store.close_all_of_instance(conn, instance_id, resolution)
     await approval_store.cancel_pending_of_instance(conn, instance_id, why)
 

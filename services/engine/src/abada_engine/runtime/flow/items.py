@@ -1,0 +1,82 @@
+"""Ending an item of a `for_each` node, and with the last one the fan-out: the token moves on.
+
+An item's end writes only its own rows (its task, its result, its history line, and the next item it
+offers); only an end among the last max_concurrency items asks, under the fan-out's lock, whether the
+fan-out is over (store/fan_outs.py says why that is enough). The one that finds it over gathers the
+results in the items' order and moves the token on through the ordinary move, in the same transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from abada_engine.definitions.model import Node, Process
+from abada_engine.runtime.flow.navigator import HistoryEntry, leave_node
+from abada_engine.runtime.flow.tokens import advance_move, history_record
+from abada_engine.store import fan_outs as fan_out_store
+from abada_engine.store import instances as instance_store
+from abada_engine.store.fan_outs import FinishedItem
+from abada_engine.store.moves import move_token
+from abada_engine.store.states import InstanceState, TaskState
+
+
+def item_result(node: Node, written: dict[str, Any]) -> Any:
+    """What an item's completion gives `collect`: its `result_variable` (null when it wrote none)."""
+    return written.get(node.result_variable) if node.result_variable else None
+
+
+async def end_item(
+    conn: AsyncConnection,
+    process: Process,
+    node: Node,
+    instance_id: uuid.UUID,
+    task_id: uuid.UUID,
+    *,
+    state: TaskState,
+    result: Any,
+    history: list[HistoryEntry],
+    guard_worker: str | None = None,
+    guard_hash: bytes | None = None,
+    from_state: TaskState | None = None,
+) -> FinishedItem | None:
+    """End an item in the caller's transaction (COMPLETED with its result, or SKIPPED), under its lease
+    (`guard_worker`, `guard_hash`) or while it is in `from_state`; None when that no longer held, and
+    nothing was written. The last item's end also moves the token on."""
+    finished = await fan_out_store.finish_item(
+        conn,
+        task_id,
+        state=state,
+        result=result,
+        history=[history_record(instance_id, entry, task_id) for entry in history],
+        guard_worker=guard_worker,
+        guard_hash=guard_hash,
+        from_state=from_state,
+    )
+    if finished is not None and finished.last_round:
+        await _end_fan_out_if_done(conn, process, node, instance_id, finished.fan_out_id)
+    return finished
+
+
+async def _end_fan_out_if_done(
+    conn: AsyncConnection, process: Process, node: Node, instance_id: uuid.UUID, fan_out_id: uuid.UUID
+) -> None:
+    ended = await fan_out_store.end_if_done(conn, fan_out_id)
+    if ended is None:
+        return
+    instance = await instance_store.lock(conn, instance_id)
+    if instance is None or instance.state != InstanceState.ACTIVE:
+        return
+    written = {node.collect: ended.results} if node.collect else {}
+    _, leaving, moved = leave_node(process, node, instance.variables, written)
+    completed = HistoryEntry(
+        "FAN_OUT_COMPLETED",
+        node.id,
+        {"fan_out_id": str(fan_out_id), "items": len(ended.results), "skipped": ended.skipped},
+    )
+    move = advance_move(
+        instance_id=instance_id, advance=moved, variables=written, preceding=[completed, *leaving]
+    )
+    await move_token(conn, move)

@@ -1,0 +1,308 @@
+"""Multi-instance: `for_each` runs a service, user or agent node once per item of a list, each item a
+task of its own, at most `max_concurrency` at once, its results collected in the list's order. A real
+engine over gRPC on PostgreSQL."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import grpc
+import pytest
+from abada.engine.v1 import external_task_pb2, incident_pb2, process_pb2
+from engine_helpers import (
+    complete,
+    deploy,
+    error_info,
+    fetch,
+    history_types,
+    instance,
+    plain,
+    start,
+    struct,
+)
+
+LINES = """
+processes:
+  - id: lines
+    start: price
+    nodes:
+      - id: price
+        type: service
+        topic: price-line
+        for_each: "${lines}"
+        as: line
+        inputs: { sku: "${line.sku}", order: "${order}" }
+        max_concurrency: 3
+        result_variable: price
+        collect: prices
+        retries: 0
+        next: total
+      - { id: total, type: service, topic: total, next: done }
+      - { id: done, type: end }
+  - id: lenient
+    start: price
+    nodes:
+      - id: price
+        type: service
+        topic: lenient-line
+        for_each: "${lines}"
+        as: line
+        max_concurrency: 2
+        max_items: 5
+        result_variable: price
+        collect: prices
+        on_item_failure: skip
+        retries: 0
+        next: total
+      - { id: total, type: service, topic: lenient-total, next: done }
+      - { id: done, type: end }
+  - id: review
+    start: check
+    nodes:
+      - id: check
+        type: user_task
+        for_each: "${documents}"
+        as: document
+        result_variable: verdict
+        collect: verdicts
+        next: done
+      - { id: done, type: end }
+  - id: summarise
+    start: summary
+    nodes:
+      - id: summary
+        type: agent
+        model: gemini-3.6-flash
+        prompt: summarise the line
+        inputs: { line: "${line}" }
+        result_variable: summary
+        for_each: "${lines}"
+        as: line
+        collect: summaries
+        limits: { max_model_calls: 1, max_tool_calls: 0, max_tokens: 1000 }
+        next: done
+      - { id: done, type: end }
+"""
+
+
+def lines(count: int) -> list[dict[str, Any]]:
+    return [{"sku": f"S-{index}"} for index in range(count)]
+
+
+async def drain(engine: Any, topic: str, worker: str = "w") -> list[external_task_pb2.ExternalTask]:
+    """Every task offered on `topic` right now (leased to `worker`)."""
+    return await fetch(engine, worker, topic, max_tasks=100)
+
+
+async def fail(engine: Any, task: external_task_pb2.ExternalTask, message: str) -> None:
+    await engine.tasks.Fail(
+        external_task_pb2.FailRequest(
+            task_id=task.id, worker_id="w", lease_token=task.lease_token, error_message=message
+        )
+    )
+
+
+async def incidents_of(engine: Any, instance_id: str) -> list[incident_pb2.Incident]:
+    listed = await engine.incidents.ListIncidents(incident_pb2.ListIncidentsRequest(instance_id=instance_id))
+    return list(listed.incidents)
+
+
+async def test_items_run_at_most_max_concurrency_at_once_and_collect_keeps_the_list_order(engine) -> None:
+    await deploy(engine, LINES)
+    started = await start(engine, "lines", lines=lines(8), order="O-1")
+    shown = await instance(engine, started.id)
+    [progress] = shown.fan_outs
+    assert (progress.node_id, progress.items_total, progress.items_running) == ("price", 8, 3)
+    done: set[str] = set()
+    rng = random.Random(7)
+    while len(done) < 8:
+        offered = await drain(engine, "price-line")
+        # Never more than max_concurrency items offered or leased at once.
+        assert 0 < len(offered) <= 3
+        assert await drain(engine, "price-line") == []
+        rng.shuffle(offered)  # finish out of order
+        for task in offered:
+            item = plain(task.variables)
+            assert item["order"] == "O-1"
+            await complete(engine, task, "w", {"price": int(item["sku"].removeprefix("S-")) * 10})
+            done.add(item["sku"])
+        if len(done) < 8:
+            assert await drain(engine, "total") == []
+    [total] = await drain(engine, "total")
+    assert plain(total.variables)["prices"] == [index * 10 for index in range(8)]
+    shown = await instance(engine, started.id)
+    [progress] = shown.fan_outs
+    assert (progress.state, progress.items_done, progress.items_running) == ("COMPLETED", 8, 0)
+    history = await history_types(engine, started.id)
+    assert history.count(("FAN_OUT_STARTED", "price")) == 1
+    assert history.count(("FAN_OUT_COMPLETED", "price")) == 1
+    assert history.count(("TASK_COMPLETED", "price")) == 8
+
+
+async def test_an_empty_list_collects_nothing_and_moves_on(engine) -> None:
+    await deploy(engine, LINES)
+    await start(engine, "lines", lines=[], order="O-2")
+    [total] = await drain(engine, "total")
+    assert plain(total.variables)["prices"] == []
+
+
+async def test_a_skipped_item_is_null_in_collect_with_its_reason_in_the_history(engine) -> None:
+    await deploy(engine, LINES)
+    started = await start(engine, "lenient", lines=lines(3))
+    first, second = await drain(engine, "lenient-line")
+    await fail(engine, second, "the supplier has no such sku")
+    # Item 2 runs in item 0's lane (max_concurrency 2): it is offered once item 0 has ended.
+    assert await drain(engine, "lenient-line") == []
+    await complete(engine, first, "w", {"price": 10})
+    [third] = await drain(engine, "lenient-line")
+    await complete(engine, third, "w", {"price": 30})
+    [total] = await drain(engine, "lenient-total")
+    assert plain(total.variables)["prices"] == [10, None, 30]
+    events = (await engine.processes.GetHistory(process_pb2.GetHistoryRequest(instance_id=started.id))).events
+    [skipped] = [e for e in events if e.type == "ITEM_SKIPPED"]
+    assert skipped.task_id == second.id
+    assert plain(skipped.data)["reason"] == "the supplier has no such sku"
+    assert plain(skipped.data)["item_index"] == 1
+    [progress] = (await instance(engine, started.id)).fan_outs
+    assert (progress.items_done, progress.items_skipped) == (3, 1)
+
+
+async def test_a_failed_item_parks_in_an_incident_and_goes_on_once_retried(engine) -> None:
+    await deploy(engine, LINES)
+    started = await start(engine, "lines", lines=lines(4), order="O-3")
+    offered = await drain(engine, "price-line")
+    assert len(offered) == 3
+    by_sku = {plain(task.variables)["sku"]: task for task in offered}
+    await fail(engine, by_sku["S-1"], "price service down")
+    # The incident holds that item only: the other lanes go on (item 3 runs in item 0's lane).
+    for sku in ("S-0", "S-2"):
+        await complete(engine, by_sku[sku], "w", {"price": 1})
+    [fourth] = await drain(engine, "price-line")
+    assert plain(fourth.variables)["sku"] == "S-3"
+    await complete(engine, fourth, "w", {"price": 4})
+    held = await instance(engine, started.id)
+    [progress] = held.fan_outs
+    assert (progress.items_done, progress.items_failed, progress.state) == (3, 1, "RUNNING")
+    assert await drain(engine, "total") == []
+    [incident] = await incidents_of(engine, started.id)
+    assert incident.node_id == "price"
+    await engine.incidents.ResolveIncident(
+        incident_pb2.ResolveIncidentRequest(incident_id=incident.id, resolution=incident_pb2.RESOLUTION_RETRY)
+    )
+    [again] = await drain(engine, "price-line")
+    assert again.id == by_sku["S-1"].id
+    await complete(engine, again, "w", {"price": 0})
+    [total] = await drain(engine, "total")
+    assert plain(total.variables)["prices"] == [1, 0, 1, 4]
+
+
+async def test_a_list_longer_than_max_items_raises_an_incident_naming_the_node(engine) -> None:
+    await deploy(engine, LINES)
+    started = await start(engine, "lenient", lines=lines(6))
+    [incident] = await incidents_of(engine, started.id)
+    assert incident.type == "TOO_MANY_ITEMS" and incident.node_id == "price"
+    assert "'price'" in incident.message and "max_items 5" in incident.message
+    assert await drain(engine, "lenient-line") == []
+
+
+async def test_for_each_on_something_not_a_list_raises_an_incident_naming_the_node(engine) -> None:
+    await deploy(engine, LINES)
+    started = await start(engine, "lines", lines={"sku": "S-1"}, order="O-4")
+    [incident] = await incidents_of(engine, started.id)
+    assert incident.type == "FOR_EACH_NOT_A_LIST" and incident.node_id == "price"
+    assert "'price'" in incident.message and "not a list" in incident.message
+
+
+async def test_cancel_withdraws_every_item_and_refuses_a_leased_items_complete(engine) -> None:
+    await deploy(engine, LINES)
+    started = await start(engine, "lines", lines=lines(10), order="O-5")
+    first, *_ = await drain(engine, "price-line")
+    await engine.processes.CancelInstance(
+        process_pb2.CancelInstanceRequest(instance_id=started.id, reason="no")
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await complete(engine, first, "w", {"price": 1})
+    assert error_info(refused.value).reason == "TASK_NOT_LEASED"
+    assert await drain(engine, "price-line") == []
+    shown = await instance(engine, started.id)
+    [progress] = shown.fan_outs
+    assert progress.state == "CANCELED" and progress.items_running == 0
+    assert list(shown.active_node_ids) == []
+
+
+async def test_a_user_task_fan_out_collects_each_persons_verdict(engine) -> None:
+    await deploy(engine, LINES)
+    started = await start(engine, "review", documents=["a.pdf", "b.pdf"])
+    listed = await engine.processes.ListUserTasks(process_pb2.ListUserTasksRequest(instance_id=started.id))
+    tasks = {plain(t.variables)["inputs"]["document"]: t for t in listed.user_tasks}
+    assert sorted(tasks) == ["a.pdf", "b.pdf"]
+    for document in ("b.pdf", "a.pdf"):
+        await engine.processes.CompleteUserTask(
+            process_pb2.CompleteUserTaskRequest(
+                user_task_id=tasks[document].id, variables=struct({"verdict": f"ok {document}"})
+            )
+        )
+    done = await instance(engine, started.id)
+    assert done.state == process_pb2.INSTANCE_STATE_COMPLETED
+    assert plain(done.variables)["verdicts"] == ["ok a.pdf", "ok b.pdf"]
+
+
+async def test_an_agent_items_inputs_carry_its_item(engine) -> None:
+    await deploy(engine, LINES)
+    started = await start(engine, "summarise", lines=["first line", "second line"])
+    offered = await drain(engine, "abada:agent")
+    assert sorted(plain(t.variables)["line"] for t in offered) == ["first line", "second line"]
+    for task in offered:
+        await complete(engine, task, "w", {"summary": plain(task.variables)["line"].upper()})
+    done = await instance(engine, started.id)
+    assert plain(done.variables)["summaries"] == ["FIRST LINE", "SECOND LINE"]
+
+
+BAD_FOR_EACH = """
+processes:
+  - id: bad
+    start: work
+    nodes:
+      - id: work
+        type: service
+        topic: work
+        for_each: "${{items}}"
+        as: item
+{extra}
+        next: done
+      - {{ id: done, type: end }}
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ("        max_concurrency: 0", "processes[0].nodes[0].max_concurrency"),
+        ("        collect: results", "processes[0].nodes[0].collect"),
+        ("        on_item_failure: ignore", "processes[0].nodes[0].on_item_failure"),
+        ("        deadline: PT1M\n        on_deadline: done", "processes[0].nodes[0].deadline"),
+    ],
+)
+async def test_deploy_refuses_bad_for_each_fields_naming_the_field(engine, extra: str, field: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await deploy(engine, BAD_FOR_EACH.format(extra=extra))
+    info = error_info(refused.value)
+    assert info.reason == "DEFINITION_INVALID"
+    assert info.metadata["field"] == field, info.metadata
+
+
+async def test_deploy_refuses_for_each_on_a_node_that_cannot_fan_out(engine) -> None:
+    bundle = """
+processes:
+  - id: bad
+    start: wait
+    nodes:
+      - { id: wait, type: timer, duration: PT1S, for_each: "${items}", next: done }
+      - { id: done, type: end }
+"""
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await deploy(engine, bundle)
+    info = error_info(refused.value)
+    assert info.reason == "DEFINITION_INVALID"
+    assert info.metadata["field"] == "processes[0].nodes[0].for_each", info.metadata
