@@ -36,7 +36,7 @@ processes:
   - id: single
     start: work
     nodes:
-      - {{ id: work, type: service, topic: {SINGLE_TOPIC}, result_variable: out, next: done }}
+      - {{ id: work, type: service, topic: {SINGLE_TOPIC}, next: done }}
       - {{ id: done, type: end }}
   - id: fanned
     start: work
