@@ -4,12 +4,17 @@ engine over gRPC on PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import uuid
 from typing import Any
 
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2, incident_pb2, process_pb2
+from abada_engine.runtime.flow.items import finish_item
+from abada_engine.runtime.leases import hash_token
+from abada_engine.store.states import TaskState
 from engine_helpers import (
     complete,
     deploy,
@@ -20,6 +25,7 @@ from engine_helpers import (
     plain,
     start,
     struct,
+    until_lease_ran_out,
 )
 
 LINES = """
@@ -306,3 +312,95 @@ processes:
     info = error_info(refused.value)
     assert info.reason == "DEFINITION_INVALID"
     assert info.metadata["field"] == "processes[0].nodes[0].for_each", info.metadata
+
+
+async def test_the_last_items_ending_together_end_the_fan_out_exactly_once(engine) -> None:
+    await deploy(engine, LINES)
+    started = [await start(engine, "lines", lines=lines(9), order=f"O-{n}") for n in range(4)]
+    for _ in range(20):
+        offered = await drain(engine, "price-line")
+        if not offered:
+            break
+        # Every item offered now ends at once: the last round's three race to end their fan-out.
+        await asyncio.gather(*(complete(engine, task, "w", {"price": 1}) for task in offered))
+    totals = await drain(engine, "total")
+    assert sorted(t.instance_id for t in totals) == sorted(s.id for s in started)
+    for each in started:
+        history = await history_types(engine, each.id)
+        assert history.count(("FAN_OUT_COMPLETED", "price")) == 1
+        [progress] = (await instance(engine, each.id)).fan_outs
+        assert (progress.state, progress.items_done) == ("COMPLETED", 9)
+
+
+async def test_an_item_whose_worker_died_is_offered_again_alone(engine) -> None:
+    await deploy(engine, LINES)
+    await start(engine, "lines", lines=lines(2), order="O-6")
+    first, second = await fetch(engine, "w", "price-line", max_tasks=10, lease_ms=1_000)
+    await complete(engine, first, "w", {"price": 1})
+    await until_lease_ran_out(second)
+    # Only the item that was running comes back; the one that ended stays ended.
+    [again] = await fetch(engine, "w2", "price-line", max_tasks=10)
+    assert again.id == second.id and again.attempt == second.attempt + 1
+    await complete(engine, again, "w2", {"price": 2})
+    [total] = await drain(engine, "total")
+    assert plain(total.variables)["prices"] == [1, 2]
+
+
+REJECTING = """
+processes:
+  - id: strict
+    start: summary
+    nodes:
+      - id: summary
+        type: agent
+        model: gemini-3.6-flash
+        prompt: summarise the line
+        result_variable: summary
+        output_schema: { type: string }
+        for_each: "${lines}"
+        as: line
+        collect: summaries
+        on_item_failure: skip
+        limits: { max_model_calls: 1, max_tool_calls: 0, max_tokens: 1000 }
+        next: done
+      - { id: done, type: end }
+"""
+
+
+async def test_an_agent_item_whose_answer_is_rejected_is_skipped(engine) -> None:
+    await deploy(engine, REJECTING)
+    started = await start(engine, "strict", lines=["a", "b"])
+    offered = {plain(t.variables)["line"]: t for t in await drain(engine, "abada:agent")}
+    await complete(engine, offered["a"], "w", {"summary": 42})
+    await complete(engine, offered["b"], "w", {"summary": "B"})
+    done = await instance(engine, started.id)
+    assert done.state == process_pb2.INSTANCE_STATE_COMPLETED
+    assert plain(done.variables)["summaries"] == [None, "B"]
+    events = (await engine.processes.GetHistory(process_pb2.GetHistoryRequest(instance_id=started.id))).events
+    [skipped] = [e for e in events if e.type == "ITEM_SKIPPED"]
+    assert "output_schema" in plain(skipped.data)["reason"]
+
+
+async def test_a_last_item_ended_by_a_replica_that_died_before_deciding_is_ended_by_the_duty(
+    engine, engine_core
+) -> None:
+    await deploy(engine, LINES)
+    started = await start(engine, "lines", lines=lines(1), order="O-7")
+    [item] = await drain(engine, "price-line")
+    # What a replica writes for the item before it dies: the item's own statement, not the decision.
+    async with engine_core.db.connect() as conn:
+        finished = await finish_item(
+            conn,
+            uuid.UUID(started.id),
+            uuid.UUID(item.id),
+            state=TaskState.COMPLETED,
+            result=7,
+            history=[],
+            guard_worker="w",
+            guard_hash=hash_token(item.lease_token),
+        )
+        await conn.commit()
+    assert finished is not None and finished.last_round
+    [total] = await fetch(engine, "w", "total", wait_ms=10_000)
+    assert plain(total.variables)["prices"] == [7]
+    assert (await history_types(engine, started.id)).count(("FAN_OUT_COMPLETED", "price")) == 1

@@ -23,6 +23,7 @@ from abada_engine.runtime.batches import Batches
 from abada_engine.runtime.completion import Completions
 from abada_engine.runtime.crypto.keys import IdempotencyKeys, KeyRing
 from abada_engine.runtime.dependencies import DEPENDENCY_UNAVAILABLE, Dependencies, DependencyBoard
+from abada_engine.runtime.flow.items import FanOutEnds
 from abada_engine.runtime.incidents import Incidents
 from abada_engine.runtime.instances import Instances
 from abada_engine.runtime.journal import UNKEYED_WRITE_GRACE_SECONDS, Journal, JournalResolutions, Takeover
@@ -80,6 +81,8 @@ class EngineCore:
     # Batch operations (runtime/batches.py) and the job working through them, on every replica.
     batches: Batches
     batch_rounds: Periodic
+    # Ends a `for_each` whose last item ended on a replica that died before deciding it (runtime/flow/items.py).
+    fan_out_ends: Periodic
     # Signs the lists' page tokens (a key derived from the idempotency secret every replica shares).
     page_tokens: PageTokens
 
@@ -173,6 +176,8 @@ class EngineCore:
         batch_rounds = Periodic("batches", batches.round, batch_round_seconds)
         if batch_round_seconds > 0:
             batch_rounds.start()
+        fan_out_ends = Periodic("fan-out ends", FanOutEnds(db, catalog).round, reaper_interval_seconds)
+        fan_out_ends.start()
         database = DatabaseWatch(db, interval_seconds=database_check_seconds)
         database.subscribe(leases.database_changed)
         database.start()
@@ -205,10 +210,12 @@ class EngineCore:
             repairs=Repairs(db, catalog),
             batches=batches,
             batch_rounds=batch_rounds,
+            fan_out_ends=fan_out_ends,
             page_tokens=PageTokens.derived_from(idempotency.secret),
         )
 
     async def close(self) -> None:
+        await self.fan_out_ends.stop()
         await self.batch_rounds.stop()
         await self.retention_rounds.stop()
         await self.message_expiry.stop()

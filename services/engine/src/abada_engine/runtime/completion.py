@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from abada_engine.runtime.flow.contract import (
     judge,
     judging_can_take_long,
 )
-from abada_engine.runtime.flow.items import end_item, item_result
+from abada_engine.runtime.flow.items import end_fan_out_if_done, end_item, item_end, item_result
 from abada_engine.runtime.flow.navigator import (
     Advance,
     HistoryEntry,
@@ -61,6 +62,7 @@ from abada_engine.runtime.leases import hash_token, hold_lease
 from abada_engine.runtime.offload import run_cpu_check, run_cpu_work
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
+from abada_engine.store.fan_outs import FinishedItem, ItemEnd, finish_items, tail_open
 from abada_engine.store.hand_written import HotPath
 from abada_engine.store.moves import TokenMove, move_tokens
 from abada_engine.store.states import TaskState
@@ -135,6 +137,10 @@ class Completions:
         # Completes that arrive while the previous batch is in the database move their tokens together
         # next, in one statement (each under its own lease guard, answered on its own).
         self._moves = GroupCommit(self._move_many, each_alone_on_failure=True)
+        # The ends of `for_each` items that arrive together go in one statement as well.
+        self._item_ends = GroupCommit(self._end_items, each_alone_on_failure=True)
+        # The fan-outs whose end this replica is deciding, with when each decision began.
+        self._deciding: dict[uuid.UUID, float] = {}
         self._rng = random.Random()
 
     async def complete(
@@ -198,6 +204,33 @@ class Completions:
         for index, ok in zip(sent, written, strict=True):
             applied[index] = ok
         return applied
+
+    async def _decide_fan_out(
+        self, process: Process, node: Node, instance_id: uuid.UUID, fan_out_id: uuid.UUID, ended_at: float
+    ) -> None:
+        """Decide the fan-out's end under its lock, unless a decision this replica began after this item's
+        end was written is under way: that one counts this item ended (if it fails, `FanOutEnds` decides).
+        So the last round's ends, often answered together, do not queue on the lock one by one."""
+        if self._deciding.get(fan_out_id, -1.0) > ended_at:
+            return
+        began = time.monotonic()
+        self._deciding[fan_out_id] = began
+        try:
+            async with self._engine.begin() as conn:
+                await end_fan_out_if_done(conn, process, node, instance_id, fan_out_id)
+        finally:
+            if self._deciding.get(fan_out_id) == began:
+                del self._deciding[fan_out_id]
+
+    async def _last_round_ended(self, fan_out_id: uuid.UUID) -> bool:
+        """Whether no item of the fan-out's last round is open (a read, no lock): only then may this end
+        be the fan-out's, decided under its lock."""
+        async with self._hot.connect() as conn:
+            return await tail_open(conn, fan_out_id) == 0
+
+    async def _end_items(self, ends: Sequence[ItemEnd]) -> list[FinishedItem | None]:
+        async with self._hot.connect() as conn:
+            return await finish_items(conn, list(ends))
 
     async def _judge_and_move(
         self,
@@ -350,21 +383,24 @@ class Completions:
                     "ITEM_SKIPPED", node.id, {"reason": decision.reason, "verdict": decision.verdict.value}
                 )
             )
-        async with self._engine.begin() as conn:
-            finished = await end_item(
-                conn,
-                process,
-                node,
+        # One statement on the hot path; only an item of the last round then asks whether the fan-out is
+        # over (a replica dying in between leaves that to `FanOutEnds`).
+        finished = await self._item_ends.submit(
+            item_end(
                 held.instance_id,
                 held.task_id,
-                state=state,
-                result=result,
-                history=history,
+                state,
+                result,
+                history,
                 guard_worker=worker_id,
                 guard_hash=hash_token(lease_token),
             )
+        )
+        ended_at = time.monotonic()
         if finished is None:
             return None
+        if finished.last_round and await self._last_round_ended(finished.fan_out_id):
+            await self._decide_fan_out(process, node, held.instance_id, finished.fan_out_id, ended_at)
         return CompleteResult(decision.verdict, False, node.id, None, decision.reason)
 
     async def fail(

@@ -11,14 +11,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.model import Node, Process
 from abada_engine.runtime.flow.navigator import HistoryEntry, leave_node
 from abada_engine.runtime.flow.tokens import advance_move, history_record
 from abada_engine.store import fan_outs as fan_out_store
 from abada_engine.store import instances as instance_store
-from abada_engine.store.fan_outs import FinishedItem
+from abada_engine.store.fan_outs import FinishedItem, ItemEnd
+from abada_engine.store.hand_written import Executor
 from abada_engine.store.moves import move_token
 from abada_engine.store.states import InstanceState, TaskState
 
@@ -45,22 +47,64 @@ async def end_item(
     """End an item in the caller's transaction (COMPLETED with its result, or SKIPPED), under its lease
     (`guard_worker`, `guard_hash`) or while it is in `from_state`; None when that no longer held, and
     nothing was written. The last item's end also moves the token on."""
-    finished = await fan_out_store.finish_item(
+    finished = await finish_item(
         conn,
+        instance_id,
         task_id,
         state=state,
         result=result,
-        history=[history_record(instance_id, entry, task_id) for entry in history],
+        history=history,
         guard_worker=guard_worker,
         guard_hash=guard_hash,
         from_state=from_state,
     )
     if finished is not None and finished.last_round:
-        await _end_fan_out_if_done(conn, process, node, instance_id, finished.fan_out_id)
+        await end_fan_out_if_done(conn, process, node, instance_id, finished.fan_out_id)
     return finished
 
 
-async def _end_fan_out_if_done(
+async def finish_item(
+    conn: Executor,
+    instance_id: uuid.UUID,
+    task_id: uuid.UUID,
+    *,
+    state: TaskState,
+    result: Any,
+    history: list[HistoryEntry],
+    guard_worker: str | None = None,
+    guard_hash: bytes | None = None,
+    from_state: TaskState | None = None,
+) -> FinishedItem | None:
+    """`end_item`'s one statement alone. When it answers `last_round`, the caller asks
+    `end_fan_out_if_done` next; if it dies first, `FanOutEnds` asks for it."""
+    [finished] = await fan_out_store.finish_items(
+        conn, [item_end(instance_id, task_id, state, result, history, guard_worker, guard_hash, from_state)]
+    )
+    return finished
+
+
+def item_end(
+    instance_id: uuid.UUID,
+    task_id: uuid.UUID,
+    state: TaskState,
+    result: Any,
+    history: list[HistoryEntry],
+    guard_worker: str | None = None,
+    guard_hash: bytes | None = None,
+    from_state: TaskState | None = None,
+) -> ItemEnd:
+    return ItemEnd(
+        task_id,
+        state,
+        result,
+        [history_record(instance_id, entry, task_id) for entry in history],
+        guard_worker,
+        guard_hash,
+        from_state,
+    )
+
+
+async def end_fan_out_if_done(
     conn: AsyncConnection, process: Process, node: Node, instance_id: uuid.UUID, fan_out_id: uuid.UUID
 ) -> None:
     ended = await fan_out_store.end_if_done(conn, fan_out_id)
@@ -80,3 +124,22 @@ async def _end_fan_out_if_done(
         instance_id=instance_id, advance=moved, variables=written, preceding=[completed, *leaving]
     )
     await move_token(conn, move)
+
+
+class FanOutEnds:
+    """Ends the fan-outs whose last item ended without deciding it (its replica died between the item's
+    statement and the decision): a periodic duty, on every replica (the fan-out's lock keeps it once)."""
+
+    def __init__(self, engine: AsyncEngine, catalog: DefinitionCatalog) -> None:
+        self._engine = engine
+        self._catalog = catalog
+
+    async def round(self) -> int:
+        async with self._engine.connect() as conn:
+            unended = await fan_out_store.unended(conn)
+        for fan in unended:
+            definition = await self._catalog.get(fan.definition_id)
+            process = definition.process
+            async with self._engine.begin() as conn:
+                await end_fan_out_if_done(conn, process, process.node(fan.node_id), fan.instance_id, fan.id)
+        return len(unended)

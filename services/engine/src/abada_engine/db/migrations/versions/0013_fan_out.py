@@ -26,6 +26,8 @@ def upgrade() -> None:
         sa.Column("ended_at", sa.DateTime(timezone=True)),
     )
     op.create_index("fan_outs_instance", "fan_outs", ["instance_id"])
+    # The running ones: where the duty looking for an undecided end reads.
+    op.execute("CREATE INDEX fan_outs_running ON fan_outs (id) WHERE state = 'RUNNING'")
     # No foreign key: an item is found through its fan-out's id and index, never the other way round.
     op.add_column("tasks", sa.Column("fan_out_id", sa.Uuid))
     op.add_column("tasks", sa.Column("item_index", sa.Integer))
@@ -41,4 +43,5 @@ def downgrade() -> None:
     op.drop_column("tasks", "item_result")
     op.drop_column("tasks", "item_index")
     op.drop_column("tasks", "fan_out_id")
+    op.drop_index("fan_outs_running", table_name="fan_outs")
     op.drop_table("fan_outs")
