@@ -30,14 +30,21 @@ def _lock_fan_out_budget(task_id: uuid.UUID) -> Select[tuple[uuid.UUID | None, A
     )
 
 
+# Item by item (its tasks through the fan-out's index, each one's steps through the journal's key), so the
+# plan cannot become a scan of the whole journal however stale the statistics: the cost follows the
+# fan-out's own items and steps. (OFFSET 0 keeps the planner from flattening the per-item read into a
+# join it may then plan as a scan.)
 _FAN_OUT_SPEND = HandWritten(
     f"""
+    WITH items AS MATERIALIZED (SELECT id FROM tasks WHERE fan_out_id = CAST(:fan_out_id AS uuid))
     SELECT COALESCE(sum(s.input_tokens), 0) AS input_tokens, COALESCE(sum(s.output_tokens), 0) AS output_tokens,
            COALESCE(max(s.input_tokens * CAST(:input_usd AS float8) + s.output_tokens * CAST(:output_usd AS float8))
                     FILTER (WHERE s.state <> '{StepState.STARTED}'), 0) AS dearest_call_usd,
            count(*) FILTER (WHERE s.state = '{StepState.STARTED}' AND NOT s.abandoned) AS calls_in_flight
-    FROM tasks t JOIN journal_steps s ON s.task_id = t.id
-    WHERE t.fan_out_id = CAST(:fan_out_id AS uuid) AND s.kind = '{StepKind.MODEL_CALL}'
+    FROM items CROSS JOIN LATERAL (
+        SELECT input_tokens, output_tokens, state, abandoned FROM journal_steps
+        WHERE task_id = items.id AND kind = '{StepKind.MODEL_CALL}' OFFSET 0
+    ) s
     """
 )
 

@@ -233,6 +233,8 @@ class Budgets:
             )
 
     async def check(self, process: Process, node_id: str, task_id: uuid.UUID) -> None:
+        if process.max_cost_usd is None and Budgets.shared_by_items(process, node_id):
+            return  # only the fan-out's budget applies: `check_shared` reads what its items spent
         async with self._db.connect() as conn:
             spent = await quota_store.model_tokens_of_instance(conn, task_id)
         task_cost = sum(
