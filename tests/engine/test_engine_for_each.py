@@ -404,3 +404,30 @@ async def test_a_last_item_ended_by_a_replica_that_died_before_deciding_is_ended
     [total] = await fetch(engine, "w", "total", wait_ms=10_000)
     assert plain(total.variables)["prices"] == [7]
     assert (await history_types(engine, started.id)).count(("FAN_OUT_COMPLETED", "price")) == 1
+
+
+async def test_a_cancel_racing_the_last_items_ends_cleanly(engine) -> None:
+    await deploy(engine, LINES)
+    for n in range(5):
+        started = await start(engine, "lines", lines=lines(3), order=f"O-race-{n}")
+        offered = await drain(engine, "price-line")
+        assert len(offered) == 3
+
+        async def end(task: external_task_pb2.ExternalTask) -> str:
+            try:
+                await complete(engine, task, "w", {"price": 1})
+                return "completed"
+            except grpc.aio.AioRpcError as error:
+                # Withdrawn by the cancel first: refused as any withdrawn task is, nothing else.
+                assert error_info(error).reason == "TASK_NOT_LEASED", error.details()
+                return "refused"
+
+        cancel = engine.processes.CancelInstance(
+            process_pb2.CancelInstanceRequest(instance_id=started.id, reason="race")
+        )
+        outcomes = await asyncio.gather(cancel, *(end(task) for task in offered))
+        shown = await instance(engine, started.id)
+        assert shown.state == process_pb2.INSTANCE_STATE_CANCELED, outcomes
+        assert list(shown.active_node_ids) == []
+        assert shown.fan_outs[0].state in ("CANCELED", "COMPLETED")
+    assert await drain(engine, "total") == []

@@ -90,13 +90,15 @@ def test_the_keys_a_node_takes_are_the_model_fields_of_its_type(node_type: str) 
     keys = NODE_KEYS[node_type]
     assert {"id", "type"} <= keys
     fields_of_node = set(Node.__dataclass_fields__)
-    # A YAML key is either a field's own name or the duration it is parsed from.
+    # A YAML key is either a field's own name, the duration it is parsed from, or `as` (a Python
+    # keyword: the field is `item_variable`).
     assert {key.removesuffix("_seconds") for key in keys} <= fields_of_node | {
         "outage_budget",
         "approval_timeout",
         "duration",
         "timeout",
         "deadline",
+        "as",
     }
 
 

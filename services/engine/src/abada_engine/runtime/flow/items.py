@@ -107,11 +107,13 @@ def item_end(
 async def end_fan_out_if_done(
     conn: AsyncConnection, process: Process, node: Node, instance_id: uuid.UUID, fan_out_id: uuid.UUID
 ) -> None:
-    ended = await fan_out_store.end_if_done(conn, fan_out_id)
-    if ended is None:
-        return
+    # The instance first, then the fan-out: the order a cancel takes them in (it withdraws the items
+    # and ends the fan-out while holding the instance), so the two never wait on each other in a circle.
     instance = await instance_store.lock(conn, instance_id)
     if instance is None or instance.state != InstanceState.ACTIVE:
+        return
+    ended = await fan_out_store.end_if_done(conn, fan_out_id)
+    if ended is None:
         return
     written = {node.collect: ended.results} if node.collect else {}
     _, leaving, moved = leave_node(process, node, instance.variables, written)
