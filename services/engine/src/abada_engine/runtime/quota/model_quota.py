@@ -13,9 +13,9 @@ tokens), so it is where a provider's quota and a spend budget hold for every wor
   the instance its process's, is refused LIMIT_EXCEEDED naming the budget. Cost is the profile's
   prices times the journaled tokens. On a `for_each` node the node's budget is shared by all its
   items: the call that would pass it is refused, whichever item makes it. The fan-out's spend, its
-  calls in flight (each counted at the dearest call it has finished) and this call (at least that
-  much, or its estimated input if dearer) are weighed under the fan-out's lock, in the transaction
-  that journals the STARTED: items beginning calls at once cannot both pass.
+  calls in flight and this call (each counted at the dearest call it has finished, or at this call's
+  estimated input if dearer) are weighed under the fan-out's lock, in the transaction that journals
+  the STARTED: items beginning calls at once cannot both pass.
 """
 
 from __future__ import annotations
@@ -175,8 +175,10 @@ class Budgets:
         if spend is None:
             return  # not an item: the node's budget was checked for the task alone
         spent = price.cost_usd(spend.input_tokens, spend.output_tokens)
-        in_flight = spend.calls_in_flight * spend.dearest_call_usd
+        # A call is taken to cost what the dearest finished one did, or this call's estimated input if
+        # dearer (before any call has finished, that estimate is all there is to go on).
         this_call = max(spend.dearest_call_usd, price.cost_usd(max(estimated_tokens, 0), 0))
+        in_flight = spend.calls_in_flight * this_call
         if spent >= budget or spent + in_flight + this_call > budget:
             in_flight_text = (
                 f" and {spend.calls_in_flight} call(s) in flight (about ${in_flight:.6f})"
