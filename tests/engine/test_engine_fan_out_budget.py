@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2, incident_pb2
-from engine_helpers import append, deploy, error_info, fetch, history_types, journal, start
+from engine_helpers import append, deploy, error_info, fetch, history_types, journal, start, struct
 
 TOPIC = "abada:agent"
 # $0.10 an input token: a call journaling (2, 0) tokens costs $0.20.
@@ -178,3 +178,36 @@ async def test_a_node_budget_without_for_each_still_counts_its_own_task_alone(en
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await started(engine, task, 4)
         assert error_info(caught.value).metadata["scope"] == "node"
+
+
+async def test_an_items_own_limit_incident_is_not_the_budgets(engine) -> None:
+    """An item that failed on a limit of its own (an incident of the same type) neither absorbs the
+    budget's stop nor, retried, releases the items the budget stopped."""
+    instance_id, (own, spender, late) = await fan_out_of(engine, lines=3, items_at_once=3)
+    failed = await engine.tasks.Fail(
+        external_task_pb2.FailRequest(
+            task_id=own.id,
+            worker_id="w",
+            lease_token=own.lease_token,
+            error_code="LIMIT_EXCEEDED",
+            error_message="max_model_calls reached",
+            error_details=struct({"limit": "max_model_calls"}),
+            no_retry=True,
+        )
+    )
+    for sequence in (1, 2):
+        await started(engine, spender, sequence)
+        await finished(engine, spender, sequence)  # $0.40 spent
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await started(engine, late, 1)
+    assert refused_for_the_shared_budget(caught.value)
+
+    incidents = {i.task_id: i for i in await open_incidents(engine, instance_id)}
+    assert set(incidents) == {own.id, late.id}
+    assert incidents[own.id].id == failed.incident_id
+    await engine.incidents.ResolveIncident(
+        incident_pb2.ResolveIncidentRequest(
+            incident_id=failed.incident_id, resolution=incident_pb2.RESOLUTION_RETRY
+        )
+    )
+    assert [t.id for t in await fetch(engine, "w2", TOPIC, max_tasks=10)] == [own.id]

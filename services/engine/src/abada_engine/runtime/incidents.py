@@ -25,7 +25,7 @@ from abada_engine.runtime.flow.tokens import (
     write_history,
 )
 from abada_engine.runtime.instances import cancel_instance
-from abada_engine.runtime.quota.model_quota import LIMIT_EXCEEDED
+from abada_engine.runtime.quota.model_quota import stops_a_fan_out
 from abada_engine.runtime.views import IncidentView
 from abada_engine.store import fan_out_budget as fan_out_budget_store
 from abada_engine.store import incidents as incident_store
@@ -219,7 +219,7 @@ class Incidents:
         if row.task_id is not None and await task_store.offer_again(
             conn, row.task_id, retries_left=node.retries
         ):
-            if row.type == LIMIT_EXCEEDED:
+            if stops_a_fan_out(row.type, row.details):
                 # A fan-out's spent budget stopped other items beside this one: they go on with it.
                 for topic in await fan_out_budget_store.offer_held_items(conn, row.task_id, node.retries):
                     await task_store.announce_work(conn, topic)

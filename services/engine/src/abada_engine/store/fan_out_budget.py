@@ -101,6 +101,7 @@ _OPEN_INCIDENT_OF_FAN_OUT = HandWritten(
     SELECT i.id FROM incidents i JOIN tasks t ON t.id = i.task_id
     WHERE i.instance_id = CAST(:instance_id AS uuid) AND i.state = '{IncidentState.OPEN}'
       AND i.type = CAST(:type AS text) AND t.fan_out_id = CAST(:fan_out_id AS uuid)
+      AND i.details -> 'details' ->> 'scope' = CAST(:scope AS text)
     ORDER BY i.created_at LIMIT 1
     """
 )
@@ -138,11 +139,18 @@ async def hold_item(
 
 
 async def open_incident_of_fan_out(
-    conn: Executor, instance_id: uuid.UUID, fan_out_id: uuid.UUID, incident_type: str
+    conn: Executor, instance_id: uuid.UUID, fan_out_id: uuid.UUID, incident_type: str, scope: str
 ) -> uuid.UUID | None:
-    """The oldest open incident of this type on one of the fan-out's items."""
+    """The oldest open incident of this type on one of the fan-out's items, raised for a refusal of this
+    `scope` (an item's own limit raises incidents of the same type)."""
     row = await _OPEN_INCIDENT_OF_FAN_OUT.fetchrow(
-        conn, {"instance_id": str(instance_id), "fan_out_id": str(fan_out_id), "type": incident_type}
+        conn,
+        {
+            "instance_id": str(instance_id),
+            "fan_out_id": str(fan_out_id),
+            "type": incident_type,
+            "scope": scope,
+        },
     )
     return row.id if row is not None else None
 

@@ -25,6 +25,7 @@ import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada.engine.v1.incident_type_pb2 import IncidentType
@@ -49,6 +50,13 @@ log = logging.getLogger(__name__)
 LIMIT_EXCEEDED = type_name(IncidentType.INCIDENT_TYPE_LIMIT_EXCEEDED)
 # The refusal's `scope` when the budget is a fan-out's, shared by all its items.
 SHARED_SCOPE = "fan_out"
+
+
+def stops_a_fan_out(incident_type: str, details: dict[str, Any]) -> bool:
+    """The incident a fan-out's spent budget raised (others of its items may be stopped beside it)."""
+    inner = details.get("details")
+    return incident_type == LIMIT_EXCEEDED and isinstance(inner, dict) and inner.get("scope") == SHARED_SCOPE
+
 
 # What a call is taken to cost before it happens when the worker sent no estimate of its size.
 DEFAULT_ESTIMATED_TOKENS = 1_000
@@ -206,7 +214,7 @@ class Budgets:
             if held is None:
                 return  # the lease went meanwhile: whoever holds the item now meets the budget in turn
             incident_id = await fan_out_budget_store.open_incident_of_fan_out(
-                conn, held.instance_id, held.fan_out_id, LIMIT_EXCEEDED
+                conn, held.instance_id, held.fan_out_id, LIMIT_EXCEEDED, SHARED_SCOPE
             )
             if incident_id is None:
                 incident_id = await incident_store.raise_incident(
