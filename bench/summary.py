@@ -17,6 +17,7 @@ import os
 import sys
 
 import append_step
+import fan_out
 import http_append_step
 import many_in_flight
 import provider_outage
@@ -37,8 +38,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--instances", type=int, default=5000, help="task cycles: N")
     parser.add_argument("--in-flight", type=int, default=10_000, help="many in flight: the high level")
+    parser.add_argument(
+        "--fan-out-items", type=int, default=10_000, help="fan-out: items, and separate instances"
+    )
     args = parser.parse_args()
-    cycles, appends, flights, quotas, starts, stalls = [], [], [], [], [], []
+    cycles, appends, flights, quotas, starts, stalls, fans = [], [], [], [], [], [], []
     over_http: list[dict[str, float]] = []
     for run in range(1, args.runs + 1):
         print(f"== run {run} of {args.runs}")
@@ -57,6 +61,8 @@ def main() -> None:
         quota_admission.report(quotas[-1], 32)
         stalls.append(schema_stall.measure(6, 300))
         schema_stall.report(stalls[-1], 6)
+        fans.append(fan_out.measure(args.fan_out_items, 8, 8, 64))
+        fan_out.report(fans[-1], args.fan_out_items, 8, 8, 64)
         sys.stdout.flush()
 
     # Once, not per run: two stacks of real processes and two 30 s windows.
@@ -183,6 +189,19 @@ def main() -> None:
             f"alone {m(stalls, 'alone_p99') * 1000:.2f} ms (p50 {m(stalls, 'alone_p50') * 1000:.2f})",
             "< 100 ms",
             m(stalls, "p99") < 0.100,
+        ),
+        (
+            f"one instance fanning out to {args.fan_out_items:,} service items / {args.fan_out_items:,} "
+            "separate instances, 8 SDK workers (fan_out.py)",
+            f"{m(fans, 'fan_out_rate'):,.0f}/s vs {m(fans, 'single_rate'):,.0f}/s = {m(fans, 'ratio'):.2f}x",
+            ">= 0.8x",
+            m(fans, "ratio") >= 0.8,
+        ),
+        (
+            "  the last item's completion (the join) / single completions' p99",
+            f"{m(fans, 'last') * 1000:.2f} / {m(fans, 'single_p99') * 1000:.2f} ms = {m(fans, 'join_ratio'):.2f}x",
+            "<= 1.5x",
+            m(fans, "join_ratio") <= 1.5,
         ),
         (
             "100,000 timers due within 1 min, 2 replicas: p99 lateness (timers.py)",

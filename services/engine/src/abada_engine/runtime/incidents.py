@@ -26,7 +26,9 @@ from abada_engine.runtime.flow.tokens import (
     write_history,
 )
 from abada_engine.runtime.instances import cancel_instance
+from abada_engine.runtime.quota.model_quota import stops_a_fan_out
 from abada_engine.runtime.views import IncidentView
+from abada_engine.store import fan_out_budget as fan_out_budget_store
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
@@ -207,6 +209,10 @@ class Incidents:
         if row.task_id is not None and await task_store.offer_again(
             conn, row.task_id, retries_left=node.retries
         ):
+            if stops_a_fan_out(row.type, row.details):
+                # A fan-out's spent budget stopped other items beside this one: they go on with it.
+                for topic in await fan_out_budget_store.offer_held_items(conn, row.task_id, node.retries):
+                    await task_store.announce_work(conn, topic)
             return
 
         async def decide(tokens_elsewhere: int | None) -> TokenMove:

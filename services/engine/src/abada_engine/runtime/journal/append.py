@@ -7,8 +7,10 @@ can replay finished steps instead of paying for them again, and a write is never
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +27,7 @@ from abada_engine.runtime.crypto.sealing import Place, StepSealer
 from abada_engine.runtime.dependencies import Dependencies, dependency_key
 from abada_engine.runtime.journal.rules import StepRequest, binding_for, check_limits, check_shape
 from abada_engine.runtime.leases import hash_token, held_from_row
-from abada_engine.runtime.quota.model_quota import Budgets, ModelQuotas, cost_usd, has_quota
+from abada_engine.runtime.quota.model_quota import SHARED_SCOPE, Budgets, ModelQuotas, cost_usd, has_quota
 from abada_engine.runtime.views import StepView
 from abada_engine.store import approvals as approval_store
 from abada_engine.store import journal_steps as step_store
@@ -97,6 +99,8 @@ class Journal:
         profile, budgeted = await self._model_call_rules(step.task_id)
         if budgeted is not None:
             await self._budgets.check(*budgeted, step.task_id)
+            if Budgets.shared_by_items(*budgeted):
+                return await self._append_within_shared_budget(step, profile, budgeted, estimated)
         if not has_quota(profile):
             return await self._append(step)
         assert profile is not None
@@ -107,6 +111,45 @@ class Journal:
             if admitted_now:
                 await self._quotas.release(profile, step.task_id, step.sequence, step.attempt)
             raise
+
+    async def _append_within_shared_budget(
+        self, step: StepRequest, profile: ModelProfile | None, budgeted: tuple[Process, str], estimated: int
+    ) -> AppendResult:
+        """An item of a `for_each` whose node's max_cost_usd all its items share: the budget is decided
+        and the STARTED journaled in one transaction, holding the fan-out's budget lock, so items
+        beginning calls at once are decided one after the other, each seeing the calls begun before."""
+        try:
+            async with self._budgets.transaction() as conn:
+                await self._budgets.check_shared(conn, *budgeted, step.task_id, estimated)
+                return await self._admit_and_append(step, profile, estimated, conn)
+        except EngineError as refused:
+            if refused.metadata.get("scope") == SHARED_SCOPE:
+                await self._budgets.stop_item(step.task_id, step.worker_id, step.attempt, refused)
+            raise
+
+    async def _admit_and_append(
+        self, step: StepRequest, profile: ModelProfile | None, estimated: int, conn: Executor
+    ) -> AppendResult:
+        admitted_now = False
+        if profile is not None and has_quota(profile):
+            admitted_now = await self._quotas.admit(
+                profile, step.task_id, step.sequence, step.attempt, estimated
+            )
+        try:
+            return await self._append(step, conn)
+        except BaseException:
+            if admitted_now and profile is not None:
+                await self._quotas.release(profile, step.task_id, step.sequence, step.attempt)
+            raise
+
+    @contextlib.asynccontextmanager
+    async def _connection(self, executor: Executor | None) -> AsyncIterator[Executor]:
+        """The caller's connection (inside its transaction), else one of the hot path's."""
+        if executor is not None:
+            yield executor
+            return
+        async with self._hot.connect() as conn:
+            yield conn
 
     async def _prove_claim(self, step: StepRequest) -> bool:
         """Refuse a STARTED step unless its sender holds the live lease, for this attempt, at the next
@@ -133,13 +176,13 @@ class Journal:
             )
         return False
 
-    async def _append(self, step: StepRequest) -> AppendResult:
+    async def _append(self, step: StepRequest, executor: Executor | None = None) -> AppendResult:
         placed = self.handed_out.placement(step.task_id)
         if placed is not None:
-            direct = await self._append_directly(step, *placed)
+            direct = await self._append_directly(step, *placed, executor=executor)
             if direct is not None:
                 return direct
-        return await self._append_checked(step)
+        return await self._append_checked(step, executor)
 
     async def _hold_for_dependency(self, step: StepRequest) -> None:
         """A call about to start that would reach a dependency which is down is refused (unless this
@@ -197,7 +240,7 @@ class Journal:
         ]
 
     async def _append_directly(
-        self, step: StepRequest, definition_id: uuid.UUID, node_id: str
+        self, step: StepRequest, definition_id: uuid.UUID, node_id: str, *, executor: Executor | None = None
     ) -> AppendResult | None:
         definition = await self._catalog.get(definition_id)
         node = definition.process.node(node_id)
@@ -213,7 +256,7 @@ class Journal:
                 return None
         place = self._new_place(step)
         starts_first = step.kind == StepKind.MODEL_CALL or (binding is not None and binding.policy == "write")
-        async with self._hot.connect() as conn:
+        async with self._connection(executor) as conn:
             if step.state in FINISHED_STEP_STATES and starts_first:
                 if step.request is not None:
                     return None  # the request must be compared with the STARTED one: the careful path
@@ -247,14 +290,14 @@ class Journal:
             row = await step_store.step_at(conn, task_id, sequence)
         return self.sealer.open(row, "request") if row is not None else None
 
-    async def _append_checked(self, step: StepRequest) -> AppendResult:
+    async def _append_checked(self, step: StepRequest, executor: Executor | None = None) -> AppendResult:
         """One read of everything `append` decides on, then one write guarded by the lease.
 
         The sequence's primary key settles races: the loser re-reads and is answered as a re-send
         (identical step) or refused (SEQUENCE_CONFLICT).
         """
         for _ in range(3):
-            async with self._hot.connect() as conn:
+            async with self._connection(executor) as conn:
                 context = await step_store.append_context(conn, step.task_id, step.sequence)
                 # A finished step is kept from a holder whose lease ran out with nobody taking over.
                 held = _held_for_attempt(context, step, expired_ok=step.state in FINISHED_STEP_STATES)

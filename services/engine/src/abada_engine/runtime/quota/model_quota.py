@@ -11,29 +11,52 @@ tokens), so it is where a provider's quota and a spend budget hold for every wor
   FAILED) is journaled;
 - budgets: a call whose STARTED would begin once the task has spent its node's `max_cost_usd`, or
   the instance its process's, is refused LIMIT_EXCEEDED naming the budget. Cost is the profile's
-  prices times the journaled tokens.
+  prices times the journaled tokens. On a `for_each` node the node's budget is shared by all its
+  items: the call that would pass it is refused, whichever item makes it. The fan-out's spend, its
+  calls in flight and this call (each counted at the dearest call it has finished, or at this call's
+  estimated input if dearer) are weighed under the fan-out's lock, in the transaction that journals
+  the STARTED: items beginning calls at once cannot both pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from abada.engine.v1.error_reason_pb2 import ErrorReason
+from abada.engine.v1.incident_type_pb2 import IncidentType
 from abada_common.group_commit import GroupCommit
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine import metrics
 from abada_engine.db.database import autocommit
-from abada_engine.definitions.model import ModelProfile, Process
+from abada_engine.definitions.model import ModelProfile, Price, Process
 from abada_engine.errors import Category, EngineError
+from abada_engine.runtime.incident_types import type_name
 from abada_engine.runtime.quota.window import QUOTA_SPAN_SECONDS
+from abada_engine.store import fan_out_budget as fan_out_budget_store
+from abada_engine.store import history as history_store
+from abada_engine.store import incidents as incident_store
 from abada_engine.store import model_quotas as quota_store
 from abada_engine.store.hand_written import HotPath
+from abada_engine.store.history import HistoryRecord
 
 log = logging.getLogger(__name__)
+
+LIMIT_EXCEEDED = type_name(IncidentType.INCIDENT_TYPE_LIMIT_EXCEEDED)
+# The refusal's `scope` when the budget is a fan-out's, shared by all its items.
+SHARED_SCOPE = "fan_out"
+
+
+def stops_a_fan_out(incident_type: str, details: dict[str, Any]) -> bool:
+    """The incident a fan-out's spent budget raised (others of its items may be stopped beside it)."""
+    inner = details.get("details")
+    return incident_type == LIMIT_EXCEEDED and isinstance(inner, dict) and inner.get("scope") == SHARED_SCOPE
+
 
 # What a call is taken to cost before it happens when the worker sent no estimate of its size.
 DEFAULT_ESTIMATED_TOKENS = 1_000
@@ -127,13 +150,101 @@ class Budgets:
     """Spend budgets checked at a model call's STARTED: the node's per task, the process's per instance."""
 
     def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
         self._db = autocommit(engine)
 
     @staticmethod
     def applies(process: Process, node_id: str) -> bool:
         return process.max_cost_usd is not None or process.node(node_id).limits.max_cost_usd is not None
 
+    @staticmethod
+    def shared_by_items(process: Process, node_id: str) -> bool:
+        """The node runs `for_each` under a max_cost_usd: one budget for all its items together."""
+        node = process.node(node_id)
+        return node.fans_out and node.limits.max_cost_usd is not None
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        async with self._engine.begin() as conn:
+            yield conn
+
+    async def check_shared(
+        self, conn: AsyncConnection, process: Process, node_id: str, task_id: uuid.UUID, estimated_tokens: int
+    ) -> None:
+        """Inside the transaction that journals the call's STARTED: refuse the call that would take the
+        fan-out's items together past their node's max_cost_usd."""
+        budget = process.node(node_id).limits.max_cost_usd
+        assert budget is not None
+        profile = process.model_profile(node_id)
+        price = profile.price if profile is not None else Price()
+        spend = await fan_out_budget_store.lock_fan_out_spend(
+            conn, task_id, price.input_per_million_usd / 1e6, price.output_per_million_usd / 1e6
+        )
+        if spend is None:
+            return  # not an item: the node's budget was checked for the task alone
+        spent = price.cost_usd(spend.input_tokens, spend.output_tokens)
+        # A call is taken to cost what the dearest finished one did, or this call's estimated input if
+        # dearer (before any call has finished, that estimate is all there is to go on).
+        this_call = max(spend.dearest_call_usd, price.cost_usd(max(estimated_tokens, 0), 0))
+        in_flight = spend.calls_in_flight * this_call
+        if spent >= budget or spent + in_flight + this_call > budget:
+            in_flight_text = (
+                f" and {spend.calls_in_flight} call(s) in flight (about ${in_flight:.6f})"
+                if spend.calls_in_flight
+                else ""
+            )
+            raise _over_budget(
+                profile=profile,
+                message=f"model calls of this node's items have cost ${spent:.6f}{in_flight_text}; this call "
+                f"(about ${this_call:.6f}) would pass the node's max_cost_usd ${budget:g}, shared by all items",
+                spent=spent,
+                budget=budget,
+                scope=SHARED_SCOPE,
+                extra={"fan_out_id": str(spend.fan_out_id), "calls_in_flight": str(spend.calls_in_flight)},
+            )
+
+    async def stop_item(self, task_id: uuid.UUID, worker_id: str, attempt: int, refused: EngineError) -> None:
+        """After an item's call was refused for the fan-out's shared budget: the item stops, held, and the
+        fan-out's one LIMIT_EXCEEDED incident holds it (raised by the first item stopped; those stopped
+        after it are held beside it, and go back to the queue when it is retried)."""
+        error = {"code": LIMIT_EXCEEDED, "message": refused.message, "details": refused.metadata}
+        async with self._engine.begin() as conn:
+            await fan_out_budget_store.lock_fan_out_spend(conn, task_id, 0.0, 0.0)  # one stop at a time
+            held = await fan_out_budget_store.hold_item(conn, task_id, worker_id, attempt, error)
+            if held is None:
+                return  # the lease went meanwhile: whoever holds the item now meets the budget in turn
+            incident_id = await fan_out_budget_store.open_incident_of_fan_out(
+                conn, held.instance_id, held.fan_out_id, LIMIT_EXCEEDED, SHARED_SCOPE
+            )
+            if incident_id is None:
+                incident_id = await incident_store.raise_incident(
+                    conn,
+                    instance_id=held.instance_id,
+                    node_id=held.node_id,
+                    type_=LIMIT_EXCEEDED,
+                    message=refused.message,
+                    details=error,
+                    task_id=task_id,
+                )
+                entry = ("INCIDENT_RAISED", {"incident_id": str(incident_id), "type": LIMIT_EXCEEDED})
+            else:
+                entry = ("ITEM_STOPPED", {"incident_id": str(incident_id), "reason": refused.message})
+            await history_store.append(
+                conn,
+                [
+                    HistoryRecord(
+                        held.instance_id,
+                        entry[0],
+                        held.node_id,
+                        task_id,
+                        {**entry[1], "message": refused.message},
+                    )
+                ],
+            )
+
     async def check(self, process: Process, node_id: str, task_id: uuid.UUID) -> None:
+        if process.max_cost_usd is None and Budgets.shared_by_items(process, node_id):
+            return  # only the fan-out's budget applies: `check_shared` reads what its items spent
         async with self._db.connect() as conn:
             spent = await quota_store.model_tokens_of_instance(conn, task_id)
         task_cost = sum(
@@ -144,7 +255,10 @@ class Budgets:
         instance_cost = sum(
             cost_usd(process.model_profile(row.node_id), row.input_tokens, row.output_tokens) for row in spent
         )
-        node_budget = process.node(node_id).limits.max_cost_usd
+        # A budget all of a fan-out's items share is weighed apart (`check_shared`).
+        node_budget = (
+            None if Budgets.shared_by_items(process, node_id) else process.node(node_id).limits.max_cost_usd
+        )
         if node_budget is not None and task_cost >= node_budget:
             raise _over_budget(
                 profile=process.model_profile(node_id),
@@ -166,7 +280,13 @@ class Budgets:
 
 
 def _over_budget(
-    *, profile: ModelProfile | None, message: str, spent: float, budget: float, scope: str
+    *,
+    profile: ModelProfile | None,
+    message: str,
+    spent: float,
+    budget: float,
+    scope: str,
+    extra: dict[str, str] | None = None,
 ) -> EngineError:
     metrics.MODEL_CALLS_REFUSED.labels(profile.name if profile else "", "max_cost_usd").inc()
     return EngineError(
@@ -179,5 +299,6 @@ def _over_budget(
             "scope": scope,
             "spent_usd": f"{spent:.6f}",
             "max_cost_usd": f"{budget:g}",
+            **(extra or {}),
         },
     )
