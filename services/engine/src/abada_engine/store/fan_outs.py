@@ -56,13 +56,15 @@ FINISH_ITEMS = HandWritten(
         RETURNING m.n, t.id AS task_id, t.instance_id, t.fan_out_id, t.item_index
     ),
     fan AS (
-        SELECT fan_out_id, count(*) AS ended FROM finished GROUP BY fan_out_id
+        SELECT fan_out_id, count(*) AS ended, max(item_index) AS after FROM finished GROUP BY fan_out_id
     ),
     picked AS (
+        -- Items are offered in index order, so every PENDING item comes after every item that ended:
+        -- the scan starts past the ended ones instead of walking the dead index entries they left.
         SELECT nx.id, fan.fan_out_id FROM fan CROSS JOIN LATERAL (
             SELECT p.id FROM tasks p
-            WHERE p.fan_out_id = fan.fan_out_id AND p.state = '{TaskState.PENDING}'
-              AND p.state IN {_OPEN}
+            WHERE p.fan_out_id = fan.fan_out_id AND p.item_index > fan.after
+              AND p.state = '{TaskState.PENDING}' AND p.state IN {_OPEN}
             ORDER BY p.item_index
             LIMIT fan.ended
             FOR UPDATE SKIP LOCKED

@@ -16,7 +16,7 @@ from abada_engine.db.schema import journal_steps
 
 from .hand_written import Executor, HandWritten, typed
 from .states import StepKind, StepState, TaskState
-from .tasks import LeaseRow
+from .tasks import LEASED_INSTANCE_VARIABLES, LeaseRow
 
 
 @dataclass(slots=True)
@@ -85,9 +85,9 @@ STEP_AT = HandWritten(
 APPEND_CONTEXT = HandWritten(
     f"""
     SELECT t.id, t.instance_id, t.node_id, t.state, t.attempt, t.retries_left, t.lease_owner, t.lease_token_hash,
-           t.lease_expires_at, t.lease_expires_at > now() AS live, i.definition_id, i.variables,
-           i.state AS instance_state, i.xmin::text AS instance_xmin, i.parent_task_id IS NOT NULL AS called,
-           agg.steps, agg.model_calls, agg.tool_calls, agg.tokens,
+           t.lease_expires_at, t.lease_expires_at > now() AS live, i.definition_id,
+           {LEASED_INSTANCE_VARIABLES} AS variables, i.state AS instance_state, i.xmin::text AS instance_xmin,
+           i.parent_task_id IS NOT NULL AS called, agg.steps, agg.model_calls, agg.tool_calls, agg.tokens,
            s.sequence AS taken_sequence, s.attempt AS step_attempt, s.kind, s.state AS step_state, s.tool_ref,
            s.key_id, s.aad_version, s.request_digest, s.response_digest, s.input_tokens, s.output_tokens, s.abandoned
     FROM tasks t
