@@ -177,9 +177,10 @@ async def test_a_skipped_item_is_null_in_collect_with_its_reason_in_the_history(
 
 async def test_a_slow_item_holds_its_own_place_only_and_the_others_keep_every_place_busy(engine) -> None:
     await deploy(engine, LINES)
-    started = await start(engine, "lenient", lines=lines(5))
+    started = await start(engine, "lenient", lines=lines(5), order="O-9")
     slow, quick = await drain(engine, "lenient-line")
-    assert plain(slow.variables)["line"]["sku"] == "S-0"
+    # Without `inputs`, an item sees the instance's variables and its item, but not the whole list.
+    assert plain(slow.variables) == {"line": {"sku": "S-0"}, "order": "O-9"}
     # Items 2, 3 and 4 each take the place the previous quick one left, while item 0 runs on; never
     # more than max_concurrency (2) offered at once.
     for index in (2, 3, 4):

@@ -244,9 +244,15 @@ def _fan_out(
         assert node.next is not None
         return node.next
     payloads: list[dict[str, Any]] = []
+    shared = variables
+    if node.inputs is None:
+        # Without `inputs` each item carries a copy of the instance's variables: all but the list it
+        # iterates, which would make n copies of n items.
+        iterated = _bare_reference(node.for_each or "")
+        shared = {name: value for name, value in variables.items() if name != iterated}
     for index, item in enumerate(items):
         try:
-            payload = task_payload(node, {**variables, node.item_variable: item})
+            payload = task_payload(node, {**shared, node.item_variable: item})
         except ExpressionError as error:
             result.incident = IncidentToRaise(
                 node.id, INPUT_MISSING, f"item {index} of {node.id!r}: {error}", {"item_index": index}
@@ -256,6 +262,16 @@ def _fan_out(
             payload["context"] = context
         payloads.append(payload)
     result.fan_out = FanOutToStart(node, kind, node.topic, node.retries, payloads)
+    return None
+
+
+def _bare_reference(template: str) -> str | None:
+    """The variable a template names when it is nothing but `${name}`, else None."""
+    inner = template.strip()
+    if inner.startswith("${") and inner.endswith("}"):
+        name = inner[2:-1].strip()
+        if name.isidentifier():
+            return name
     return None
 
 
