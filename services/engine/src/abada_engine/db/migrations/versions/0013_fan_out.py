@@ -9,10 +9,12 @@ from sqlalchemy.dialects.postgresql import JSONB
 revision = "0013"
 down_revision = "0012"
 
-# The open task states (store/states.py's OPEN_TASK_STATES, as this revision knew them).
-_OPEN_ITEM = (
-    "fan_out_id IS NOT NULL AND state IN "
-    "('READY', 'LEASED', 'WAITING', 'INCIDENT', 'AWAITING_APPROVAL', 'PARKED', 'PENDING')"
+# A fan-out's open items, in index order: where an item's end finds the next PENDING one and where
+# the last ends count what is still open, without reading the items already ended. The open task
+# states are store/states.py's OPEN_TASK_STATES, as this revision knew them.
+_OPEN_ITEMS_INDEX = (
+    "CREATE INDEX tasks_fan_out_open ON tasks (fan_out_id, item_index) WHERE fan_out_id IS NOT NULL "
+    "AND state IN ('READY', 'LEASED', 'WAITING', 'INCIDENT', 'AWAITING_APPROVAL', 'PARKED', 'PENDING')"
 )
 
 
@@ -41,9 +43,7 @@ def upgrade() -> None:
     op.execute(
         "CREATE UNIQUE INDEX tasks_fan_out_items ON tasks (fan_out_id, item_index) WHERE fan_out_id IS NOT NULL"
     )
-    # A fan-out's open items, in index order: where an item's end finds the next PENDING one and where
-    # the last ends count what is still open, without reading the items already ended.
-    op.execute(f"CREATE INDEX tasks_fan_out_open ON tasks (fan_out_id, item_index) WHERE {_OPEN_ITEM}")
+    op.execute(_OPEN_ITEMS_INDEX)
 
 
 def downgrade() -> None:
