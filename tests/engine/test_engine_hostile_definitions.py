@@ -208,8 +208,10 @@ async def test_a_big_bundle_is_parsed_off_the_event_loop(engine):
         began = time.monotonic()
         await _refusal(engine, big)
         took = time.monotonic() - began
-    # On the event loop the longest gap would be the whole parse, most of `took`.
-    assert heartbeat.longest_gap < min(LONGEST_ACCEPTABLE_STALL_SECONDS, took / 3), (
+    # On the event loop the longest gap would be the whole parse, most of `took`; off it, the loop
+    # still waits its turns for the interpreter beside the parsing thread, longer on a loaded machine
+    # (a third of `took` was passed once under the suite's other process), never most of it.
+    assert heartbeat.longest_gap < min(LONGEST_ACCEPTABLE_STALL_SECONDS, took / 2), (
         heartbeat.longest_gap,
         took,
     )
