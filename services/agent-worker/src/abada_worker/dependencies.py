@@ -124,17 +124,22 @@ class _ProcessView:
 
     def __init__(self) -> None:
         self._down_since: dict[Dependency, float] = {}
+        self._back_since: dict[Dependency, float] = {}
 
-    def failed(self, dependency: Dependency, message: str) -> None:
-        if dependency not in self._down_since:
-            self._down_since[dependency] = time.monotonic()
-            log.warning("dependency down", extra={"dependency": str(dependency), "error": message})
+    def failed(self, dependency: Dependency, message: str, sent_at: float) -> None:
+        """A call sent at `sent_at` failed; one sent before the dependency was last seen back is the
+        outage already over answering late, not a new one."""
+        if dependency in self._down_since or sent_at < self._back_since.get(dependency, -1.0):
+            return
+        self._down_since[dependency] = time.monotonic()
+        log.warning("dependency down", extra={"dependency": str(dependency), "error": message})
 
     def answered(self, dependency: Dependency, sent_at: float) -> None:
         """A call sent at `sent_at` got through; one sent before the outage was seen proves nothing."""
         down_since = self._down_since.get(dependency)
         if down_since is not None and sent_at >= down_since:
             del self._down_since[dependency]
+            self._back_since[dependency] = time.monotonic()
             log.warning("dependency back", extra={"dependency": str(dependency)})
 
     def is_down(self, dependency: Dependency) -> bool:
@@ -143,6 +148,7 @@ class _ProcessView:
     def forget(self, dependency: Dependency) -> None:
         """The engine says the dependency is up (another worker's call got through)."""
         if self._down_since.pop(dependency, None) is not None:
+            self._back_since[dependency] = time.monotonic()
             log.warning("dependency back", extra={"dependency": str(dependency), "by": "engine"})
 
 
@@ -174,11 +180,11 @@ class DependencyWatch:
         needs = tuple(needs)
         while True:
             try:
-                self._hold_if_known_down(needs)
                 sent_at = time.monotonic()
+                self._hold_if_known_down(needs)
                 result = await attempt()
             except DependencyDown as down:
-                verdict = await self._reported(down, wait_in_place=True)
+                verdict = await self._reported(down, wait_in_place=True, sent_at=sent_at)
                 if down.not_called and not verdict.probe:
                     # Told to ask again though not the probe: the dependency is up for the engine.
                     PROCESS_VIEW.forget(down.dependency)
@@ -198,7 +204,7 @@ class DependencyWatch:
     async def stop_for(self, down: DependencyDown) -> NoReturn:
         """A failure the attempt cannot wait out in place (a tool session broke in the middle of a
         turn): reported, and the task parked until the dependency answers. Always raises."""
-        verdict = await self._reported(down, wait_in_place=False)
+        verdict = await self._reported(down, wait_in_place=False, sent_at=time.monotonic())
         # (A call that was never made is asked again in place by `call`; should one reach here, the
         # engine may answer WAIT: the attempt still ends, and its lease lapses for the next worker.)
         self._stop(down, verdict)
@@ -213,9 +219,9 @@ class DependencyWatch:
         self._unconfirmed.discard(dependency)
         self._log.info("reported the dependency up", extra={"dependency": str(dependency)})
 
-    async def _reported(self, down: DependencyDown, *, wait_in_place: bool) -> Verdict:
+    async def _reported(self, down: DependencyDown, *, wait_in_place: bool, sent_at: float) -> Verdict:
         if not down.not_called:
-            PROCESS_VIEW.failed(down.dependency, down.message)
+            PROCESS_VIEW.failed(down.dependency, down.message, sent_at)
         verdict = await self._report(down.dependency, up=False, failure=down, wait_in_place=wait_in_place)
         if verdict.probe or not down.not_called:
             self._unconfirmed.add(down.dependency)
