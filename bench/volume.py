@@ -315,8 +315,10 @@ async def append_steps(engine: EngineProcess, tasks: int = 8, pairs: int = 25) -
     return {"append_rate": len(latencies) / elapsed, "append_p50": percentile(latencies, 0.5)}
 
 
-async def lists(engine: EngineProcess, url: str) -> dict[str, float]:
-    """With ACTIVE instances open: the listing figures, and a walk of every instance by page tokens."""
+async def lists(engine: EngineProcess, url: str, label: str) -> dict[str, float]:
+    """With ACTIVE instances open: the listing figures, and a walk of every instance by page tokens.
+    The active instances' business keys carry `label`, so the lookup finds one instance at 0 and at N
+    alike (the filled `order-N` keys exist only at N: looking one up would compare no answer with one)."""
     async with engine.channel() as channel:
         processes = process_pb2_grpc.ProcessServiceStub(channel)
         active = [
@@ -324,7 +326,7 @@ async def lists(engine: EngineProcess, url: str) -> dict[str, float]:
                 await processes.StartInstance(
                     process_pb2.StartInstanceRequest(
                         process_id="bench",
-                        business_key=f"active-{n}",
+                        business_key=f"active-{label}-{n}",
                         # The first is the searched customer's: the search finds one at 0 too.
                         variables=_customer_variables(4242 if n == 0 else n),
                     )
@@ -338,7 +340,7 @@ async def lists(engine: EngineProcess, url: str) -> dict[str, float]:
 
         active_page = await _timed(listing(state=process_pb2.INSTANCE_STATE_ACTIVE), 100)
         process_page = await _timed(listing(process_id="bench"), 100)
-        keyed = await _timed(listing(business_key="order-4242"), 100)
+        keyed = await _timed(listing(business_key=f"active-{label}-42"), 100)
         searched = process_pb2.VariableEquals(
             name="customerId", value=struct_pb2.Value(string_value=SEARCHED_CUSTOMER)
         )
@@ -406,12 +408,12 @@ def _customer_variables(n: int) -> struct_pb2.Struct:
     return variables
 
 
-async def probe(engine: EngineProcess, url: str, total_cycles: int) -> dict[str, float]:
+async def probe(engine: EngineProcess, url: str, total_cycles: int, label: str) -> dict[str, float]:
     figures = await starts(engine, 2000)
     await task_cycle.run_workers(engine, 2000, 8, 16)
     figures.update(await queue_after_cycles(engine, url, total_cycles))
     figures.update(await append_steps(engine))
-    figures.update(await lists(engine, url))
+    figures.update(await lists(engine, url, label))
     return figures
 
 
@@ -429,7 +431,7 @@ def measure(volume: int, total_cycles: int) -> dict[str, dict[str, float]]:
     with scratch_database() as url, engine_process(url, {"ABADA_RETENTION_ROUND_SECONDS": "0"}) as engine:
         asyncio.run(_deploy(engine))
         print(f"-- at 0: {total_cycles:,} task cycles and the rest", flush=True)
-        empty = asyncio.run(probe(engine, url, total_cycles))
+        empty = asyncio.run(probe(engine, url, total_cycles, "empty"))
         print(f"-- filling {volume:,} finished instances", flush=True)
         filled = asyncio.run(fill(url, volume))
         print(
@@ -437,7 +439,7 @@ def measure(volume: int, total_cycles: int) -> dict[str, dict[str, float]]:
             flush=True,
         )
         print(f"-- at {volume:,}: the same again", flush=True)
-        full = asyncio.run(probe(engine, url, total_cycles))
+        full = asyncio.run(probe(engine, url, total_cycles, "full"))
         full.update(filled)
     return {"empty": empty, "full": full}
 
