@@ -4,10 +4,8 @@ transaction that journals its finished step; corrections in counter rows of thei
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import sqlalchemy as sa
+from abada_engine.db.migrations.earlier_revisions import constant_from
 from alembic import op
 
 revision = "0004"
@@ -221,16 +219,6 @@ $$;
 """
 
 
-def _one_call_function() -> str:
-    """Migration 0002's one-call function, for a downgrade to put back."""
-    path = pathlib.Path(__file__).with_name("0002_model_quotas.py")
-    spec = importlib.util.spec_from_file_location("abada_migration_0002", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return str(module.ADMIT_FUNCTION)
-
-
 def upgrade() -> None:
     op.execute(SETTLE_TRIGGER)
     op.execute(SETTLE_ON_FINISH)
@@ -243,7 +231,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute(_one_call_function())
+    # Migration 0002's one-call function, back as that revision wrote it.
+    op.execute(constant_from("0002_model_quotas.py", "ADMIT_FUNCTION"))
     op.execute("DROP FUNCTION abada_admit_model_calls")
     op.execute("DROP TRIGGER journal_steps_settle_model_call ON journal_steps")
     op.execute("DROP FUNCTION abada_settle_model_call")

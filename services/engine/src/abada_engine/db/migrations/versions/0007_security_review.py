@@ -9,9 +9,7 @@ now answers with the reason `already_admitted`, and only a fresh admission is ev
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
+from abada_engine.db.migrations.earlier_revisions import constant_from
 from alembic import op
 
 revision = "0007"
@@ -26,12 +24,7 @@ _RESENT_AS_RESENT = (
 
 def _batch_function() -> str:
     """Migration 0004's admission function, as `CREATE OR REPLACE`."""
-    path = pathlib.Path(__file__).with_name("0004_model_quota_batches.py")
-    spec = importlib.util.spec_from_file_location("abada_migration_0004", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    text = str(module.ADMIT_BATCH_FUNCTION)
+    text = constant_from("0004_model_quota_batches.py", "ADMIT_BATCH_FUNCTION")
     assert text.count(_RESENT_AS_NEW) == 1
     return text.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
 
