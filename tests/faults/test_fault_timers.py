@@ -1,9 +1,13 @@
 """Due times survive the engine: a timer set before a SIGKILL fires once, on time, after the restart;
-two engine replicas on one database fire 10,000 timers due within the same 10 s each exactly once."""
+two engine replicas on one database fire 10,000 timers due within the same 10 s each exactly once; the
+due-time process, killed, is replaced and its timers fire once, and it never outlives its engine."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import pathlib
+import signal
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -122,3 +126,81 @@ async def test_two_replicas_fire_ten_thousand_timers_each_exactly_once(tmp_path,
     finally:
         first.service.stop()
         second.service.stop()
+
+
+def _due_time_processes(parent: int | None = None) -> list[int]:
+    """The pids of running due-time processes (`abada-engine fire-due-times`), of `parent` if given."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = pathlib.Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            stat = pathlib.Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # The parent pid is the 2nd field after the command name, which is in parentheses.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if b"fire-due-times" in argv and (parent is None or ppid == parent):
+            found.append(int(entry))
+    return found
+
+
+async def test_a_killed_due_time_process_is_replaced_and_its_timers_fire_once_on_time(
+    tmp_path, shared_database
+):
+    credentials = tmp_path / "credentials.yaml"
+    credentials.write_text("{}\n")
+    engine = engine_service(tmp_path, shared_database, credentials)
+    await engine.start()
+    assert engine.service.process is not None
+    serving = engine.service.process.pid
+    try:
+        [child] = await wait_for(lambda: _due_time_processes(serving), "the due-time process", timeout=10)
+        # Below the serving process in CPU priority (once started): the calls come first when the CPU is short.
+        await wait_for(
+            lambda: os.getpriority(os.PRIO_PROCESS, child) - os.getpriority(os.PRIO_PROCESS, serving) == 10,
+            "the due-time process niced 10 below its engine",
+            timeout=10,
+        )
+        async with engine.channel() as channel:
+            await deploy(channel, TIMERS)
+            stub = process_pb2_grpc.ProcessServiceStub(channel)
+            ids = [
+                (
+                    await stub.StartInstance(process_pb2.StartInstanceRequest(process_id="pause"), timeout=10)
+                ).instance.id
+                for _ in range(5)
+            ]
+        os.kill(child, signal.SIGKILL)
+        await wait_for(
+            lambda: [pid for pid in _due_time_processes(serving) if pid != child],
+            "another due-time process",
+            timeout=10,
+        )
+        await wait_for(
+            lambda: _all_completed(shared_database, len(ids)), "every timer fired", timeout=15, interval=0.2
+        )
+        rows = await _fired(shared_database)
+        assert sorted(str(r["id"]) for r in rows) == sorted(ids)
+        for row in rows:
+            assert row["fired"] == 1
+            assert timedelta(0) <= row["fired_at"] - row["due_at"] < timedelta(seconds=1)
+    finally:
+        engine.service.stop()
+    assert _due_time_processes(serving) == [], "a stopped engine left its due-time process running"
+
+
+async def test_an_engine_killed_outright_leaves_no_due_time_process_behind(tmp_path, shared_database):
+    credentials = tmp_path / "credentials.yaml"
+    credentials.write_text("{}\n")
+    engine = engine_service(tmp_path, shared_database, credentials)
+    await engine.start()
+    assert engine.service.process is not None
+    serving = engine.service.process.pid
+    try:
+        [child] = await wait_for(lambda: _due_time_processes(serving), "the due-time process", timeout=10)
+        engine.kill()
+        await wait_for(lambda: child not in _due_time_processes(), "the orphan leaving", timeout=10)
+    finally:
+        engine.service.stop()

@@ -113,6 +113,21 @@ class EngineSettings(ServiceSettings):
     deploy_credentials_file: pathlib.Path | None = variable(
         "ABADA_DEPLOY_CREDENTIALS_FILE", None, "or deploy-time credentials from a YAML file name: value"
     )
+    # Firing due times is background work in bursts: in a process of its own, at a lower CPU priority,
+    # it leaves the serving process's event loop and the CPU to the calls (`due_time_process.py`).
+    due_time_process: bool = variable(
+        "ABADA_DUE_TIME_PROCESS",
+        True,
+        "fire timers, timeouts and deadlines and match buffered messages in a child process (0: in this one)",
+        accepts="1 or 0",
+    )
+    due_time_process_niceness: int = variable(
+        "ABADA_DUE_TIME_PROCESS_NICENESS",
+        10,
+        "how much lower the due-time process's CPU priority is than the serving process's (nice)",
+        ge=0,
+        le=19,
+    )
     # Any replica may run the retention job (one at a time); 0 leaves it to the others.
     retention_round_seconds: float = variable(
         "ABADA_RETENTION_ROUND_SECONDS",

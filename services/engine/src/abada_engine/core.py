@@ -17,7 +17,7 @@ from abada_engine.runtime.approvals import APPROVAL_TIMEOUT, Approvals
 from abada_engine.runtime.background.handed_out import HandedOut
 from abada_engine.runtime.background.periodic import Periodic
 from abada_engine.runtime.background.queue_upkeep import QueueUpkeep
-from abada_engine.runtime.background.timer_clock import Nudged, TimerClock
+from abada_engine.runtime.background.timer_clock import Nudged, TimerClock, waiting_on_the_world
 from abada_engine.runtime.background.wakeups import TaskWakeups
 from abada_engine.runtime.batches import Batches
 from abada_engine.runtime.completion import Completions
@@ -31,11 +31,9 @@ from abada_engine.runtime.leases import TAKEOVER_GRACE_SECONDS, Leases
 from abada_engine.runtime.repairs import Repairs
 from abada_engine.runtime.retention import Retention
 from abada_engine.runtime.views import IncidentView
-from abada_engine.runtime.waits import FIRE_BATCH, Waits
+from abada_engine.runtime.waits import Waits
 from abada_engine.store.dependencies import DEPENDENCY_CHANNEL
 from abada_engine.store.hand_written import HotPath
-from abada_engine.store.messages import RECEIVE_CHANNEL
-from abada_engine.store.timers import TIMER_CHANNEL
 
 
 class _Stoppable(Protocol):
@@ -70,11 +68,12 @@ class EngineCore:
     outage_budget_rounds: Periodic
     # Vacuums the queue's hot tables past a fixed number of dead rows (runtime/background/queue_upkeep.py).
     queue_upkeep: Periodic
-    # Due times and messages (runtime/waits.py): the clock that fires them, the matcher of buffered
-    # messages, and the round that forgets expired ones.
+    # Due times and messages (runtime/waits.py): the clock that fires them and the matcher of buffered
+    # messages (None where a due-time process of its own runs them: `due_time_process.py`), and the
+    # round that forgets expired ones.
     waits: Waits
-    timer_clock: TimerClock
-    message_matcher: Nudged
+    timer_clock: TimerClock | None
+    message_matcher: Nudged | None
     message_expiry: Periodic
     # Letting old data go (runtime/retention.py): purge and erasure, and the job deleting finished
     # instances past their retention, one replica at a time.
@@ -107,6 +106,7 @@ class EngineCore:
         timer_idle_seconds: float = 5.0,
         retention_round_seconds: float = 30.0,
         batch_round_seconds: float = 1.0,
+        fires_due_times: bool = True,
     ) -> EngineCore:
         catalog = DefinitionCatalog(db, contract_check)
         handed_out = HandedOut()
@@ -137,13 +137,14 @@ class EngineCore:
         wakeups = TaskWakeups(plain_url(database_url))
         wakeups.listen(DEPENDENCY_CHANNEL, dependencies.board.changed)
         waits = Waits(db, catalog)
-        timer_clock = TimerClock(waits.fire_due, waits.next_due, FIRE_BATCH, timer_idle_seconds)
-        message_matcher = Nudged("message matcher", waits.correlate_buffered, timer_idle_seconds, 100)
-        wakeups.listen(TIMER_CHANNEL, timer_clock.heard)
-        wakeups.listen(RECEIVE_CHANNEL, message_matcher.nudge)
+        timer_clock: TimerClock | None = None
+        message_matcher: Nudged | None = None
+        if fires_due_times:
+            timer_clock, message_matcher = waiting_on_the_world(waits, wakeups, timer_idle_seconds)
         await wakeups.start()
-        timer_clock.start()
-        message_matcher.start()
+        for loop in (timer_clock, message_matcher):
+            if loop is not None:
+                loop.start()
         message_expiry = Periodic("message expiry", waits.forget_expired, queue_upkeep_seconds)
         message_expiry.start()
         reaper = Periodic(
@@ -220,7 +221,7 @@ class EngineCore:
 
     async def close(self) -> None:
         # What runs in the background, in the order it stops in; the hot pool closes after it.
-        background: tuple[_Stoppable, ...] = (
+        background: tuple[_Stoppable | None, ...] = (
             self.fan_out_ends,
             self.batch_rounds,
             self.retention_rounds,
@@ -236,5 +237,6 @@ class EngineCore:
             self.wakeups,
         )
         for loop in background:
-            await loop.stop()
+            if loop is not None:
+                await loop.stop()
         await self.hot.close()

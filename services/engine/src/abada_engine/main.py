@@ -34,6 +34,7 @@ from .db.embedded import start_embedded_postgres
 from .db.migrate import migrate
 from .db.reachability import DatabaseUnreachable, require_database
 from .definitions.tool_contracts import McpContractCheck, credentials_from_env
+from .due_time_process import DUE_TIME_PROCESS, DueTimeProcess, fire_due_times
 from .runtime.crypto.keys import IdempotencyKeys, KeyRing, idempotency_from_env, journal_keys_from_env
 from .runtime.crypto.reseal import Resealer
 from .runtime.crypto.sealing import StepSealer
@@ -73,7 +74,12 @@ async def serve(settings: EngineSettings) -> None:
         hot_pool_size=max(2, settings.db_pool_size - cold),
         retention_round_seconds=settings.retention_round_seconds,
         batch_round_seconds=settings.batch_round_seconds,
+        fires_due_times=not settings.due_time_process,
     )
+    due_times = None
+    if settings.due_time_process and not settings.extra_process:
+        due_times = DueTimeProcess({**env, "ABADA_DATABASE_URL": url})
+        due_times.start()
     registry = CallerRegistry(_callers_file(settings))
     # The web console reaches this engine's gRPC API over a Unix socket in a private directory (0700):
     # no TLS client certificate to hand it, and nothing off this machine (or of another user) gets in.
@@ -122,6 +128,8 @@ async def serve(settings: EngineSettings) -> None:
         shutil.rmtree(console_dir, ignore_errors=True)
     for process in extra:
         await asyncio.to_thread(process.wait)
+    if due_times is not None:
+        await due_times.stop()
     await core.close()
     await db.dispose()
     del embedded
@@ -267,6 +275,8 @@ def main() -> None:
     commands = parser.add_subparsers(dest="command", metavar="{serve,migrate,reseal}")
     commands.add_parser("serve", help="serve the engine (the default)")
     commands.add_parser("migrate", help="apply the database migrations and stop")
+    # Started by `serve` (due_time_process.py), not by hand: so not listed among the commands.
+    commands.add_parser(DUE_TIME_PROCESS).add_argument("--parent", type=int, required=True)
     resealing = commands.add_parser(
         "reseal",
         help="seal every journal value at rest again under the first key of ABADA_JOURNAL_KEYS",
@@ -294,6 +304,13 @@ def main() -> None:
     configure_tracing("abada-engine")
     if args.command == "reseal":
         run(reseal(settings, args.dry_run, args.batch_size, args.force), settings.event_loop)
+        return
+    if args.command == DUE_TIME_PROCESS:
+        if not settings.database_url:
+            raise SystemExit(f"abada-engine {DUE_TIME_PROCESS}: ABADA_DATABASE_URL is not set")
+        with contextlib.suppress(KeyboardInterrupt):
+            due_times = fire_due_times(settings.database_url, args.parent, settings.due_time_process_niceness)
+            run(due_times, settings.event_loop)
         return
     with contextlib.suppress(KeyboardInterrupt):
         run(migrate_only(settings) if args.command == "migrate" else serve(settings), settings.event_loop)

@@ -15,7 +15,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from abada_engine.runtime.waits import FIRE_BATCH, Waits
+from abada_engine.store.messages import RECEIVE_CHANNEL
+from abada_engine.store.timers import TIMER_CHANNEL
+
 from .periodic import BackgroundLoop
+from .wakeups import TaskWakeups
 
 log = logging.getLogger(__name__)
 
@@ -102,3 +107,15 @@ class Nudged(BackgroundLoop):
                 raise
             except Exception:
                 log.exception("%s failed; trying again on the next nudge", self._name)
+
+
+def waiting_on_the_world(
+    waits: Waits, wakeups: TaskWakeups, idle_seconds: float
+) -> tuple[TimerClock, Nudged]:
+    """The two loops that fire due times and match buffered messages, each listening on its channel
+    (call before `wakeups.start()`); started by whichever process fires (`due_time_process.py`)."""
+    clock = TimerClock(waits.fire_due, waits.next_due, FIRE_BATCH, idle_seconds)
+    matcher = Nudged("message matcher", waits.correlate_buffered, idle_seconds, 100)
+    wakeups.listen(TIMER_CHANNEL, clock.heard)
+    wakeups.listen(RECEIVE_CHANNEL, matcher.nudge)
+    return clock, matcher
