@@ -378,28 +378,11 @@ class AsyncEngineClient:
         self,
         kind: Literal["retry-incidents", "cancel", "migrate", "modify"],
         process_id: str,
-        *,
-        reason: str = "",
-        to_version: int = 0,
-        mappings: dict[str, str] | None = None,
-        set_variables: dict[str, Any] | None = None,
-        unset_variables: Sequence[str] = (),
-        moves: Sequence[tuple[str, str]] = (),
-        **filters: Unpack[requests.BatchFilter],
+        **options: Unpack[requests.BatchOptions],
     ) -> batch_pb2.Batch:
-        """A batch applying `kind` to every instance of `process_id` matching `filters` (see
-        `requests.create_batch`); the engine works through it in the background."""
-        request = requests.create_batch(
-            kind,
-            process_id,
-            reason=reason,
-            to_version=to_version,
-            mappings=mappings,
-            set_variables=set_variables,
-            unset_variables=unset_variables,
-            moves=moves,
-            **filters,
-        )
+        """A batch applying `kind` to every instance of `process_id` matching the filter `options` give
+        (see `requests.create_batch`); the engine works through it in the background."""
+        request = requests.create_batch(kind, process_id, **options)
         created = await self.call(lambda: self.stubs.batches.CreateBatch, request)
         return created.batch
 

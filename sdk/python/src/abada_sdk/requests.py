@@ -66,6 +66,18 @@ class BatchFilter(TypedDict, total=False):
     incident_message: str
 
 
+class BatchOptions(BatchFilter, total=False):
+    """Everything `create_batch` takes besides the kind and the process: the filter, and what the kind
+    does to each instance."""
+
+    reason: str
+    to_version: int
+    mappings: dict[str, str] | None
+    set_variables: dict[str, Any] | None
+    unset_variables: Sequence[str]
+    moves: Sequence[tuple[str, str]]
+
+
 def start_instance(
     process_id: str, variables: dict[str, Any] | None = None, **options: Unpack[StartOptions]
 ) -> process_pb2.StartInstanceRequest:

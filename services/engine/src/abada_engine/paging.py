@@ -15,10 +15,10 @@ import hashlib
 import hmac
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from abada.engine.v1.error_reason_pb2 import ErrorReason
 
@@ -34,6 +34,16 @@ KeyPart = datetime | uuid.UUID | str | int
 _DIGEST_BYTES = 16
 
 Row = TypeVar("Row")
+
+
+class PageRequest(Protocol):
+    """What every list request carries to page: the size it asks for and the token of a previous page."""
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def page_token(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -143,6 +153,23 @@ class PageTokens:
         if len(found) <= page.size:
             return shown, ""
         return shown, self.next_token(page, len(found), sort_key(shown[-1]))
+
+    async def read(
+        self,
+        request: PageRequest,
+        listing_name: str,
+        key_types: Sequence[type],
+        fetch: Callable[[int, tuple[Any, ...] | None], Awaitable[Sequence[Row]]],
+        sort_key: Callable[[Row], Sequence[KeyPart]],
+        default_size: int = DEFAULT_PAGE_SIZE,
+        max_size: int = MAX_PAGE_SIZE,
+    ) -> tuple[Sequence[Row], str]:
+        """The page a request asks for, read by `fetch(limit, after_key)`, and the token of the next
+        page ("" on the last): the one way every list handler pages."""
+        page = self.page(
+            request.page_size, request.page_token, listing_name, key_types, default_size, max_size
+        )
+        return self.shown(page, await fetch(page.size + 1, page.after), sort_key)
 
 
 def _unpadded(data: bytes) -> str:

@@ -16,7 +16,7 @@ from abada_engine.store.states import ApprovalState
 
 from .convert import chosen, from_struct, parse_uuid, timestamp, to_struct
 from .errors import translates_errors
-from .guard import ServiceHandler, current_caller
+from .guard import ServiceHandler, caller_identity
 
 _STATES = {
     ApprovalState.PENDING: approval_pb2.APPROVAL_STATE_PENDING,
@@ -75,16 +75,15 @@ class ApprovalHandler(ServiceHandler, approval_pb2_grpc.ApprovalServiceServicer)
             tool_ref=request.tool_ref,
             state=_STATE_NAMES.get(request.state, ApprovalState.PENDING),
         )
-        page = self._pages.page(
-            request.page_size,
-            request.page_token,
+        shown, next_token = await self._pages.read(
+            request,
             listing("approvals", **asdict(which)),
             (datetime, uuid.UUID, int),
+            lambda limit, after: self._approvals.list(which, limit=limit, after_key=after),
+            lambda a: (a.created_at, a.task_id, a.sequence),
             default_size=MAX_LISTED,
             max_size=MAX_LISTED,
         )
-        found = await self._approvals.list(which, limit=page.size + 1, after_key=page.after)
-        shown, next_token = self._pages.shown(page, found, lambda a: (a.created_at, a.task_id, a.sequence))
         return approval_pb2.ListApprovalsResponse(
             approvals=[approval_message(a) for a in shown], next_page_token=next_token
         )
@@ -104,11 +103,10 @@ class ApprovalHandler(ServiceHandler, approval_pb2_grpc.ApprovalServiceServicer)
             "decision",
             "say APPROVAL_DECISION_APPROVE or APPROVAL_DECISION_REJECT",
         )
-        caller = current_caller.get()
         decided = await self._approvals.decide(
             parse_uuid(request.approval_id, "approval_id"),
             decision,
-            caller.identity if caller is not None else "anonymous",
+            caller_identity(unauthenticated="anonymous"),
             request.comment,
             from_struct(request.arguments) if request.HasField("arguments") else None,
         )

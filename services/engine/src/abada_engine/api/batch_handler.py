@@ -24,7 +24,7 @@ from .convert import (
     to_struct,
 )
 from .errors import translates_errors
-from .guard import ServiceHandler, current_caller
+from .guard import ServiceHandler, caller_identity
 
 _KINDS = {
     batch_pb2.BATCH_KIND_RETRY_INCIDENTS: BatchKind.RETRY_INCIDENTS,
@@ -71,13 +71,12 @@ class BatchHandler(ServiceHandler, batch_pb2_grpc.BatchServiceServicer):
             incident_type=storable_text(given.incident_type, "filter.incident_type"),
             incident_message=storable_text(given.incident_message, "filter.incident_message"),
         )
-        caller = current_caller.get()
         reason = storable_text(request.reason, "reason")
         created = await self._batches.create(
             kind,
             which,
             reason,
-            caller.identity if caller is not None else "",
+            caller_identity(),
             migration=_migration(request) if request.HasField("migration") else None,
             modification=_modification(request, reason) if request.HasField("modification") else None,
         )

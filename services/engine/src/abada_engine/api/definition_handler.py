@@ -13,7 +13,7 @@ from abada_engine.paging import PageTokens, listing
 from . import messages
 from .convert import parse_uuid
 from .errors import translates_errors
-from .guard import ServiceHandler, current_caller
+from .guard import ServiceHandler, caller_identity
 
 MAX_BUNDLE_BYTES = 4 * 1024 * 1024
 
@@ -37,10 +37,7 @@ class DefinitionHandler(ServiceHandler, definition_pb2_grpc.DefinitionServiceSer
                 "content",
                 f"the bundle is larger than {MAX_BUNDLE_BYTES} bytes",
             )
-        caller = current_caller.get()
-        result = await self._catalog.deploy(
-            request.content, request.source_name, caller.identity if caller is not None else ""
-        )
+        result = await self._catalog.deploy(request.content, request.source_name, caller_identity())
         return definition_pb2.DeployResponse(
             definitions=[messages.definition(d) for d in result.definitions],
             created_process_ids=result.created_process_ids,
@@ -60,14 +57,13 @@ class DefinitionHandler(ServiceHandler, definition_pb2_grpc.DefinitionServiceSer
     async def ListDefinitions(
         self, request: definition_pb2.ListDefinitionsRequest, context: grpc.aio.ServicerContext
     ) -> definition_pb2.ListDefinitionsResponse:
-        page = self._pages.page(
-            request.page_size,
-            request.page_token,
+        shown, next_token = await self._pages.read(
+            request,
             listing("definitions", process_id=request.process_id),
             (str, int),
+            lambda limit, after: self._catalog.list(request.process_id, limit=limit, after_key=after),
+            lambda d: (d.process_id, d.version),
         )
-        found = await self._catalog.list(request.process_id, limit=page.size + 1, after_key=page.after)
-        shown, next_token = self._pages.shown(page, found, lambda d: (d.process_id, d.version))
         return definition_pb2.ListDefinitionsResponse(
             definitions=[messages.definition(d) for d in shown], next_page_token=next_token
         )

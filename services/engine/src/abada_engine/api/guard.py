@@ -14,6 +14,14 @@ from abada_engine.errors import Category, EngineError
 
 current_caller: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("abada_caller", default=None)
 
+
+def caller_identity(unauthenticated: str = "") -> str:
+    """Who sent the current call, as recorded with what it changes; `unauthenticated` when the server
+    does not authenticate calls."""
+    caller = current_caller.get()
+    return caller.identity if caller is not None else unauthenticated
+
+
 # The role each service needs; the worker's own calls are narrowed further in the handlers.
 _SERVICE_ROLES = {
     "abada.engine.v1.DefinitionService": "operator",

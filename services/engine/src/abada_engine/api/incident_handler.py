@@ -45,9 +45,8 @@ class IncidentHandler(ServiceHandler, incident_pb2_grpc.IncidentServiceServicer)
             type=request.type,
             dependency=_dependency_filter(request),
         )
-        page = self._pages.page(
-            request.page_size,
-            request.page_token,
+        shown, next_token = await self._pages.read(
+            request,
             # instance_id as sent: a token stays bound to the request's own text, as it always was.
             listing(
                 "incidents",
@@ -57,11 +56,11 @@ class IncidentHandler(ServiceHandler, incident_pb2_grpc.IncidentServiceServicer)
                 dependency=which.dependency,
             ),
             (datetime, uuid.UUID),
+            lambda limit, after: self._incidents.list(which, limit=limit, after_key=after),
+            lambda i: (i.created_at, i.id),
             default_size=MAX_LISTED,
             max_size=MAX_LISTED,
         )
-        found = await self._incidents.list(which, limit=page.size + 1, after_key=page.after)
-        shown, next_token = self._pages.shown(page, found, lambda i: (i.created_at, i.id))
         return incident_pb2.ListIncidentsResponse(
             incidents=[messages.incident(i) for i in shown], next_page_token=next_token
         )

@@ -31,7 +31,7 @@ from .convert import (
     storable_text,
 )
 from .errors import translates_errors
-from .guard import ServiceHandler, current_caller
+from .guard import ServiceHandler, caller_identity, current_caller
 
 # A request id is the caller's own key for one start (a webhook's delivery id, a UUID).
 MAX_REQUEST_ID_CHARS = 200
@@ -125,9 +125,8 @@ class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
             if request.parent_instance_id
             else None
         )
-        page = self._pages.page(
-            request.page_size,
-            request.page_token,
+        shown, next_token = await self._pages.read(
+            request,
             listing(
                 "instances",
                 process_id=request.process_id,
@@ -141,20 +140,20 @@ class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
                 **({"parent_instance_id": request.parent_instance_id} if request.parent_instance_id else {}),
             ),
             (datetime, uuid.UUID),
+            lambda limit, after: self._instances.list(
+                request.process_id,
+                state,
+                request.business_key,
+                limit=limit,
+                after_key=after,
+                created_after=created_after,
+                created_before=created_before,
+                variables_holding=holding,
+                waiting_for=_WAITING_FOR.get(request.waiting_for),
+                parent_instance_id=parent,
+            ),
+            _key,
         )
-        found = await self._instances.list(
-            request.process_id,
-            state,
-            request.business_key,
-            limit=page.size + 1,
-            after_key=page.after,
-            created_after=created_after,
-            created_before=created_before,
-            variables_holding=holding,
-            waiting_for=_WAITING_FOR.get(request.waiting_for),
-            parent_instance_id=parent,
-        )
-        shown, next_token = self._pages.shown(page, found, _key)
         return process_pb2.ListInstancesResponse(
             instances=[messages.instance(i) for i in shown], next_page_token=next_token
         )
@@ -176,18 +175,17 @@ class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
     async def ListUserTasks(
         self, request: process_pb2.ListUserTasksRequest, context: grpc.aio.ServicerContext
     ) -> process_pb2.ListUserTasksResponse:
-        page = self._pages.page(
-            request.page_size,
-            request.page_token,
+        shown, next_token = await self._pages.read(
+            request,
             listing("user_tasks", instance_id=request.instance_id),
             (datetime, uuid.UUID),
+            lambda limit, after: self._instances.user_tasks(
+                optional_uuid(request.instance_id, "instance_id"), limit, after
+            ),
+            _key,
             default_size=MAX_LISTED,
             max_size=MAX_LISTED,
         )
-        found = await self._instances.user_tasks(
-            optional_uuid(request.instance_id, "instance_id"), page.size + 1, page.after
-        )
-        shown, next_token = self._pages.shown(page, found, _key)
         return process_pb2.ListUserTasksResponse(
             user_tasks=[messages.user_task(t) for t in shown], next_page_token=next_token
         )
@@ -224,7 +222,7 @@ class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
             _variables(request.variables, "variables"),
             ttl,
             storable_text(request.message_id, "message_id") or None,
-            caller.identity if caller is not None else "",
+            caller_identity(),
         )
         instance_id = published.correlated_instance_id
         return process_pb2.PublishMessageResponse(
@@ -257,12 +255,11 @@ class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
             raise invalid(
                 ErrorReason.INVALID_ARGUMENT, "business_key", "name the customer: a business key or variables"
             )
-        caller = current_caller.get()
         erased = await self._retention.erase(
             storable_text(request.business_key, "business_key"),
             holding,
             request.cancel_active,
-            caller.identity if caller is not None else "",
+            caller_identity(),
         )
         return process_pb2.EraseInstancesResponse(
             instances=erased.instances, canceled=erased.canceled, rows=erased.rows, erasure_id=erased.audit_id
@@ -281,7 +278,7 @@ class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
                 for m in request.moves
             ),
         )
-        await self._repairs.modify(instance_id, change, _caller_identity())
+        await self._repairs.modify(instance_id, change, caller_identity())
         return process_pb2.ModifyInstanceResponse(
             instance=messages.instance(await self._instances.get(instance_id))
         )
@@ -301,7 +298,7 @@ class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
             },
             [parse_uuid(i, "instance_ids") for i in request.instance_ids],
             request.dry_run,
-            _caller_identity(),
+            caller_identity(),
         )
         return process_pb2.MigrateInstancesResponse(
             plan=[
@@ -311,11 +308,6 @@ class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
             instances=migrated.instances,
             dry_run=migrated.dry_run,
         )
-
-
-def _caller_identity() -> str:
-    caller = current_caller.get()
-    return caller.identity if caller is not None else ""
 
 
 _WAITING_FOR = {

@@ -49,21 +49,17 @@ class QueueHandler(ServiceHandler, queue_pb2_grpc.QueueServiceServicer):
     async def ListTasks(
         self, request: queue_pb2.ListTasksRequest, context: grpc.aio.ServicerContext
     ) -> queue_pb2.ListTasksResponse:
-        page = self._pages.page(
-            request.page_size,
-            request.page_token,
+        shown, next_token = await self._pages.read(
+            request,
             listing("tasks", topic_name=request.topic_name, instance_id=request.instance_id),
             (datetime, uuid.UUID),
+            lambda limit, after: self._stats.open_tasks(
+                request.topic_name or None, optional_uuid(request.instance_id, "instance_id"), limit, after
+            ),
+            lambda t: (t.row.created_at, t.row.id),
             default_size=_DEFAULT_PAGE,
             max_size=MAX_LISTED_TASKS,
         )
-        found = await self._stats.open_tasks(
-            request.topic_name or None,
-            optional_uuid(request.instance_id, "instance_id"),
-            page.size + 1,
-            page.after,
-        )
-        shown, next_token = self._pages.shown(page, found, lambda t: (t.row.created_at, t.row.id))
         return queue_pb2.ListTasksResponse(tasks=[_queued(t) for t in shown], next_page_token=next_token)
 
     async def ListTopics(

@@ -920,6 +920,28 @@ def erase(
     _emit(ctx, response, views.erased(response))
 
 
+# The repairs of one instance (`modify`, `migrate`) and of a batch of them take the same options.
+_SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", metavar="NAME=VALUE", help="Set a variable (JSON value or text); repeatable."),
+]
+_UnsetOption = Annotated[
+    list[str] | None, typer.Option("--unset", metavar="NAME", help="Remove a variable; repeatable.")
+]
+_MoveOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--move",
+        metavar="FROM_NODE=TO_NODE",
+        help="Move the token at FROM_NODE to TO_NODE (its task is withdrawn); repeatable.",
+    ),
+]
+_MapOption = Annotated[
+    list[str] | None,
+    typer.Option("--map", metavar="OLD_NODE=NEW_NODE", help="A node renamed in the new version; repeatable."),
+]
+
+
 def _pairs(values: list[str] | None, option: str) -> list[tuple[str, str]]:
     """`FROM=TO` options as pairs, in order."""
     pairs = []
@@ -936,21 +958,9 @@ def modify(
     ctx: typer.Context,
     instance: Annotated[str, typer.Argument(help="The instance id.")],
     reason: Annotated[str, typer.Option(help="Why; kept in the history with each change.")],
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", metavar="NAME=VALUE", help="Set a variable (JSON value or text); repeatable."),
-    ] = None,
-    unset: Annotated[
-        list[str] | None, typer.Option("--unset", metavar="NAME", help="Remove a variable; repeatable.")
-    ] = None,
-    move: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--move",
-            metavar="FROM_NODE=TO_NODE",
-            help="Move the token at FROM_NODE to TO_NODE (its task is withdrawn); repeatable.",
-        ),
-    ] = None,
+    set_: _SetOption = None,
+    unset: _UnsetOption = None,
+    move: _MoveOption = None,
 ) -> None:
     """Repair a running instance: set or remove variables, move a token; each change is recorded in the
     history with your identity and the reason."""
@@ -969,12 +979,7 @@ def migrate(
         str, typer.Option("--from", metavar="PROCESS:VERSION", help="The process and version to leave.")
     ],
     to: Annotated[int, typer.Option("--to", help="The version to move to.")],
-    map_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--map", metavar="OLD_NODE=NEW_NODE", help="A node renamed in the new version; repeatable."
-        ),
-    ] = None,
+    map_: _MapOption = None,
     instance: Annotated[
         list[str] | None, typer.Option("--instance", help="Only this instance; repeatable.")
     ] = None,
@@ -1037,6 +1042,32 @@ _NodeOption = Annotated[
     str | None, typer.Option("--node", help="Only instances whose token rests at this node.")
 ]
 _BusinessKeyOption = Annotated[str | None, typer.Option(help="Only instances with this business key.")]
+_IncidentTypeOption = Annotated[
+    str | None, typer.Option("--type", help="Only instances with an open incident of this type.")
+]
+_BatchReasonOption = Annotated[
+    str | None, typer.Option(help="Why; kept in each instance's history (required).")
+]
+
+
+def _instance_filter(
+    version: int,
+    node: str | None,
+    business_key: str | None,
+    incident_type: str | None,
+    *,
+    state: str = "",
+    incident_message: str = "",
+) -> requests.BatchFilter:
+    """The filter options of the batch commands as the request's filter (an option not given: "")."""
+    return requests.BatchFilter(
+        version=version,
+        state=state,
+        node_id=node or "",
+        business_key=business_key or "",
+        incident_type=incident_type or "",
+        incident_message=incident_message,
+    )
 
 
 def _created(ctx: typer.Context, request: batch_pb2.CreateBatchRequest) -> None:
@@ -1072,11 +1103,7 @@ def batch_retry_incidents(
         requests.create_batch(
             "retry-incidents",
             process,
-            version=version,
-            node_id=node or "",
-            business_key=business_key or "",
-            incident_type=incident_type or "",
-            incident_message=message or "",
+            **_instance_filter(version, node, business_key, incident_type, incident_message=message or ""),
         ),
     )
 
@@ -1094,12 +1121,8 @@ def batch_cancel(
     version: _VersionOption = 0,
     node: _NodeOption = None,
     business_key: _BusinessKeyOption = None,
-    incident_type: Annotated[
-        str | None, typer.Option("--type", help="Only instances with an open incident of this type.")
-    ] = None,
-    reason: Annotated[
-        str | None, typer.Option(help="Why; kept in each instance's history (required).")
-    ] = None,
+    incident_type: _IncidentTypeOption = None,
+    reason: _BatchReasonOption = None,
     yes: Annotated[bool, typer.Option("--yes", help="Cancel without asking.")] = False,
 ) -> None:
     """Cancel every instance of --process matching the filter, as a batch; or, given BATCH, cancel that
@@ -1122,12 +1145,14 @@ def batch_cancel(
         requests.create_batch(
             "cancel",
             process,
-            version=version,
-            state=state.value.upper() if state is not None else "",
-            node_id=node or "",
-            business_key=business_key or "",
-            incident_type=incident_type or "",
             reason=reason,
+            **_instance_filter(
+                version,
+                node,
+                business_key,
+                incident_type,
+                state=state.value.upper() if state is not None else "",
+            ),
         ),
     )
 
@@ -1138,17 +1163,10 @@ def batch_migrate(
     process: _ProcessOption = None,
     version: Annotated[int, typer.Option(min=0, help="The version the instances leave (required).")] = 0,
     to: Annotated[int, typer.Option("--to", min=0, help="The version they move to (required).")] = 0,
-    map_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--map", metavar="OLD_NODE=NEW_NODE", help="A node renamed in the new version; repeatable."
-        ),
-    ] = None,
+    map_: _MapOption = None,
     node: _NodeOption = None,
     business_key: _BusinessKeyOption = None,
-    incident_type: Annotated[
-        str | None, typer.Option("--type", help="Only instances with an open incident of this type.")
-    ] = None,
+    incident_type: _IncidentTypeOption = None,
     yes: Annotated[bool, typer.Option("--yes", help="Migrate without asking.")] = False,
 ) -> None:
     """Move every active instance of --process --version matching the filter to version --to, as a
@@ -1162,12 +1180,9 @@ def batch_migrate(
         requests.create_batch(
             "migrate",
             process,
-            version=version,
-            node_id=node or "",
-            business_key=business_key or "",
-            incident_type=incident_type or "",
             to_version=to,
             mappings=dict(_pairs(map_, "--map")),
+            **_instance_filter(version, node, business_key, incident_type),
         ),
     )
 
@@ -1179,27 +1194,11 @@ def batch_modify(
     version: _VersionOption = 0,
     node: _NodeOption = None,
     business_key: _BusinessKeyOption = None,
-    incident_type: Annotated[
-        str | None, typer.Option("--type", help="Only instances with an open incident of this type.")
-    ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", metavar="NAME=VALUE", help="Set a variable (JSON value or text); repeatable."),
-    ] = None,
-    unset: Annotated[
-        list[str] | None, typer.Option("--unset", metavar="NAME", help="Remove a variable; repeatable.")
-    ] = None,
-    move: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--move",
-            metavar="FROM_NODE=TO_NODE",
-            help="Move the token at FROM_NODE to TO_NODE (its task is withdrawn); repeatable.",
-        ),
-    ] = None,
-    reason: Annotated[
-        str | None, typer.Option(help="Why; kept in each instance's history (required).")
-    ] = None,
+    incident_type: _IncidentTypeOption = None,
+    set_: _SetOption = None,
+    unset: _UnsetOption = None,
+    move: _MoveOption = None,
+    reason: _BatchReasonOption = None,
     yes: Annotated[bool, typer.Option("--yes", help="Modify without asking.")] = False,
 ) -> None:
     """Set or remove variables and move tokens of every active instance of --process matching the
@@ -1217,11 +1216,8 @@ def batch_modify(
         requests.create_batch(
             "modify",
             process,
-            version=version,
-            node_id=node or "",
-            business_key=business_key or "",
-            incident_type=incident_type or "",
             reason=reason,
+            **_instance_filter(version, node, business_key, incident_type),
             set_variables=variables(set_ or [], None, "--set"),
             unset_variables=unset or [],
             moves=_pairs(move, "--move"),

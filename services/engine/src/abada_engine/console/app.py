@@ -203,6 +203,12 @@ class Console:
         )
         return response
 
+    def refusal(
+        self, request: Request, status: int, session: Session | None, message: str, title: str = ""
+    ) -> HTMLResponse:
+        """The page saying what was refused and why (titled "Not allowed" unless `title`)."""
+        return self.render(request, "refused.html", status, session, message=message, title=title)
+
     def url(self, request: Request, path: str) -> str:
         return request.scope.get("root_path", "") + path
 
@@ -216,12 +222,8 @@ class Console:
             raise Refused(RedirectResponse(self.url(request, "/login"), status_code=303))
         if operator and not session.operator:
             raise Refused(
-                self.render(
-                    request,
-                    "refused.html",
-                    403,
-                    session,
-                    message="This page is for operators. Your token lets you decide approvals.",
+                self.refusal(
+                    request, 403, session, "This page is for operators. Your token lets you decide approvals."
                 )
             )
         return session
@@ -232,12 +234,11 @@ class Console:
         values = {k: v for k, v in data.items() if isinstance(v, str)}
         if not session.csrf_matches(values.get("csrf", "")):
             raise Refused(
-                self.render(
+                self.refusal(
                     request,
-                    "refused.html",
                     403,
                     session,
-                    message="The form was sent without its security token. Reload the page and try again.",
+                    "The form was sent without its security token. Reload the page and try again.",
                 )
             )
         return values
@@ -286,21 +287,18 @@ class Console:
                 return response
             except PermissionDenied as error:
                 session = self.sealer.open(request.cookies.get(COOKIE))
-                return self.render(request, "refused.html", 403, session, message=error.message)
+                return self.refusal(request, 403, session, error.message)
             except NotFound as error:
                 session = self.sealer.open(request.cookies.get(COOKIE))
-                return self.render(
-                    request, "refused.html", 404, session, message=error.message, title="Not found"
-                )
+                return self.refusal(request, 404, session, error.message, title="Not found")
             except AbadaError as error:
                 session = self.sealer.open(request.cookies.get(COOKIE))
                 log.warning("the engine refused a console call", extra={"reason": error.reason})
-                return self.render(
+                return self.refusal(
                     request,
-                    "refused.html",
                     502 if error.transient else 400,
                     session,
-                    message=f"{error.reason or error.code.name}: {error.message}",
+                    f"{error.reason or error.code.name}: {error.message}",
                     title="The engine said no",
                 )
 
@@ -429,13 +427,7 @@ class Console:
     async def instance(self, request: Request) -> Response:
         session = self.session(request, operator=True)
         instance_id = request.path_params["instance_id"]
-        instance = (
-            await self.call(
-                session,
-                lambda e: e.processes.GetInstance,
-                process_pb2.GetInstanceRequest(instance_id=instance_id),
-            )
-        ).instance
+        instance = await self._instance(session, instance_id)
         events = list(
             (
                 await self.call(
@@ -505,6 +497,14 @@ class Console:
             resolutions_for=resolutions_for,
             resolution_names=RESOLUTIONS,
         )
+
+    async def _instance(self, session: Session, instance_id: str) -> process_pb2.Instance:
+        reply = await self.call(
+            session,
+            lambda e: e.processes.GetInstance,
+            process_pb2.GetInstanceRequest(instance_id=instance_id),
+        )
+        return reply.instance
 
     async def _pending_approvals_of(
         self, session: Session, instance: process_pb2.Instance
@@ -660,11 +660,9 @@ class Console:
         back = values.get("back", "")
         back = back if back.startswith("/instances/") or back == "/incidents" else "/incidents"
         if resolution not in RESOLUTIONS:
-            raise Refused(self.render(request, "refused.html", 400, session, message="Choose a resolution."))
+            raise Refused(self.refusal(request, 400, session, "Choose a resolution."))
         if not comment:
-            raise Refused(
-                self.render(request, "refused.html", 400, session, message="Say why: the reason is recorded.")
-            )
+            raise Refused(self.refusal(request, 400, session, "Say why: the reason is recorded."))
         resolve = incident_pb2.ResolveIncidentRequest(
             incident_id=request.path_params["incident_id"],
             resolution=f"RESOLUTION_{resolution}",
@@ -675,14 +673,10 @@ class Console:
                 result = json.loads(values.get("result", "") or "{}")
             except json.JSONDecodeError as error:
                 raise Refused(
-                    self.render(
-                        request, "refused.html", 400, session, message=f"The result is not JSON: {error.msg}"
-                    )
+                    self.refusal(request, 400, session, f"The result is not JSON: {error.msg}")
                 ) from None
             if not isinstance(result, dict):
-                raise Refused(
-                    self.render(request, "refused.html", 400, session, message="The result is a JSON object.")
-                )
+                raise Refused(self.refusal(request, 400, session, "The result is a JSON object."))
             resolve.result.CopyFrom(to_struct(result))
         await self.call(session, lambda e: e.incidents.ResolveIncident, resolve)
         separator = "&" if "?" in back else "?"
@@ -709,13 +703,7 @@ class Console:
         """The variable a person's answer goes to and its schema: the node's own output schema, else
         that of the agent node whose doubtful answer the task reviews (on_invalid_output and
         on_low_confidence lead here), else any JSON object."""
-        instance = (
-            await self.call(
-                session,
-                lambda e: e.processes.GetInstance,
-                process_pb2.GetInstanceRequest(instance_id=task.instance_id),
-            )
-        ).instance
+        instance = await self._instance(session, task.instance_id)
         definition = (
             await self.call(
                 session,
@@ -746,14 +734,7 @@ class Console:
         task = next((t for t in listed if t.id == task_id), None)
         if task is None:
             raise Refused(
-                self.render(
-                    request,
-                    "refused.html",
-                    404,
-                    session,
-                    message="No such user task is waiting.",
-                    title="Not found",
-                )
+                self.refusal(request, 404, session, "No such user task is waiting.", title="Not found")
             )
         variable, schema = await self._user_task_schema(session, task)
         variables = from_struct(task.variables)
