@@ -466,18 +466,15 @@ class Completions:
             if node.fans_out and node.skips_failed_items:
                 reason = error_message or error_code or "the task failed"
                 skipped = HistoryEntry("ITEM_SKIPPED", node.id, {"reason": reason, "error": error})
-                await end_item(
-                    conn,
-                    self._catalog,
-                    definition.process,
-                    node,
+                end = item_end(
                     held.instance_id,
                     task_id,
-                    state=TaskState.SKIPPED,
-                    result=None,
-                    history=[records_entry, skipped],
+                    TaskState.SKIPPED,
+                    None,
+                    [records_entry, skipped],
                     from_state=TaskState.LEASED,
                 )
+                await end_item(conn, self._catalog, definition.process, node, held.instance_id, end)
                 return FailResult(False, None, None)
             await task_store.hold_as_incident(conn, task_id, last_error=error)
             incident_type = error_code if no_retry and error_code else FAILED_TASK

@@ -22,7 +22,7 @@ from abada_engine.definitions.schemas import input_problem
 from abada_engine.errors import Category, EngineError, invalid, not_found
 from abada_engine.ids import new_id
 from abada_engine.runtime.calls import answer_parent_of_canceled, creates_call, follow_calls
-from abada_engine.runtime.flow.items import end_item, item_result
+from abada_engine.runtime.flow.items import end_item, item_end, item_result
 from abada_engine.runtime.flow.navigator import (
     HistoryEntry,
     JoinNeedsTokens,
@@ -319,18 +319,16 @@ class Instances:
             node = definition.process.node(row.node_id)
             if node.fans_out:
                 # An item of a `for_each`: what the person wrote is the item's result, not the instance's.
-                await end_item(
-                    conn,
-                    self._catalog,
-                    definition.process,
-                    node,
+                completed = [HistoryEntry("USER_TASK_COMPLETED", node.id)]
+                end = item_end(
                     row.instance_id,
                     user_task_id,
-                    state=TaskState.COMPLETED,
-                    result=item_result(node, variables),
-                    history=[HistoryEntry("USER_TASK_COMPLETED", node.id)],
+                    TaskState.COMPLETED,
+                    item_result(node, variables),
+                    completed,
                     from_state=TaskState.WAITING,
                 )
+                await end_item(conn, self._catalog, definition.process, node, row.instance_id, end)
             else:
                 await self._leave_user_task(conn, row, node, definition.process, variables)
             instance_id = row.instance_id
