@@ -110,13 +110,13 @@ async def _start_child(
 async def _child_ended(conn: AsyncConnection, catalog: DefinitionCatalog, child: CalledInstance) -> None:
     """The child completed: its call task finishes and the parent's token moves on, with the child's
     variables under `result_variable` (or merged at the top level without one)."""
-    call = await task_store.lock_user_task(conn, child.parent_task_id)
+    call = await task_store.lock_task_and_instance(conn, child.parent_task_id)
     if call is None or call.state != TaskState.WAITING:
         return  # the parent moved on without it (cancelled, or an operator moved the token)
     definition = await catalog.get(call.definition_id)
     node = definition.process.node(call.node_id)
     written = {node.result_variable: child.variables} if node.result_variable else dict(child.variables)
-    await task_store.mark_user_task_completed(conn, call.id)
+    await task_store.mark_task_completed(conn, call.id)
     finished = HistoryEntry(
         "CALL_COMPLETED", node.id, {"child_instance_id": str(child.id), "process_id": child.process_id}
     )
@@ -149,7 +149,7 @@ async def answer_parent_of_canceled(conn: AsyncConnection, child_id: uuid.UUID) 
     if not called:
         return
     child = called[0]
-    call = await task_store.lock_user_task(conn, child.parent_task_id)
+    call = await task_store.lock_task_and_instance(conn, child.parent_task_id)
     if call is None or call.state != TaskState.WAITING:
         return  # the parent is cancelling it, or moved on
     await call_store.cancel_call_task(conn, call.id)

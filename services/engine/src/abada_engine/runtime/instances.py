@@ -58,7 +58,7 @@ from abada_engine.store.moves import (
     start_instances,
 )
 from abada_engine.store.states import InstanceState, TaskKind, TaskState
-from abada_engine.store.tasks import UserTaskRow
+from abada_engine.store.tasks import LockedTaskRow
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +305,7 @@ class Instances:
 
     async def complete_user_task(self, user_task_id: uuid.UUID, variables: dict[str, Any]) -> InstanceView:
         async with self._engine.begin() as conn:
-            row = await task_store.lock_user_task(conn, user_task_id)
+            row = await task_store.lock_task_and_instance(conn, user_task_id)
             if row is None or row.kind != TaskKind.USER:
                 raise not_found("user task", str(user_task_id), "user_task_id")
             if row.state != TaskState.WAITING:
@@ -335,11 +335,16 @@ class Instances:
         return await self.get(instance_id)
 
     async def _leave_user_task(
-        self, conn: AsyncConnection, row: UserTaskRow, node: Node, process: Process, variables: dict[str, Any]
+        self,
+        conn: AsyncConnection,
+        row: LockedTaskRow,
+        node: Node,
+        process: Process,
+        variables: dict[str, Any],
     ) -> None:
         """A user task done: the token moves on with what the person wrote."""
         user_task_id = row.id
-        await task_store.mark_user_task_completed(conn, user_task_id)
+        await task_store.mark_task_completed(conn, user_task_id)
 
         async def decide(tokens_elsewhere: int | None) -> TokenMove:
             _, leaving, moved = await asyncio.to_thread(

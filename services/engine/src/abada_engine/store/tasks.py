@@ -533,7 +533,10 @@ async def cancel_open_tasks(
 
 
 @dataclass(slots=True)
-class UserTaskRow:
+class LockedTaskRow:
+    """A task waiting on something other than a worker (a person, a called process), with what its
+    instance knows; both rows locked."""
+
     id: uuid.UUID
     instance_id: uuid.UUID
     node_id: str
@@ -543,8 +546,9 @@ class UserTaskRow:
     variables: dict[str, Any]
 
 
-async def lock_user_task(conn: AsyncConnection, task_id: uuid.UUID) -> UserTaskRow | None:
-    """The task and its instance, both locked; None if there is no such task."""
+async def lock_task_and_instance(conn: AsyncConnection, task_id: uuid.UUID) -> LockedTaskRow | None:
+    """The task and its instance, both locked; None if there is no such task. A user task about to be
+    completed by a person, or a call activity's task about to end with its called instance."""
     row = (
         await conn.execute(
             select(
@@ -561,10 +565,11 @@ async def lock_user_task(conn: AsyncConnection, task_id: uuid.UUID) -> UserTaskR
             .with_for_update(of=[tasks, instances])
         )
     ).one_or_none()
-    return typed(UserTaskRow, row._mapping) if row is not None else None
+    return typed(LockedTaskRow, row._mapping) if row is not None else None
 
 
-async def mark_user_task_completed(conn: AsyncConnection, task_id: uuid.UUID) -> None:
+async def mark_task_completed(conn: AsyncConnection, task_id: uuid.UUID) -> None:
+    """A task no worker holds (a user task, a call activity's) ends COMPLETED."""
     await conn.execute(
         update(tasks).where(tasks.c.id == task_id).values(state=TaskState.COMPLETED, completed_at=func.now())
     )
