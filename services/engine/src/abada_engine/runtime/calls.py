@@ -27,9 +27,9 @@ from abada_engine.runtime.flow.tokens import (
     start_move,
     write_history,
 )
+from abada_engine.runtime.held import raise_recorded_incident
 from abada_engine.runtime.incident_types import CALLED_INSTANCE_ENDED
 from abada_engine.store import calls as call_store
-from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.calls import CalledInstance
 from abada_engine.store.moves import (
@@ -162,20 +162,16 @@ async def answer_parent_of_canceled(conn: AsyncConnection, child_id: uuid.UUID) 
         "version": child.version,
         "state": child.state,
     }
-    incident_id = await incident_store.raise_incident(
+    await raise_recorded_incident(
         conn,
         instance_id=call.instance_id,
         node_id=call.node_id,
         type_=CALLED_INSTANCE_ENDED,
         message=message,
         details=details,
+        # The call's task is cancelled, so the incident names none; the history still says which.
+        history_task_id=call.id,
     )
-    raised = HistoryEntry(
-        "INCIDENT_RAISED",
-        call.node_id,
-        {"incident_id": str(incident_id), "type": CALLED_INSTANCE_ENDED, "message": message},
-    )
-    await write_history(conn, [history_record(call.instance_id, raised, call.id)])
 
 
 __all__ = ["answer_parent_of_canceled", "creates_call", "follow_calls"]

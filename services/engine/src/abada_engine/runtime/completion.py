@@ -58,10 +58,10 @@ from abada_engine.runtime.flow.tokens import (
     move_through_join,
     write_history,
 )
+from abada_engine.runtime.held import hold_for_a_person
 from abada_engine.runtime.incident_types import FAILED_TASK, reserved_for_the_engine
 from abada_engine.runtime.leases import hash_token, hold_lease
 from abada_engine.runtime.offload import run_cpu_check, run_cpu_work
-from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.fan_outs import FinishedItem, ItemEnd, finish_items, open_items
 from abada_engine.store.hand_written import HotPath
@@ -476,32 +476,21 @@ class Completions:
                 )
                 await end_item(conn, self._catalog, definition.process, node, held.instance_id, end)
                 return FailResult(False, None, None)
-            await task_store.hold_as_incident(conn, task_id, last_error=error)
             incident_type = error_code if no_retry and error_code else FAILED_TASK
             message = error_message or "the task failed"
             if not no_retry:
                 message = f"no retries left: {message}"
-            incident_id = await incident_store.raise_incident(
+            incident_id = await hold_for_a_person(
                 conn,
+                task_id=task_id,
                 instance_id=held.instance_id,
                 node_id=node.id,
                 type_=incident_type,
                 message=message,
                 details=error,
-                task_id=task_id,
+                last_error=error,
+                preceding=records,
             )
-            records.append(
-                history_record(
-                    held.instance_id,
-                    HistoryEntry(
-                        "INCIDENT_RAISED",
-                        node.id,
-                        {"incident_id": str(incident_id), "type": incident_type, "message": message},
-                    ),
-                    task_id,
-                )
-            )
-            await write_history(conn, records)
             return FailResult(False, None, incident_id)
 
     async def _wait_out(

@@ -8,6 +8,7 @@ three writes together, in the caller's transaction.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -31,13 +32,42 @@ async def hold_for_a_person(
     last_error: dict[str, Any] | None = None,
     give_back_attempt: bool = False,
     noted: dict[str, Any] | None = None,
-    preceding: tuple[HistoryRecord, ...] = (),
+    preceding: Sequence[HistoryRecord] = (),
 ) -> uuid.UUID:
     """Holds the task as an incident of `type_` and writes `preceding` then INCIDENT_RAISED (with what
     `noted` adds) to the history; returns the incident's id."""
     await task_store.hold_as_incident(
         conn, task_id, last_error=last_error, give_back_attempt=give_back_attempt
     )
+    return await raise_recorded_incident(
+        conn,
+        instance_id=instance_id,
+        node_id=node_id,
+        type_=type_,
+        message=message,
+        details=details,
+        task_id=task_id,
+        noted=noted,
+        preceding=preceding,
+    )
+
+
+async def raise_recorded_incident(
+    conn: AsyncConnection,
+    *,
+    instance_id: uuid.UUID,
+    node_id: str,
+    type_: str,
+    message: str,
+    details: dict[str, Any],
+    task_id: uuid.UUID | None = None,
+    history_task_id: uuid.UUID | None = None,
+    noted: dict[str, Any] | None = None,
+    preceding: Sequence[HistoryRecord] = (),
+) -> uuid.UUID:
+    """Raises an incident of `type_` (on `task_id`, if any) and writes `preceding` then INCIDENT_RAISED
+    (with what `noted` adds) to the history, in one statement each; the history line names
+    `history_task_id`, else `task_id`. Returns the incident's id."""
     incident_id = await incident_store.raise_incident(
         conn,
         instance_id=instance_id,
@@ -52,5 +82,6 @@ async def hold_for_a_person(
         node_id,
         {"incident_id": str(incident_id), "type": type_, "message": message, **(noted or {})},
     )
-    await write_history(conn, [*preceding, history_record(instance_id, raised, task_id)])
+    recorded = history_record(instance_id, raised, history_task_id or task_id)
+    await write_history(conn, [*preceding, recorded])
     return incident_id
