@@ -63,7 +63,7 @@ from abada_engine.runtime.incident_types import FAILED_TASK, reserved_for_the_en
 from abada_engine.runtime.leases import hash_token, hold_lease
 from abada_engine.runtime.offload import run_cpu_check, run_cpu_work
 from abada_engine.store import tasks as task_store
-from abada_engine.store.fan_outs import FinishedItem, ItemEnd, finish_items, open_items
+from abada_engine.store.fan_outs import finish_items, open_items
 from abada_engine.store.hand_written import HotPath
 from abada_engine.store.moves import TokenMove, move_tokens
 from abada_engine.store.states import TaskState
@@ -139,7 +139,7 @@ class Completions:
         # next, in one statement (each under its own lease guard, answered on its own).
         self._moves = GroupCommit(self._move_many, each_alone_on_failure=True)
         # The ends of `for_each` items that arrive together go in one statement as well.
-        self._item_ends = GroupCommit(self._end_items, each_alone_on_failure=True)
+        self._item_ends = GroupCommit(self._hot.batch_statement(finish_items), each_alone_on_failure=True)
         # The fan-outs whose end this replica is deciding, with when each decision began.
         self._deciding: dict[uuid.UUID, float] = {}
         self._rng = random.Random()
@@ -228,10 +228,6 @@ class Completions:
         fan-out's, decided under its lock."""
         async with self._hot.connect() as conn:
             return await open_items(conn, fan_out_id) == 0
-
-    async def _end_items(self, ends: Sequence[ItemEnd]) -> list[FinishedItem | None]:
-        async with self._hot.connect() as conn:
-            return await finish_items(conn, list(ends))
 
     async def _judge_and_move(
         self,

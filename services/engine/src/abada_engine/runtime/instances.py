@@ -6,7 +6,6 @@ import asyncio
 import builtins  # builtins.list: annotations after the class's own `list` method, which shadows it
 import logging
 import uuid
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -103,11 +102,9 @@ class Instances:
         self._hot = hot if hot is not None else HotPath(engine)
         self._catalog = catalog
         # Starts arriving together share one statement and one commit; one that fails is tried alone.
-        self._starts = GroupCommit(self._write_starts, max_batch=64, each_alone_on_failure=True)
-
-    async def _write_starts(self, starts: Sequence[StartToWrite]) -> list[datetime | None]:
-        async with self._hot.connect() as conn:
-            return await start_instances(conn, list(starts))
+        self._starts = GroupCommit(
+            self._hot.batch_statement(start_instances), max_batch=64, each_alone_on_failure=True
+        )
 
     async def start(
         self,
