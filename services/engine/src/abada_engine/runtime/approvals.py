@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.schemas import input_problem
-from abada_engine.errors import Category, EngineError, invalid, not_found, precondition
+from abada_engine.errors import invalid, not_found, precondition
 from abada_engine.runtime.calls import follow_calls
 from abada_engine.runtime.crypto.sealing import Place, StepSealer
 from abada_engine.runtime.flow.navigator import HistoryEntry, advance
@@ -439,10 +439,9 @@ def _check_decidable(row: ListedApproval) -> None:
         )
     if row.state != ApprovalState.PENDING:
         when = row.decided_at.isoformat() if row.decided_at else "earlier"
-        raise EngineError(
-            Category.FAILED_PRECONDITION,
+        raise precondition(
             ErrorReason.APPROVAL_ALREADY_DECIDED,
             f"approval {row.id} was already {row.state.lower()} by {row.decided_by or 'someone'} at {when}",
-            field="approval_id",
+            "approval_id",
             metadata={"state": row.state, "decided_by": row.decided_by or ""},
         )

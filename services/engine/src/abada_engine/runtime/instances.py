@@ -18,7 +18,7 @@ from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.model import Node, Process
 from abada_engine.definitions.schemas import input_problem
-from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.errors import Category, EngineError, invalid, not_active, not_found, precondition
 from abada_engine.ids import new_id
 from abada_engine.runtime.calls import answer_parent_of_canceled, creates_call, follow_calls
 from abada_engine.runtime.flow.items import end_item, item_end, item_result
@@ -306,11 +306,10 @@ class Instances:
             if row is None or row.kind != TaskKind.USER:
                 raise not_found("user task", str(user_task_id), "user_task_id")
             if row.state != TaskState.WAITING:
-                raise EngineError(
-                    Category.FAILED_PRECONDITION,
+                raise precondition(
                     ErrorReason.TASK_NOT_WAITING,
                     f"user task {user_task_id} is {row.state.lower()}",
-                    field="user_task_id",
+                    "user_task_id",
                 )
             definition = await self._catalog.get(row.definition_id)
             node = definition.process.node(row.node_id)
@@ -392,12 +391,7 @@ async def cancel_instance(conn: AsyncConnection, instance_id: uuid.UUID, reason:
     if instance is None:
         raise not_found("instance", str(instance_id), "instance_id")
     if instance.state != InstanceState.ACTIVE:
-        raise EngineError(
-            Category.FAILED_PRECONDITION,
-            ErrorReason.INSTANCE_NOT_ACTIVE,
-            f"instance {instance_id} is {instance.state.lower()}",
-            field="instance_id",
-        )
+        raise not_active(instance_id, instance.state)
     await withdraw_tokens(conn, instance_id, f"the instance was cancelled: {reason}")
     await instance_store.mark_canceled(conn, instance_id)
     await write_history(

@@ -17,7 +17,7 @@ from abada.engine.v1.error_reason_pb2 import ErrorReason
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
-from abada_engine.errors import Category, EngineError, invalid
+from abada_engine.errors import EngineError, invalid, precondition
 from abada_engine.metrics import count_deleted
 from abada_engine.runtime.batch_after_batch import batch_after_batch
 from abada_engine.runtime.instances import cancel_instance
@@ -201,8 +201,7 @@ class Retention:
             )
         named = ", ".join(str(m.id) for m in first)
         more = f" and {active - len(first)} more" if active > len(first) else ""
-        raise EngineError(
-            Category.FAILED_PRECONDITION,
+        raise precondition(
             ErrorReason.INSTANCES_ACTIVE,
             f"{active} matching instance(s) are active: {named}{more}; cancel them first "
             "(cancel_active) or wait for them to end",
