@@ -19,7 +19,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.ids import new_id
-from abada_engine.runtime.flow.navigator import HistoryEntry, JoinNeedsTokens, advance, leave_node
+from abada_engine.runtime.flow.navigator import (
+    HistoryEntry,
+    IncidentToRaise,
+    JoinNeedsTokens,
+    advance,
+    leave_node,
+)
 from abada_engine.runtime.flow.tokens import (
     advance_move,
     history_record,
@@ -162,16 +168,9 @@ async def answer_parent_of_canceled(conn: AsyncConnection, child_id: uuid.UUID) 
         "version": child.version,
         "state": child.state,
     }
-    await raise_recorded_incident(
-        conn,
-        instance_id=call.instance_id,
-        node_id=call.node_id,
-        type_=CALLED_INSTANCE_ENDED,
-        message=message,
-        details=details,
-        # The call's task is cancelled, so the incident names none; the history still says which.
-        history_task_id=call.id,
-    )
+    ended = IncidentToRaise(call.node_id, CALLED_INSTANCE_ENDED, message, details)
+    # The call's task is cancelled, so the incident names none; the history still says which.
+    await raise_recorded_incident(conn, call.instance_id, ended, history_task_id=call.id)
 
 
 __all__ = ["answer_parent_of_canceled", "creates_call", "follow_calls"]

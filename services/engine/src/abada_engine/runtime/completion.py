@@ -476,16 +476,9 @@ class Completions:
             message = error_message or "the task failed"
             if not no_retry:
                 message = f"no retries left: {message}"
+            failed = IncidentToRaise(node.id, incident_type, message, error, task_id)
             incident_id = await hold_for_a_person(
-                conn,
-                task_id=task_id,
-                instance_id=held.instance_id,
-                node_id=node.id,
-                type_=incident_type,
-                message=message,
-                details=error,
-                last_error=error,
-                preceding=records,
+                conn, held.instance_id, failed, last_error=error, preceding=records
             )
             return FailResult(False, None, incident_id)
 

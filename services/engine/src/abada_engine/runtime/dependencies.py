@@ -35,7 +35,7 @@ from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import Definition, DefinitionCatalog
 from abada_engine.definitions.model import Node
 from abada_engine.errors import Category, EngineError, invalid, precondition
-from abada_engine.runtime.flow.navigator import HistoryEntry
+from abada_engine.runtime.flow.navigator import HistoryEntry, IncidentToRaise
 from abada_engine.runtime.flow.tokens import history_record, write_history
 from abada_engine.runtime.held import hold_for_a_person
 from abada_engine.runtime.incident_types import DEPENDENCY_UNAVAILABLE
@@ -486,12 +486,8 @@ async def raise_unavailable(
     message = f"{kind.replace('_', ' ')} {name!r} has been unavailable for {_duration(waited)}, past the node's outage_budget"
     return await hold_for_a_person(
         conn,
-        task_id=task_id,
-        instance_id=instance_id,
-        node_id=node_id,
-        type_=DEPENDENCY_UNAVAILABLE,
-        message=message,
-        details=details,
+        instance_id,
+        IncidentToRaise(node_id, DEPENDENCY_UNAVAILABLE, message, details, task_id),
         last_error={"code": DEPENDENCY_UNAVAILABLE, "message": message},
     )
 

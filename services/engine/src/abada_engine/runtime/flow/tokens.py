@@ -162,12 +162,7 @@ def _token_move(
             incident.details,
             incident.task_id,
         )
-        raised = HistoryEntry(
-            "INCIDENT_RAISED",
-            incident.node_id,
-            {"incident_id": str(new_incident.id), "type": incident.type, "message": incident.message},
-        )
-        records.append(history_record(instance_id, raised, incident.task_id))
+        records.append(history_record(instance_id, incident.raised(new_incident.id), incident.task_id))
     # Each branch rests where its own walk stopped; the instance's current node stays the fork's.
     branches = tuple(
         replace(_token_move(instance_id, branch, None, [], None), current_node_id=advance.current_node_id)
