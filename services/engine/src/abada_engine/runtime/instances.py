@@ -48,7 +48,7 @@ from abada_engine.store import tasks as task_store
 from abada_engine.store import timers as timer_store
 from abada_engine.store import tokens as token_store
 from abada_engine.store.hand_written import HotPath
-from abada_engine.store.instances import ListedInstance
+from abada_engine.store.instances import InstanceRow, ListedInstance
 from abada_engine.store.moves import (
     NewInstance,
     StartToWrite,
@@ -385,13 +385,20 @@ def _view(r: ListedInstance) -> InstanceView:
     )
 
 
-async def cancel_instance(conn: AsyncConnection, instance_id: uuid.UUID, reason: str) -> None:
-    """Cancel an active instance with its open tasks and incidents, in the caller's transaction."""
+async def lock_active_instance(conn: AsyncConnection, instance_id: uuid.UUID) -> InstanceRow:
+    """The instance, locked for a change only a running instance takes; refused when there is no such
+    instance or it has ended."""
     instance = await instance_store.lock(conn, instance_id)
     if instance is None:
         raise not_found("instance", str(instance_id), "instance_id")
     if instance.state != InstanceState.ACTIVE:
         raise not_active(instance_id, instance.state)
+    return instance
+
+
+async def cancel_instance(conn: AsyncConnection, instance_id: uuid.UUID, reason: str) -> None:
+    """Cancel an active instance with its open tasks and incidents, in the caller's transaction."""
+    await lock_active_instance(conn, instance_id)
     await withdraw_tokens(conn, instance_id, f"the instance was cancelled: {reason}")
     await instance_store.mark_canceled(conn, instance_id)
     await write_history(

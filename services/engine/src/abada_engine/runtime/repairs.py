@@ -20,7 +20,7 @@ from abada.engine.v1.error_reason_pb2 import ErrorReason
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.definitions.catalog import Definition, DefinitionCatalog
-from abada_engine.errors import EngineError, invalid, not_active, not_found, precondition
+from abada_engine.errors import EngineError, invalid, not_found, precondition
 from abada_engine.runtime.calls import follow_calls
 from abada_engine.runtime.flow.navigator import HistoryEntry, advance, task_payload
 from abada_engine.runtime.flow.tokens import (
@@ -30,12 +30,12 @@ from abada_engine.runtime.flow.tokens import (
     move_through_join,
     write_history,
 )
+from abada_engine.runtime.instances import lock_active_instance
 from abada_engine.runtime.waits import WithdrawnTask, close_withdrawn
 from abada_engine.store import incidents as incident_store
-from abada_engine.store import instances as instance_store
 from abada_engine.store import repairs as repair_store
 from abada_engine.store.moves import TokenMove
-from abada_engine.store.states import InstanceState, TaskState
+from abada_engine.store.states import TaskState
 
 _MOVED = "an operator moved the token away"
 _WRITE_IN_FLIGHT = "an operator moved the token away while this write was in flight"
@@ -70,11 +70,7 @@ async def modify_instance(
     """Apply `change` to one active instance in the caller's transaction: variables first (so a moved
     token walks on the corrected values), then the moves, each withdrawing the task it leaves."""
     check_modification(change)
-    instance = await instance_store.lock(conn, instance_id)
-    if instance is None:
-        raise not_found("instance", str(instance_id), "instance_id")
-    if instance.state != InstanceState.ACTIVE:
-        raise not_active(instance_id, instance.state)
+    instance = await lock_active_instance(conn, instance_id)
     definition = await catalog.get(instance.definition_id)
     process = definition.process
     for index, (from_node, to_node) in enumerate(change.moves):
