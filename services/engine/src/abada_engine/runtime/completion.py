@@ -30,8 +30,7 @@ from abada_engine.runtime.calls import creates_call, follow_calls
 from abada_engine.runtime.dependencies import (
     dependency_key,
     next_probe_delay,
-    outage_budget_ms,
-    raise_unavailable,
+    note_outage_or_hold,
 )
 from abada_engine.runtime.flow.contract import (
     Decision,
@@ -488,20 +487,12 @@ class Completions:
         """A temporary failure costs time, not a retry: the task is offered again after a backoff
         (exponential with full jitter, 1 s doubling to 60 s, at least `retry_after_ms`) until the
         node's outage budget runs out; then a DEPENDENCY_UNAVAILABLE incident holds it."""
-        streak = await task_store.note_outage(conn, held.task_id, outage_budget_ms(node))
         details = error["details"] if isinstance(error["details"], dict) else {}
-        what = str(details.get("dependency") or node.topic or node.id)
-        if streak.budget_spent:
-            incident_id = await raise_unavailable(
-                conn,
-                held.task_id,
-                held.instance_id,
-                node.id,
-                dependency_key("service", what),
-                streak.waiting_since,
-                streak.now,
-                str(error["message"]),
-            )
+        key = dependency_key("service", str(details.get("dependency") or node.topic or node.id))
+        streak, incident_id = await note_outage_or_hold(
+            conn, held.task_id, held.instance_id, node, key, str(error["message"])
+        )
+        if incident_id is not None:
             return FailResult(False, None, incident_id)
         delay = next_probe_delay(streak.outage_waits - 1, retry_after_ms / 1000, self._rng)
         retry_at = await task_store.wait_out(conn, held.task_id, int(delay * 1000), error)

@@ -47,7 +47,7 @@ from abada_engine.store.dependencies import CircuitRow, ListedCircuit
 from abada_engine.store.hand_written import Executor
 from abada_engine.store.incidents import IncidentRow
 from abada_engine.store.states import DependencyState, TaskState
-from abada_engine.store.tasks import LockedRow
+from abada_engine.store.tasks import LockedRow, OutageStreak
 
 log = logging.getLogger(__name__)
 
@@ -230,18 +230,10 @@ class Dependencies:
             if report.up:
                 await self._answered(conn, circuit, report.task_id, held.instance_id, node.id)
                 return Decision("CONTINUE")
-            streak = await task_store.note_outage(conn, report.task_id, outage_budget_ms(node))
-            if streak.budget_spent:
-                incident_id = await raise_unavailable(
-                    conn,
-                    report.task_id,
-                    held.instance_id,
-                    node.id,
-                    key,
-                    streak.waiting_since,
-                    streak.now,
-                    error,
-                )
+            streak, incident_id = await note_outage_or_hold(
+                conn, report.task_id, held.instance_id, node, key, error
+            )
+            if incident_id is not None:
                 return Decision("INCIDENT_RAISED", incident_id=incident_id)
             now = streak.now
             if report.not_called:
@@ -460,6 +452,20 @@ class Dependencies:
         key = str(incident.details.get("dependency", ""))
         if key:
             await circuit_store.probe_now(conn, key)
+
+
+async def note_outage_or_hold(
+    conn: AsyncConnection, task_id: uuid.UUID, instance_id: uuid.UUID, node: Node, key: str, error: str
+) -> tuple[OutageStreak, uuid.UUID | None]:
+    """The task failed for a while on `key` once more: its waiting streak, and the DEPENDENCY_UNAVAILABLE
+    incident that now holds it if the streak spent the node's outage budget."""
+    streak = await task_store.note_outage(conn, task_id, outage_budget_ms(node))
+    if not streak.budget_spent:
+        return streak, None
+    incident_id = await raise_unavailable(
+        conn, task_id, instance_id, node.id, key, streak.waiting_since, streak.now, error
+    )
+    return streak, incident_id
 
 
 async def raise_unavailable(
