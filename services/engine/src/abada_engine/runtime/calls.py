@@ -22,14 +22,13 @@ from abada_engine.ids import new_id
 from abada_engine.runtime.flow.navigator import (
     HistoryEntry,
     IncidentToRaise,
-    JoinNeedsTokens,
     advance,
     leave_node,
 )
 from abada_engine.runtime.flow.tokens import (
     advance_move,
     history_record,
-    move_through_join,
+    move_in_locked_instance,
     start_move,
     write_history,
 )
@@ -43,7 +42,6 @@ from abada_engine.store.moves import (
     NewTask,
     StartToWrite,
     TokenMove,
-    move_token,
     start_instances,
 )
 from abada_engine.store.states import TaskKind, TaskState
@@ -137,14 +135,7 @@ async def _child_ended(conn: AsyncConnection, catalog: DefinitionCatalog, child:
             preceding_task_id=call.id,
         )
 
-    try:
-        move: TokenMove | None = await decide(None)
-    except JoinNeedsTokens:
-        move = None
-    if move is None or move.withdraws_other_branches:
-        move, _ = await move_through_join(conn, call.instance_id, call.id, None, decide, instance_locked=True)
-    else:
-        await move_token(conn, move)
+    move = await move_in_locked_instance(conn, call.instance_id, call.id, decide)
     await follow_calls(conn, catalog, [move])
 
 

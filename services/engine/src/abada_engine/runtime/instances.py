@@ -24,16 +24,14 @@ from abada_engine.runtime.calls import answer_parent_of_canceled, creates_call, 
 from abada_engine.runtime.flow.items import end_item, item_end, item_result
 from abada_engine.runtime.flow.navigator import (
     HistoryEntry,
-    JoinNeedsTokens,
     advance,
     evaluates_conditions,
     leave_node,
 )
 from abada_engine.runtime.flow.tokens import (
     advance_move,
-    apply_move,
     history_record,
-    move_through_join,
+    move_in_locked_instance,
     start_move,
     withdraw_tokens,
     write_history,
@@ -355,16 +353,7 @@ class Instances:
                 preceding_task_id=user_task_id,
             )
 
-        try:
-            move: TokenMove | None = await decide(None)
-        except JoinNeedsTokens:
-            move = None
-        if move is None or move.withdraws_other_branches:
-            move, _ = await move_through_join(
-                conn, row.instance_id, user_task_id, None, decide, instance_locked=True
-            )
-        else:
-            await apply_move(conn, move)
+        move = await move_in_locked_instance(conn, row.instance_id, user_task_id, decide)
         await follow_calls(conn, self._catalog, [move])
 
 
