@@ -583,8 +583,7 @@ async def waiting_user_tasks(
 ) -> list[Any]:
     """User tasks waiting for a person, oldest first, after `after_key` (the partial index
     `tasks_waiting_user` yields them in this order)."""
-    order = (tasks.c.created_at, tasks.c.id)
-    query = (
+    waiting = (
         select(
             tasks.c.id,
             tasks.c.instance_id,
@@ -595,13 +594,10 @@ async def waiting_user_tasks(
         )
         .join(instances, instances.c.id == tasks.c.instance_id)
         .where(is_(tasks.c.kind, TaskKind.USER), is_(tasks.c.state, TaskState.WAITING))
-        .order_by(*order)
-        .limit(limit)
     )
     if instance_id is not None:
-        query = query.where(tasks.c.instance_id == instance_id)
-    if after_key is not None:
-        query = query.where(keyset.after(order, after_key))
+        waiting = waiting.where(tasks.c.instance_id == instance_id)
+    query = keyset.ordered(waiting, (tasks.c.created_at, tasks.c.id), after_key).limit(limit)
     return list((await conn.execute(query)).all())
 
 
@@ -735,8 +731,7 @@ async def open_external_tasks(
 ) -> list[QueuedTaskRow]:
     """External tasks still ready, leased, parked for a dependency or held by an incident, oldest first,
     after `after_key` (the partial indexes `tasks_open_external*` yield them in this order)."""
-    order = (tasks.c.created_at, tasks.c.id)
-    query = (
+    open_tasks = (
         select(
             tasks.c.id,
             tasks.c.topic,
@@ -758,11 +753,8 @@ async def open_external_tasks(
             is_(tasks.c.kind, TaskKind.EXTERNAL),
             one_of(tasks.c.state, OPEN_EXTERNAL_STATES),
         )
-        .order_by(*order)
-        .limit(limit)
     )
-    if after_key is not None:
-        query = query.where(keyset.after(order, after_key))
+    query = keyset.ordered(open_tasks, (tasks.c.created_at, tasks.c.id), after_key).limit(limit)
     if topic is not None:
         query = query.where(tasks.c.topic == topic)
     if instance_id is not None:
