@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2, incident_pb2, process_pb2
-from abada_engine.runtime.flow.items import finish_item
+from abada_engine.runtime.flow.items import finish_item, item_end
 from abada_engine.runtime.leases import hash_token
 from abada_engine.store.states import TaskState
 from engine_helpers import (
@@ -411,16 +411,16 @@ async def test_a_last_item_ended_by_a_replica_that_died_before_deciding_is_ended
     [item] = await drain(engine, "price-line")
     # What a replica writes for the item before it dies: the item's own statement, not the decision.
     async with engine_core.db.connect() as conn:
-        finished = await finish_item(
-            conn,
+        end = item_end(
             uuid.UUID(started.id),
             uuid.UUID(item.id),
-            state=TaskState.COMPLETED,
-            result=7,
-            history=[],
+            TaskState.COMPLETED,
+            7,
+            [],
             guard_worker="w",
             guard_hash=hash_token(item.lease_token),
         )
+        finished = await finish_item(conn, end)
         await conn.commit()
     assert finished is not None and finished.may_be_last
     [total] = await fetch(engine, "w", "total", wait_ms=10_000)

@@ -32,8 +32,6 @@ from typing import Any
 
 from abada.engine.v1 import external_task_pb2
 from abada_common.struct_codec import from_struct
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind
 
 from .answer import InvalidAnswer, parse_answer
 from .broker_client import BrokerClient
@@ -51,6 +49,7 @@ from .dependencies import (
 from .engine_client import EngineClient, LeaseRef
 from .errors import AttemptFailed, QuotaWait
 from .fault import FaultPlan
+from .gen_ai_spans import gen_ai_span
 from .interruption import TaskInterruption
 from .journal import Journal
 from .logs import TaskLog
@@ -65,7 +64,6 @@ from .toolbox import Toolbox
 from .work import AGENT_PROFILE, AgentWork, agent_work_from_proto, journal_entry_from_proto
 
 log = logging.getLogger(__name__)
-tracer = trace.get_tracer("abada.worker")
 
 # What the engine keeps of an answer it could not parse, for the person who reviews it.
 _MAX_INVALID_OUTPUT_CHARS = 8_000
@@ -334,11 +332,10 @@ class AgentTask:
         """One provider call in its GenAI span, its latency and tokens counted by model."""
         began = time.monotonic()
         try:
-            with tracer.start_as_current_span(
-                f"chat {work.model}",
-                kind=SpanKind.CLIENT,
-                attributes={
-                    "gen_ai.operation.name": "chat",
+            with gen_ai_span(
+                "chat",
+                work.model,
+                {
                     "gen_ai.request.model": work.model,
                     "gen_ai.provider.name": provider.name,
                     "abada.journal.sequence": sequence,

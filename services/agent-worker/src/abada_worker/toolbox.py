@@ -10,22 +10,18 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind
-
 from .broker_client import BrokerClient, Secret
 from .conversation import FunctionSpec
 from .dependencies import DependencyDown, tool_server
 from .engine_client import LeaseRef
 from .errors import AttemptFailed
 from .fault import FaultPlan
+from .gen_ai_spans import gen_ai_span
 from .metrics import TOOL_CALL_SECONDS
 from .prompt import function_name
 from .step_payloads import error_result
 from .tool_session import ContractMismatch, ToolServer, check_contract, unsupported_transports
 from .work import AgentWork, ToolBinding
-
-tracer = trace.get_tracer("abada.worker")
 
 CONTRACT_MISMATCH = "TOOL_CONTRACT_MISMATCH"
 MAX_RESULT_BYTES = 512_000
@@ -67,11 +63,10 @@ class Toolbox:
     async def call(
         self, binding: ToolBinding, arguments: dict[str, Any], idempotency_key: str | None
     ) -> dict[str, Any]:
-        with tracer.start_as_current_span(
-            f"execute_tool {binding.tool}",
-            kind=SpanKind.CLIENT,
-            attributes={
-                "gen_ai.operation.name": "execute_tool",
+        with gen_ai_span(
+            "execute_tool",
+            binding.tool,
+            {
                 "gen_ai.tool.name": binding.tool,
                 "abada.tool.ref": f"{binding.server}/{binding.tool}",
                 "abada.tool.keyed": idempotency_key is not None,

@@ -6,6 +6,7 @@ code and each reason onto a `google.rpc.ErrorInfo`; the domain never imports gRP
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 
@@ -60,5 +61,16 @@ def not_found(what: str, ident: str, field_name: str) -> EngineError:
     )
 
 
-def precondition(reason: ErrorReason, message: str, field_name: str = "") -> EngineError:
-    return EngineError(Category.FAILED_PRECONDITION, reason, message, field=field_name)
+def precondition(
+    reason: ErrorReason, message: str, field_name: str = "", metadata: dict[str, str] | None = None
+) -> EngineError:
+    return EngineError(
+        Category.FAILED_PRECONDITION, reason, message, field=field_name, metadata=metadata or {}
+    )
+
+
+def not_active(instance_id: uuid.UUID, state: str) -> EngineError:
+    """The instance has ended (or was never started): what it was asked needs it running."""
+    return precondition(
+        ErrorReason.INSTANCE_NOT_ACTIVE, f"instance {instance_id} is {state.lower()}", "instance_id"
+    )

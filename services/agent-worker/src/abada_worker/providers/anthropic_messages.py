@@ -11,7 +11,6 @@ import json
 from typing import Any
 
 import anthropic
-from abada_common.capped_http import capped_client, too_large_in
 from anthropic.types import Message
 
 from ..conversation import (
@@ -28,7 +27,15 @@ from ..conversation import (
     ModelTurn,
     result_for_model,
 )
-from .base import ModelCallError, reply_too_large, retry_after_seconds, status_is_retryable
+from .base import (
+    ModelCallError,
+    key_or_placeholder,
+    retry_after_seconds,
+    stainless_client,
+    status_is_retryable,
+    unreachable,
+    wire_history,
+)
 from .schemas import anthropic_input_schema
 
 _PLACEHOLDER_KEY = "no-key"
@@ -57,14 +64,11 @@ class AnthropicMessagesProvider:
         timeout_seconds: float = 120.0,
         max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
     ) -> None:
-        if not api_key and not base_url:
-            raise ValueError("Anthropic needs ANTHROPIC_API_KEY, or a base URL for a compatible server")
-        self._client = anthropic.AsyncAnthropic(
-            api_key=api_key or _PLACEHOLDER_KEY,
-            base_url=base_url or None,
-            timeout=timeout_seconds,
-            max_retries=0,
-            http_client=capped_client(),
+        key = key_or_placeholder(
+            "Anthropic", self.credential, api_key=api_key, base_url=base_url, placeholder=_PLACEHOLDER_KEY
+        )
+        self._client = stainless_client(
+            anthropic.AsyncAnthropic, api_key=key, base_url=base_url, timeout_seconds=timeout_seconds
         )
         self._max_output_tokens = max_output_tokens
 
@@ -81,9 +85,7 @@ class AnthropicMessagesProvider:
         except anthropic.APIStatusError as error:
             raise _call_error(error) from None
         except anthropic.APIError as error:
-            if too_large_in(error) is not None:
-                raise reply_too_large("Anthropic", error) from None
-            raise ModelCallError(f"Anthropic could not be reached: {error!r}", retryable=True) from None
+            raise unreachable("Anthropic", error) from None
         return reply_of(message)
 
     async def aclose(self) -> None:
@@ -114,21 +116,13 @@ def tool_of(function: FunctionSpec) -> dict[str, Any]:
 
 def messages_of(request: ModelRequest) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": request.user}]
-    wire_ids: dict[str, str] = {}
-    for turn in request.history:
+    for turn in wire_history(request.history):
         if isinstance(turn, ModelTurn):
-            wire_ids.update((call.id, call.wire_id) for call in turn.function_calls)
             messages.append({"role": "assistant", "content": _assistant_blocks(turn)})
         else:
             # Every result of a turn in the one user message right after it, as the API requires.
             messages.append(
-                {
-                    "role": "user",
-                    "content": [
-                        _result_block(result, wire_ids.get(result.call_id, result.call_id))
-                        for result in turn.results
-                    ],
-                }
+                {"role": "user", "content": [_result_block(result, wire_id) for result, wire_id in turn]}
             )
     return messages
 

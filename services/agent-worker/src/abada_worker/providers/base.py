@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import email.utils
 import time
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol, TypeVar
 
-from abada_common.capped_http import too_large_in
+from abada_common.capped_http import capped_client, too_large_in
 
-from ..conversation import ModelReply, ModelRequest
+from ..conversation import FunctionResult, ModelReply, ModelRequest, ModelTurn, Turn
+
+Client = TypeVar("Client")
 
 # Statuses another try may fix (timeout, conflict, rate limit, the provider's own trouble);
 # any other client error would fail the same way again.
@@ -66,6 +68,61 @@ def reply_too_large(provider: str, error: BaseException) -> ModelCallError:
     return ModelCallError(
         f"{provider}'s reply was not read to its end: {too_large_in(error)}", retryable=False
     )
+
+
+def unreachable(provider: str, error: BaseException) -> ModelCallError:
+    """No reply from the transport (connection refused, a timeout, a body that is not a reply):
+    another attempt may well get one, unless the reply was cut off at the size limit."""
+    if too_large_in(error) is not None:
+        return reply_too_large(provider, error)
+    return ModelCallError(f"{provider} could not be reached: {error!r}", retryable=True)
+
+
+def key_or_placeholder(
+    provider: str,
+    credential: str,
+    *,
+    api_key: str | None,
+    base_url: str | None,
+    placeholder: str,
+    instead: str = "a base URL for a compatible server",
+) -> str:
+    """The key to give the provider's SDK: the worker's own, else a placeholder for a server at
+    `base_url` that needs none (the SDKs refuse to start without a key)."""
+    if api_key:
+        return api_key
+    if not base_url:
+        raise ValueError(f"{provider} needs {credential}, or {instead}")
+    return placeholder
+
+
+def stainless_client(
+    factory: Callable[..., Client], *, api_key: str, base_url: str | None, timeout_seconds: float
+) -> Client:
+    """An async client of the `openai` or `anthropic` SDK, which take the same options.
+
+    The SDK's own retries are off: a rate limit goes back to the worker, which waits out
+    `retry-after` within the attempt, and an outage is waited out with every other worker.
+    """
+    return factory(
+        api_key=api_key,
+        base_url=base_url or None,
+        timeout=timeout_seconds,
+        max_retries=0,
+        http_client=capped_client(),
+    )
+
+
+def wire_history(history: tuple[Turn, ...]) -> Iterator[ModelTurn | list[tuple[FunctionResult, str]]]:
+    """The history as a provider shows it: each model turn, and each turn's results paired with the
+    call id the model gave (its own, often none), not the one the worker assigned for its journal."""
+    wire_ids: dict[str, str] = {}
+    for turn in history:
+        if isinstance(turn, ModelTurn):
+            wire_ids.update((call.id, call.wire_id) for call in turn.function_calls)
+            yield turn
+        else:
+            yield [(result, wire_ids.get(result.call_id, result.call_id)) for result in turn.results]
 
 
 def is_outage(error: ModelCallError) -> bool:

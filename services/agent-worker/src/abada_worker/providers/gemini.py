@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from abada_common.capped_http import capped_client, too_large_in
+from abada_common.capped_http import capped_client
 from google import genai
 from google.genai import errors, types
 
@@ -28,7 +28,7 @@ from ..conversation import (
     ModelTurn,
     result_for_model,
 )
-from .base import ModelCallError, reply_too_large, status_is_retryable
+from .base import ModelCallError, key_or_placeholder, status_is_retryable, unreachable, wire_history
 
 _FILTERED = frozenset(
     {"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "MODEL_ARMOR"}
@@ -48,8 +48,14 @@ class GeminiProvider:
         base_url: str | None = None,
         timeout_seconds: float = 120.0,
     ) -> None:
-        if not api_key and not base_url:
-            raise ValueError("Gemini needs GEMINI_API_KEY, or ABADA_GEMINI_BASE_URL for a scripted endpoint")
+        key = key_or_placeholder(
+            "Gemini",
+            self.credential,
+            api_key=api_key,
+            base_url=base_url,
+            placeholder=_PLACEHOLDER_KEY,
+            instead="ABADA_GEMINI_BASE_URL for a scripted endpoint",
+        )
         options = types.HttpOptions(
             base_url=base_url or None,
             timeout=int(timeout_seconds * 1000),
@@ -58,7 +64,7 @@ class GeminiProvider:
             retry_options=types.HttpRetryOptions(attempts=1),
             httpx_async_client=capped_client(),
         )
-        self._client = genai.Client(api_key=api_key or _PLACEHOLDER_KEY, http_options=options).aio
+        self._client = genai.Client(api_key=key, http_options=options).aio
 
     async def generate(self, request: ModelRequest) -> ModelReply:
         config = types.GenerateContentConfig(
@@ -80,10 +86,8 @@ class GeminiProvider:
                 retry_after_seconds=retry_delay_of(error),
             ) from None
         except Exception as error:
-            if too_large_in(error) is not None:
-                raise reply_too_large("Gemini", error) from None
-            # Whatever the transport raised, there is no reply; another attempt may well get one.
-            raise ModelCallError(f"Gemini could not be reached: {error!r}", retryable=True) from None
+            # Whatever the transport raised, there is no reply.
+            raise unreachable("Gemini", error) from None
         return reply_of(response)
 
     async def aclose(self) -> None:
@@ -98,19 +102,13 @@ def _declaration(function: FunctionSpec) -> types.FunctionDeclaration:
 
 def contents_of(request: ModelRequest) -> list[types.Content]:
     contents = [types.Content(role="user", parts=[types.Part.from_text(text=request.user)])]
-    # The model sees the call ids it gave (none, often), not the ones the worker assigned for its journal.
-    wire_ids: dict[str, str] = {}
-    for turn in request.history:
+    for turn in wire_history(request.history):
         if isinstance(turn, ModelTurn):
-            wire_ids.update((call.id, call.wire_id) for call in turn.function_calls)
             parts: list[types.Part] = [types.Part(text=turn.text)] if turn.text else []
             parts += [_call_part(call) for call in turn.function_calls]
             contents.append(types.Content(role="model", parts=parts))
         else:
-            responses = [
-                _response_part(result, wire_ids.get(result.call_id, result.call_id))
-                for result in turn.results
-            ]
+            responses = [_response_part(result, wire_id) for result, wire_id in turn]
             contents.append(types.Content(role="user", parts=responses))
     return contents
 

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 import openai
-from abada_common.capped_http import ResponseTooLarge, capped_client, too_large_in
+from abada_common.capped_http import ResponseTooLarge
 from openai.types.chat import ChatCompletion
 
 from ..conversation import (
@@ -31,7 +31,16 @@ from ..conversation import (
     ModelTurn,
     result_for_model,
 )
-from .base import ModelCallError, reply_too_large, retry_after_seconds, status_is_retryable
+from .base import (
+    ModelCallError,
+    key_or_placeholder,
+    reply_too_large,
+    retry_after_seconds,
+    stainless_client,
+    status_is_retryable,
+    unreachable,
+    wire_history,
+)
 from .schemas import openai_parameters
 
 # A key for servers that need none (the scripted endpoint, a local vLLM); the SDK insists on one.
@@ -55,14 +64,11 @@ class OpenAIChatProvider:
     def __init__(
         self, *, api_key: str | None, base_url: str | None = None, timeout_seconds: float = 120.0
     ) -> None:
-        if not api_key and not base_url:
-            raise ValueError("OpenAI needs OPENAI_API_KEY, or a base URL for a compatible server")
-        self._client = openai.AsyncOpenAI(
-            api_key=api_key or _PLACEHOLDER_KEY,
-            base_url=base_url or None,
-            timeout=timeout_seconds,
-            max_retries=0,
-            http_client=capped_client(),
+        key = key_or_placeholder(
+            "OpenAI", self.credential, api_key=api_key, base_url=base_url, placeholder=_PLACEHOLDER_KEY
+        )
+        self._client = stainless_client(
+            openai.AsyncOpenAI, api_key=key, base_url=base_url, timeout_seconds=timeout_seconds
         )
 
     async def generate(self, request: ModelRequest) -> ModelReply:
@@ -78,10 +84,7 @@ class OpenAIChatProvider:
         except openai.APIStatusError as error:
             raise _call_error(error) from None
         except openai.APIError as error:
-            if too_large_in(error) is not None:
-                raise reply_too_large("OpenAI", error) from None
-            # Connection refused, timeout, a body that is not a completion: no reply, maybe next time.
-            raise ModelCallError(f"OpenAI could not be reached: {error!r}", retryable=True) from None
+            raise unreachable("OpenAI", error) from None
         return reply_of(completion)
 
     async def aclose(self) -> None:
@@ -121,15 +124,11 @@ def messages_of(request: ModelRequest) -> list[dict[str, Any]]:
         {"role": "system", "content": request.system},
         {"role": "user", "content": request.user},
     ]
-    wire_ids: dict[str, str] = {}
-    for turn in request.history:
+    for turn in wire_history(request.history):
         if isinstance(turn, ModelTurn):
-            wire_ids.update((call.id, call.wire_id) for call in turn.function_calls)
             messages.append(_assistant_message(turn))
         else:
-            messages += [
-                _tool_message(result, wire_ids.get(result.call_id, result.call_id)) for result in turn.results
-            ]
+            messages += [_tool_message(result, wire_id) for result, wire_id in turn]
     return messages
 
 

@@ -9,7 +9,7 @@ have are the model's (`model.NODE_KEYS`), not a list kept here.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import yaml
@@ -411,24 +411,11 @@ def _check_fan_out(
             checker.report((*node_paths[node_id], "id"), f"join {node_id!r} is reached by no parallel branch")
 
 
-def _decided_from(nodes: dict[str, Node], first: str) -> set[str]:
-    """The nodes a token entering `first` reaches without waiting (through exclusive gateways)."""
-    reached: set[str] = set()
-    stack = [first]
-    while stack:
-        node_id = stack.pop()
-        node = nodes.get(node_id)
-        if node is None or node_id in reached:
-            continue
-        reached.add(node_id)
-        if node.type == "exclusive":
-            stack.extend(node.successors())
-    return reached
-
-
-def _branch_joins(nodes: dict[str, Node], first: str) -> tuple[set[str], str | None]:
-    """The joins a branch starting at `first` reaches, or what is wrong with it."""
-    joins: set[str] = set()
+def _walk(
+    nodes: dict[str, Node], first: str, goes_past: Callable[[Node], bool] = lambda node: True
+) -> Iterator[tuple[str, Node]]:
+    """Each node a token entering `first` may reach, once, depth first; it goes on past a node only
+    where `goes_past` says so. A node the caller stops at is still met, not gone past."""
     seen: set[str] = set()
     stack = [first]
     while stack:
@@ -437,6 +424,20 @@ def _branch_joins(nodes: dict[str, Node], first: str) -> tuple[set[str], str | N
         if node is None or node_id in seen:
             continue
         seen.add(node_id)
+        yield node_id, node
+        if goes_past(node):
+            stack.extend(node.successors())
+
+
+def _decided_from(nodes: dict[str, Node], first: str) -> set[str]:
+    """The nodes a token entering `first` reaches without waiting (through exclusive gateways)."""
+    return {node_id for node_id, _ in _walk(nodes, first, lambda node: node.type == "exclusive")}
+
+
+def _branch_joins(nodes: dict[str, Node], first: str) -> tuple[set[str], str | None]:
+    """The joins a branch starting at `first` reaches, or what is wrong with it."""
+    joins: set[str] = set()
+    for node_id, node in _walk(nodes, first, lambda node: node.type != "join"):
         if node.type == "join":
             joins.add(node_id)
         elif node.type == "end":
@@ -445,21 +446,11 @@ def _branch_joins(nodes: dict[str, Node], first: str) -> tuple[set[str], str | N
             return joins, f"forks again at {node_id!r}: parallels inside a branch are not supported"
         elif node.fans_out:
             return joins, f"runs for_each at {node_id!r}: for_each inside a branch is not supported yet"
-        else:
-            stack.extend(node.successors())
     return joins, None
 
 
 def _reachable(nodes: dict[str, Node], start: str) -> set[str]:
-    seen: set[str] = set()
-    stack = [start]
-    while stack:
-        node_id = stack.pop()
-        if node_id in seen or node_id not in nodes:
-            continue
-        seen.add(node_id)
-        stack.extend(nodes[node_id].successors())
-    return seen
+    return {node_id for node_id, _ in _walk(nodes, start)}
 
 
 def _check_node(

@@ -200,21 +200,19 @@ def _refused(server: ToolServerSpec, status: int, sent_credential: bool) -> Engi
         )
     else:
         why = f"it refused the credential {server.credential!r}"
-    return EngineError(
-        Category.FAILED_PRECONDITION,
+    return precondition(
         ErrorReason.TOOL_SERVER_UNAUTHORIZED,
         f"{answered}: {why}",
-        field=f"tool_servers.{server.name}.credential",
+        f"tool_servers.{server.name}.credential",
         metadata={"server": server.name, "status": str(status)},
     )
 
 
 def _mismatch(server: ToolServerSpec, tool: str, message: str) -> EngineError:
-    return EngineError(
-        Category.FAILED_PRECONDITION,
+    return precondition(
         ErrorReason.TOOL_CONTRACT_MISMATCH,
         message,
-        field=f"tool_servers.{server.name}.tools.{tool}",
+        f"tool_servers.{server.name}.tools.{tool}",
         metadata={"server": server.name, "tool": tool},
     )
 

@@ -25,10 +25,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.schemas import input_problem
-from abada_engine.errors import Category, EngineError, invalid, not_found, precondition
+from abada_engine.errors import invalid, not_found, precondition
 from abada_engine.runtime.calls import follow_calls
 from abada_engine.runtime.crypto.sealing import Place, StepSealer
-from abada_engine.runtime.flow.navigator import HistoryEntry, advance
+from abada_engine.runtime.flow.navigator import HistoryEntry, IncidentToRaise, advance
 from abada_engine.runtime.flow.tokens import advance_move, apply_move, history_record, write_history
 from abada_engine.runtime.held import hold_for_a_person
 from abada_engine.runtime.incident_types import APPROVAL_TIMEOUT
@@ -356,12 +356,8 @@ class Approvals:
         )
         await hold_for_a_person(
             conn,
-            task_id=task_id,
-            instance_id=first.instance_id,
-            node_id=node.id,
-            type_=APPROVAL_TIMEOUT,
-            message=message,
-            details=details,
+            first.instance_id,
+            IncidentToRaise(node.id, APPROVAL_TIMEOUT, message, details, task_id),
             preceding=(history_record(first.instance_id, timed_out, task_id),),
         )
 
@@ -439,10 +435,9 @@ def _check_decidable(row: ListedApproval) -> None:
         )
     if row.state != ApprovalState.PENDING:
         when = row.decided_at.isoformat() if row.decided_at else "earlier"
-        raise EngineError(
-            Category.FAILED_PRECONDITION,
+        raise precondition(
             ErrorReason.APPROVAL_ALREADY_DECIDED,
             f"approval {row.id} was already {row.state.lower()} by {row.decided_by or 'someone'} at {when}",
-            field="approval_id",
+            "approval_id",
             metadata={"state": row.state, "decided_by": row.decided_by or ""},
         )

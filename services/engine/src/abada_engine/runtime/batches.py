@@ -29,6 +29,7 @@ from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import Definition, DefinitionCatalog
 from abada_engine.errors import EngineError, invalid, not_found, precondition
 from abada_engine.ids import new_id
+from abada_engine.runtime.batch_after_batch import batch_after_batch
 from abada_engine.runtime.incidents import Incidents
 from abada_engine.runtime.instances import cancel_instance
 from abada_engine.runtime.repairs import (
@@ -216,13 +217,7 @@ class Batches:
     async def round(self) -> int:
         """Work through pending items of running batches, a chunk per transaction, for up to
         ROUND_CHUNKS chunks; answers how many instances got their outcome."""
-        worked = 0
-        for _ in range(ROUND_CHUNKS):
-            claimed = await self.step()
-            worked += claimed
-            if claimed < self._chunk:
-                break
-        return worked
+        return await batch_after_batch(self.step, self._chunk, most=ROUND_CHUNKS)
 
     async def step(self) -> int:
         """One chunk: claim up to `chunk` pending items, apply each one's kind, record the outcomes (all in

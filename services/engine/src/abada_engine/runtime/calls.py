@@ -19,17 +19,22 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.ids import new_id
-from abada_engine.runtime.flow.navigator import HistoryEntry, JoinNeedsTokens, advance, leave_node
+from abada_engine.runtime.flow.navigator import (
+    HistoryEntry,
+    IncidentToRaise,
+    advance,
+    leave_node,
+)
 from abada_engine.runtime.flow.tokens import (
     advance_move,
     history_record,
-    move_through_join,
+    move_in_locked_instance,
     start_move,
     write_history,
 )
+from abada_engine.runtime.held import raise_recorded_incident
 from abada_engine.runtime.incident_types import CALLED_INSTANCE_ENDED
 from abada_engine.store import calls as call_store
-from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.calls import CalledInstance
 from abada_engine.store.moves import (
@@ -37,7 +42,6 @@ from abada_engine.store.moves import (
     NewTask,
     StartToWrite,
     TokenMove,
-    move_token,
     start_instances,
 )
 from abada_engine.store.states import TaskKind, TaskState
@@ -110,13 +114,13 @@ async def _start_child(
 async def _child_ended(conn: AsyncConnection, catalog: DefinitionCatalog, child: CalledInstance) -> None:
     """The child completed: its call task finishes and the parent's token moves on, with the child's
     variables under `result_variable` (or merged at the top level without one)."""
-    call = await task_store.lock_user_task(conn, child.parent_task_id)
+    call = await task_store.lock_task_and_instance(conn, child.parent_task_id)
     if call is None or call.state != TaskState.WAITING:
         return  # the parent moved on without it (cancelled, or an operator moved the token)
     definition = await catalog.get(call.definition_id)
     node = definition.process.node(call.node_id)
     written = {node.result_variable: child.variables} if node.result_variable else dict(child.variables)
-    await task_store.mark_user_task_completed(conn, call.id)
+    await task_store.mark_task_completed(conn, call.id)
     finished = HistoryEntry(
         "CALL_COMPLETED", node.id, {"child_instance_id": str(child.id), "process_id": child.process_id}
     )
@@ -131,14 +135,7 @@ async def _child_ended(conn: AsyncConnection, catalog: DefinitionCatalog, child:
             preceding_task_id=call.id,
         )
 
-    try:
-        move: TokenMove | None = await decide(None)
-    except JoinNeedsTokens:
-        move = None
-    if move is None or move.withdraws_other_branches:
-        move, _ = await move_through_join(conn, call.instance_id, call.id, None, decide, instance_locked=True)
-    else:
-        await move_token(conn, move)
+    move = await move_in_locked_instance(conn, call.instance_id, call.id, decide)
     await follow_calls(conn, catalog, [move])
 
 
@@ -149,7 +146,7 @@ async def answer_parent_of_canceled(conn: AsyncConnection, child_id: uuid.UUID) 
     if not called:
         return
     child = called[0]
-    call = await task_store.lock_user_task(conn, child.parent_task_id)
+    call = await task_store.lock_task_and_instance(conn, child.parent_task_id)
     if call is None or call.state != TaskState.WAITING:
         return  # the parent is cancelling it, or moved on
     await call_store.cancel_call_task(conn, call.id)
@@ -162,20 +159,9 @@ async def answer_parent_of_canceled(conn: AsyncConnection, child_id: uuid.UUID) 
         "version": child.version,
         "state": child.state,
     }
-    incident_id = await incident_store.raise_incident(
-        conn,
-        instance_id=call.instance_id,
-        node_id=call.node_id,
-        type_=CALLED_INSTANCE_ENDED,
-        message=message,
-        details=details,
-    )
-    raised = HistoryEntry(
-        "INCIDENT_RAISED",
-        call.node_id,
-        {"incident_id": str(incident_id), "type": CALLED_INSTANCE_ENDED, "message": message},
-    )
-    await write_history(conn, [history_record(call.instance_id, raised, call.id)])
+    ended = IncidentToRaise(call.node_id, CALLED_INSTANCE_ENDED, message, details)
+    # The call's task is cancelled, so the incident names none; the history still says which.
+    await raise_recorded_incident(conn, call.instance_id, ended, history_task_id=call.id)
 
 
 __all__ = ["answer_parent_of_canceled", "creates_call", "follow_calls"]

@@ -30,8 +30,7 @@ from abada_engine.runtime.calls import creates_call, follow_calls
 from abada_engine.runtime.dependencies import (
     dependency_key,
     next_probe_delay,
-    outage_budget_ms,
-    raise_unavailable,
+    note_outage_or_hold,
 )
 from abada_engine.runtime.flow.contract import (
     Decision,
@@ -58,12 +57,12 @@ from abada_engine.runtime.flow.tokens import (
     move_through_join,
     write_history,
 )
+from abada_engine.runtime.held import hold_for_a_person
 from abada_engine.runtime.incident_types import FAILED_TASK, reserved_for_the_engine
 from abada_engine.runtime.leases import hash_token, hold_lease
 from abada_engine.runtime.offload import run_cpu_check, run_cpu_work
-from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
-from abada_engine.store.fan_outs import FinishedItem, ItemEnd, finish_items, open_items
+from abada_engine.store.fan_outs import finish_items, open_items
 from abada_engine.store.hand_written import HotPath
 from abada_engine.store.moves import TokenMove, move_tokens
 from abada_engine.store.states import TaskState
@@ -139,7 +138,7 @@ class Completions:
         # next, in one statement (each under its own lease guard, answered on its own).
         self._moves = GroupCommit(self._move_many, each_alone_on_failure=True)
         # The ends of `for_each` items that arrive together go in one statement as well.
-        self._item_ends = GroupCommit(self._end_items, each_alone_on_failure=True)
+        self._item_ends = GroupCommit(self._hot.batch_statement(finish_items), each_alone_on_failure=True)
         # The fan-outs whose end this replica is deciding, with when each decision began.
         self._deciding: dict[uuid.UUID, float] = {}
         self._rng = random.Random()
@@ -228,10 +227,6 @@ class Completions:
         fan-out's, decided under its lock."""
         async with self._hot.connect() as conn:
             return await open_items(conn, fan_out_id) == 0
-
-    async def _end_items(self, ends: Sequence[ItemEnd]) -> list[FinishedItem | None]:
-        async with self._hot.connect() as conn:
-            return await finish_items(conn, list(ends))
 
     async def _judge_and_move(
         self,
@@ -466,45 +461,24 @@ class Completions:
             if node.fans_out and node.skips_failed_items:
                 reason = error_message or error_code or "the task failed"
                 skipped = HistoryEntry("ITEM_SKIPPED", node.id, {"reason": reason, "error": error})
-                await end_item(
-                    conn,
-                    self._catalog,
-                    definition.process,
-                    node,
+                end = item_end(
                     held.instance_id,
                     task_id,
-                    state=TaskState.SKIPPED,
-                    result=None,
-                    history=[records_entry, skipped],
+                    TaskState.SKIPPED,
+                    None,
+                    [records_entry, skipped],
                     from_state=TaskState.LEASED,
                 )
+                await end_item(conn, self._catalog, definition.process, node, held.instance_id, end)
                 return FailResult(False, None, None)
-            await task_store.hold_as_incident(conn, task_id, last_error=error)
             incident_type = error_code if no_retry and error_code else FAILED_TASK
             message = error_message or "the task failed"
             if not no_retry:
                 message = f"no retries left: {message}"
-            incident_id = await incident_store.raise_incident(
-                conn,
-                instance_id=held.instance_id,
-                node_id=node.id,
-                type_=incident_type,
-                message=message,
-                details=error,
-                task_id=task_id,
+            failed = IncidentToRaise(node.id, incident_type, message, error, task_id)
+            incident_id = await hold_for_a_person(
+                conn, held.instance_id, failed, last_error=error, preceding=records
             )
-            records.append(
-                history_record(
-                    held.instance_id,
-                    HistoryEntry(
-                        "INCIDENT_RAISED",
-                        node.id,
-                        {"incident_id": str(incident_id), "type": incident_type, "message": message},
-                    ),
-                    task_id,
-                )
-            )
-            await write_history(conn, records)
             return FailResult(False, None, incident_id)
 
     async def _wait_out(
@@ -513,20 +487,12 @@ class Completions:
         """A temporary failure costs time, not a retry: the task is offered again after a backoff
         (exponential with full jitter, 1 s doubling to 60 s, at least `retry_after_ms`) until the
         node's outage budget runs out; then a DEPENDENCY_UNAVAILABLE incident holds it."""
-        streak = await task_store.note_outage(conn, held.task_id, outage_budget_ms(node))
         details = error["details"] if isinstance(error["details"], dict) else {}
-        what = str(details.get("dependency") or node.topic or node.id)
-        if streak.budget_spent:
-            incident_id = await raise_unavailable(
-                conn,
-                held.task_id,
-                held.instance_id,
-                node.id,
-                dependency_key("service", what),
-                streak.waiting_since,
-                streak.now,
-                str(error["message"]),
-            )
+        key = dependency_key("service", str(details.get("dependency") or node.topic or node.id))
+        streak, incident_id = await note_outage_or_hold(
+            conn, held.task_id, held.instance_id, node, key, str(error["message"])
+        )
+        if incident_id is not None:
             return FailResult(False, None, incident_id)
         delay = next_probe_delay(streak.outage_waits - 1, retry_after_ms / 1000, self._rng)
         retry_at = await task_store.wait_out(conn, held.task_id, int(delay * 1000), error)

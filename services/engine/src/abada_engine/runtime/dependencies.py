@@ -35,7 +35,7 @@ from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import Definition, DefinitionCatalog
 from abada_engine.definitions.model import Node
 from abada_engine.errors import Category, EngineError, invalid, precondition
-from abada_engine.runtime.flow.navigator import HistoryEntry
+from abada_engine.runtime.flow.navigator import HistoryEntry, IncidentToRaise
 from abada_engine.runtime.flow.tokens import history_record, write_history
 from abada_engine.runtime.held import hold_for_a_person
 from abada_engine.runtime.incident_types import DEPENDENCY_UNAVAILABLE
@@ -47,7 +47,7 @@ from abada_engine.store.dependencies import CircuitRow, ListedCircuit
 from abada_engine.store.hand_written import Executor
 from abada_engine.store.incidents import IncidentRow
 from abada_engine.store.states import DependencyState, TaskState
-from abada_engine.store.tasks import LockedRow
+from abada_engine.store.tasks import LockedRow, OutageStreak
 
 log = logging.getLogger(__name__)
 
@@ -230,18 +230,10 @@ class Dependencies:
             if report.up:
                 await self._answered(conn, circuit, report.task_id, held.instance_id, node.id)
                 return Decision("CONTINUE")
-            streak = await task_store.note_outage(conn, report.task_id, outage_budget_ms(node))
-            if streak.budget_spent:
-                incident_id = await raise_unavailable(
-                    conn,
-                    report.task_id,
-                    held.instance_id,
-                    node.id,
-                    key,
-                    streak.waiting_since,
-                    streak.now,
-                    error,
-                )
+            streak, incident_id = await note_outage_or_hold(
+                conn, report.task_id, held.instance_id, node, key, error
+            )
+            if incident_id is not None:
                 return Decision("INCIDENT_RAISED", incident_id=incident_id)
             now = streak.now
             if report.not_called:
@@ -462,6 +454,20 @@ class Dependencies:
             await circuit_store.probe_now(conn, key)
 
 
+async def note_outage_or_hold(
+    conn: AsyncConnection, task_id: uuid.UUID, instance_id: uuid.UUID, node: Node, key: str, error: str
+) -> tuple[OutageStreak, uuid.UUID | None]:
+    """The task failed for a while on `key` once more: its waiting streak, and the DEPENDENCY_UNAVAILABLE
+    incident that now holds it if the streak spent the node's outage budget."""
+    streak = await task_store.note_outage(conn, task_id, outage_budget_ms(node))
+    if not streak.budget_spent:
+        return streak, None
+    incident_id = await raise_unavailable(
+        conn, task_id, instance_id, node.id, key, streak.waiting_since, streak.now, error
+    )
+    return streak, incident_id
+
+
 async def raise_unavailable(
     conn: AsyncConnection,
     task_id: uuid.UUID,
@@ -486,12 +492,8 @@ async def raise_unavailable(
     message = f"{kind.replace('_', ' ')} {name!r} has been unavailable for {_duration(waited)}, past the node's outage_budget"
     return await hold_for_a_person(
         conn,
-        task_id=task_id,
-        instance_id=instance_id,
-        node_id=node_id,
-        type_=DEPENDENCY_UNAVAILABLE,
-        message=message,
-        details=details,
+        instance_id,
+        IncidentToRaise(node_id, DEPENDENCY_UNAVAILABLE, message, details, task_id),
         last_error={"code": DEPENDENCY_UNAVAILABLE, "message": message},
     )
 

@@ -8,11 +8,12 @@ three writes together, in the caller's transaction.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from abada_engine.runtime.flow.navigator import HistoryEntry
+from abada_engine.runtime.flow.navigator import IncidentToRaise
 from abada_engine.runtime.flow.tokens import history_record, write_history
 from abada_engine.store import incidents as incident_store
 from abada_engine.store import tasks as task_store
@@ -21,36 +22,45 @@ from abada_engine.store.history import HistoryRecord
 
 async def hold_for_a_person(
     conn: AsyncConnection,
-    *,
-    task_id: uuid.UUID,
     instance_id: uuid.UUID,
-    node_id: str,
-    type_: str,
-    message: str,
-    details: dict[str, Any],
+    incident: IncidentToRaise,
+    *,
     last_error: dict[str, Any] | None = None,
     give_back_attempt: bool = False,
     noted: dict[str, Any] | None = None,
-    preceding: tuple[HistoryRecord, ...] = (),
+    preceding: Sequence[HistoryRecord] = (),
 ) -> uuid.UUID:
-    """Holds the task as an incident of `type_` and writes `preceding` then INCIDENT_RAISED (with what
-    `noted` adds) to the history; returns the incident's id."""
+    """Holds the incident's task and raises the incident (`raise_recorded_incident`); returns its id."""
+    assert incident.task_id is not None  # what is held is a task
     await task_store.hold_as_incident(
-        conn, task_id, last_error=last_error, give_back_attempt=give_back_attempt
+        conn, incident.task_id, last_error=last_error, give_back_attempt=give_back_attempt
     )
+    return await raise_recorded_incident(conn, instance_id, incident, noted=noted, preceding=preceding)
+
+
+async def raise_recorded_incident(
+    conn: AsyncConnection,
+    instance_id: uuid.UUID,
+    incident: IncidentToRaise,
+    *,
+    history_task_id: uuid.UUID | None = None,
+    noted: dict[str, Any] | None = None,
+    preceding: Sequence[HistoryRecord] = (),
+) -> uuid.UUID:
+    """Raises the incident and writes `preceding` then INCIDENT_RAISED (with what `noted` adds) to the
+    history, one statement each; the history line names `history_task_id`, else the incident's task.
+    Returns the incident's id."""
     incident_id = await incident_store.raise_incident(
         conn,
         instance_id=instance_id,
-        node_id=node_id,
-        type_=type_,
-        message=message,
-        details=details,
-        task_id=task_id,
+        node_id=incident.node_id,
+        type_=incident.type,
+        message=incident.message,
+        details=incident.details,
+        task_id=incident.task_id,
     )
-    raised = HistoryEntry(
-        "INCIDENT_RAISED",
-        node_id,
-        {"incident_id": str(incident_id), "type": type_, "message": message, **(noted or {})},
+    raised = history_record(
+        instance_id, incident.raised(incident_id, noted), history_task_id or incident.task_id
     )
-    await write_history(conn, [*preceding, history_record(instance_id, raised, task_id)])
+    await write_history(conn, [*preceding, raised])
     return incident_id

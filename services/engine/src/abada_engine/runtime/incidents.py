@@ -17,12 +17,11 @@ from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import EngineError, invalid, not_found, precondition
 from abada_engine.runtime.calls import follow_calls
-from abada_engine.runtime.flow.navigator import HistoryEntry, JoinNeedsTokens, advance
+from abada_engine.runtime.flow.navigator import HistoryEntry, advance
 from abada_engine.runtime.flow.tokens import (
     advance_move,
-    apply_move,
     history_record,
-    move_through_join,
+    move_in_locked_instance,
     write_history,
 )
 from abada_engine.runtime.instances import cancel_instance
@@ -228,16 +227,9 @@ class Incidents:
             # The incident still open (closed after this) is this very token, not another branch's.
             return await decide(live - 1 if row.task_id is None else live)
 
-        try:
-            move: TokenMove | None = await decide(None)
-        except JoinNeedsTokens:
-            move = None
-        if move is None or move.withdraws_other_branches:
-            move, _ = await move_through_join(
-                conn, row.instance_id, row.task_id, None, decide_beside_this_incident, instance_locked=True
-            )
-        else:
-            await apply_move(conn, move)
+        move = await move_in_locked_instance(
+            conn, row.instance_id, row.task_id, decide, decide_at_join=decide_beside_this_incident
+        )
         await follow_calls(conn, self._catalog, [move])
 
 

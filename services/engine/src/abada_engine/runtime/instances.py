@@ -6,7 +6,6 @@ import asyncio
 import builtins  # builtins.list: annotations after the class's own `list` method, which shadows it
 import logging
 import uuid
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -19,22 +18,20 @@ from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.definitions.model import Node, Process
 from abada_engine.definitions.schemas import input_problem
-from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.errors import Category, EngineError, invalid, not_active, not_found, precondition
 from abada_engine.ids import new_id
 from abada_engine.runtime.calls import answer_parent_of_canceled, creates_call, follow_calls
-from abada_engine.runtime.flow.items import end_item, item_result
+from abada_engine.runtime.flow.items import end_item, item_end, item_result
 from abada_engine.runtime.flow.navigator import (
     HistoryEntry,
-    JoinNeedsTokens,
     advance,
     evaluates_conditions,
     leave_node,
 )
 from abada_engine.runtime.flow.tokens import (
     advance_move,
-    apply_move,
     history_record,
-    move_through_join,
+    move_in_locked_instance,
     start_move,
     withdraw_tokens,
     write_history,
@@ -49,7 +46,7 @@ from abada_engine.store import tasks as task_store
 from abada_engine.store import timers as timer_store
 from abada_engine.store import tokens as token_store
 from abada_engine.store.hand_written import HotPath
-from abada_engine.store.instances import ListedInstance
+from abada_engine.store.instances import InstanceRow, ListedInstance
 from abada_engine.store.moves import (
     NewInstance,
     StartToWrite,
@@ -58,7 +55,7 @@ from abada_engine.store.moves import (
     start_instances,
 )
 from abada_engine.store.states import InstanceState, TaskKind, TaskState
-from abada_engine.store.tasks import UserTaskRow
+from abada_engine.store.tasks import LockedTaskRow
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +100,9 @@ class Instances:
         self._hot = hot if hot is not None else HotPath(engine)
         self._catalog = catalog
         # Starts arriving together share one statement and one commit; one that fails is tried alone.
-        self._starts = GroupCommit(self._write_starts, max_batch=64, each_alone_on_failure=True)
-
-    async def _write_starts(self, starts: Sequence[StartToWrite]) -> list[datetime | None]:
-        async with self._hot.connect() as conn:
-            return await start_instances(conn, list(starts))
+        self._starts = GroupCommit(
+            self._hot.batch_statement(start_instances), max_batch=64, each_alone_on_failure=True
+        )
 
     async def start(
         self,
@@ -305,43 +300,45 @@ class Instances:
 
     async def complete_user_task(self, user_task_id: uuid.UUID, variables: dict[str, Any]) -> InstanceView:
         async with self._engine.begin() as conn:
-            row = await task_store.lock_user_task(conn, user_task_id)
+            row = await task_store.lock_task_and_instance(conn, user_task_id)
             if row is None or row.kind != TaskKind.USER:
                 raise not_found("user task", str(user_task_id), "user_task_id")
             if row.state != TaskState.WAITING:
-                raise EngineError(
-                    Category.FAILED_PRECONDITION,
+                raise precondition(
                     ErrorReason.TASK_NOT_WAITING,
                     f"user task {user_task_id} is {row.state.lower()}",
-                    field="user_task_id",
+                    "user_task_id",
                 )
             definition = await self._catalog.get(row.definition_id)
             node = definition.process.node(row.node_id)
             if node.fans_out:
                 # An item of a `for_each`: what the person wrote is the item's result, not the instance's.
-                await end_item(
-                    conn,
-                    self._catalog,
-                    definition.process,
-                    node,
+                completed = [HistoryEntry("USER_TASK_COMPLETED", node.id)]
+                end = item_end(
                     row.instance_id,
                     user_task_id,
-                    state=TaskState.COMPLETED,
-                    result=item_result(node, variables),
-                    history=[HistoryEntry("USER_TASK_COMPLETED", node.id)],
+                    TaskState.COMPLETED,
+                    item_result(node, variables),
+                    completed,
                     from_state=TaskState.WAITING,
                 )
+                await end_item(conn, self._catalog, definition.process, node, row.instance_id, end)
             else:
                 await self._leave_user_task(conn, row, node, definition.process, variables)
             instance_id = row.instance_id
         return await self.get(instance_id)
 
     async def _leave_user_task(
-        self, conn: AsyncConnection, row: UserTaskRow, node: Node, process: Process, variables: dict[str, Any]
+        self,
+        conn: AsyncConnection,
+        row: LockedTaskRow,
+        node: Node,
+        process: Process,
+        variables: dict[str, Any],
     ) -> None:
         """A user task done: the token moves on with what the person wrote."""
         user_task_id = row.id
-        await task_store.mark_user_task_completed(conn, user_task_id)
+        await task_store.mark_task_completed(conn, user_task_id)
 
         async def decide(tokens_elsewhere: int | None) -> TokenMove:
             _, leaving, moved = await asyncio.to_thread(
@@ -356,16 +353,7 @@ class Instances:
                 preceding_task_id=user_task_id,
             )
 
-        try:
-            move: TokenMove | None = await decide(None)
-        except JoinNeedsTokens:
-            move = None
-        if move is None or move.withdraws_other_branches:
-            move, _ = await move_through_join(
-                conn, row.instance_id, user_task_id, None, decide, instance_locked=True
-            )
-        else:
-            await apply_move(conn, move)
+        move = await move_in_locked_instance(conn, row.instance_id, user_task_id, decide)
         await follow_calls(conn, self._catalog, [move])
 
 
@@ -386,18 +374,20 @@ def _view(r: ListedInstance) -> InstanceView:
     )
 
 
-async def cancel_instance(conn: AsyncConnection, instance_id: uuid.UUID, reason: str) -> None:
-    """Cancel an active instance with its open tasks and incidents, in the caller's transaction."""
+async def lock_active_instance(conn: AsyncConnection, instance_id: uuid.UUID) -> InstanceRow:
+    """The instance, locked for a change only a running instance takes; refused when there is no such
+    instance or it has ended."""
     instance = await instance_store.lock(conn, instance_id)
     if instance is None:
         raise not_found("instance", str(instance_id), "instance_id")
     if instance.state != InstanceState.ACTIVE:
-        raise EngineError(
-            Category.FAILED_PRECONDITION,
-            ErrorReason.INSTANCE_NOT_ACTIVE,
-            f"instance {instance_id} is {instance.state.lower()}",
-            field="instance_id",
-        )
+        raise not_active(instance_id, instance.state)
+    return instance
+
+
+async def cancel_instance(conn: AsyncConnection, instance_id: uuid.UUID, reason: str) -> None:
+    """Cancel an active instance with its open tasks and incidents, in the caller's transaction."""
+    await lock_active_instance(conn, instance_id)
     await withdraw_tokens(conn, instance_id, f"the instance was cancelled: {reason}")
     await instance_store.mark_canceled(conn, instance_id)
     await write_history(

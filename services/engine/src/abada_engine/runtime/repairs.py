@@ -20,7 +20,7 @@ from abada.engine.v1.error_reason_pb2 import ErrorReason
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.definitions.catalog import Definition, DefinitionCatalog
-from abada_engine.errors import Category, EngineError, invalid, not_found
+from abada_engine.errors import EngineError, invalid, not_found, precondition
 from abada_engine.runtime.calls import follow_calls
 from abada_engine.runtime.flow.navigator import HistoryEntry, advance, task_payload
 from abada_engine.runtime.flow.tokens import (
@@ -30,12 +30,12 @@ from abada_engine.runtime.flow.tokens import (
     move_through_join,
     write_history,
 )
+from abada_engine.runtime.instances import lock_active_instance
 from abada_engine.runtime.waits import WithdrawnTask, close_withdrawn
 from abada_engine.store import incidents as incident_store
-from abada_engine.store import instances as instance_store
 from abada_engine.store import repairs as repair_store
 from abada_engine.store.moves import TokenMove
-from abada_engine.store.states import InstanceState, TaskState
+from abada_engine.store.states import TaskState
 
 _MOVED = "an operator moved the token away"
 _WRITE_IN_FLIGHT = "an operator moved the token away while this write was in flight"
@@ -50,15 +50,6 @@ class Modification:
     unset_variables: tuple[str, ...] = ()
     # (from node, to node): the token resting at the first goes to the second.
     moves: tuple[tuple[str, str], ...] = ()
-
-
-def _not_active(instance_id: uuid.UUID, state: str) -> EngineError:
-    return EngineError(
-        Category.FAILED_PRECONDITION,
-        ErrorReason.INSTANCE_NOT_ACTIVE,
-        f"instance {instance_id} is {state.lower()}",
-        field="instance_id",
-    )
 
 
 def check_modification(change: Modification) -> None:
@@ -79,11 +70,7 @@ async def modify_instance(
     """Apply `change` to one active instance in the caller's transaction: variables first (so a moved
     token walks on the corrected values), then the moves, each withdrawing the task it leaves."""
     check_modification(change)
-    instance = await instance_store.lock(conn, instance_id)
-    if instance is None:
-        raise not_found("instance", str(instance_id), "instance_id")
-    if instance.state != InstanceState.ACTIVE:
-        raise _not_active(instance_id, instance.state)
+    instance = await lock_active_instance(conn, instance_id)
     definition = await catalog.get(instance.definition_id)
     process = definition.process
     for index, (from_node, to_node) in enumerate(change.moves):
@@ -136,11 +123,10 @@ async def _move_token(
         # incident closes and the token goes on from `to_node`.
         incident_id = await repair_store.lock_taskless_incident_at(conn, instance_id, from_node)
         if incident_id is None:
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.NO_TOKEN_AT_NODE,
                 f"no token of instance {instance_id} rests at {from_node!r}",
-                field=f"moves[{index}].from_node_id",
+                f"moves[{index}].from_node_id",
             )
         # Closed before the tokens are counted: this one is moving, not waiting elsewhere.
         await incident_store.close(conn, incident_id, "TOKEN_MOVED")
@@ -239,11 +225,10 @@ async def plan_between(
     if instance_ids:
         missing = set(instance_ids) - set(ids)
         if missing:
-            raise EngineError(
-                Category.FAILED_PRECONDITION,
+            raise precondition(
                 ErrorReason.INSTANCE_NOT_ACTIVE,
                 f"not active on {process_id} v{from_version}: {', '.join(sorted(map(str, missing)))}",
-                field="instance_ids",
+                "instance_ids",
             )
     held = set().union(*(await repair_store.token_nodes(conn, ids)).values()) if ids else set()
     nodes: dict[str, str] = {}
@@ -260,23 +245,21 @@ async def plan_between(
             nodes[old] = new
     if refused:
         # Every node that cannot be mapped at once, so one dry run shows the whole repair to make.
-        raise EngineError(
-            Category.FAILED_PRECONDITION,
+        raise precondition(
             ErrorReason.MIGRATION_PLAN_INVALID,
             "the migration plan cannot map "
             + "; ".join(f"node {node!r}: {why}" for node, why in refused.items()),
-            field="mappings",
+            "mappings",
             metadata={"node_id": next(iter(refused)), "node_ids": ",".join(refused)},
         )
     return MigrationPlan(source, target, tuple(ids), nodes)
 
 
 def _unmappable(node_id: str, why: str) -> EngineError:
-    return EngineError(
-        Category.FAILED_PRECONDITION,
+    return precondition(
         ErrorReason.MIGRATION_PLAN_INVALID,
         f"the migration plan cannot map node {node_id!r}: {why}",
-        field="mappings",
+        "mappings",
         metadata={"node_id": node_id},
     )
 

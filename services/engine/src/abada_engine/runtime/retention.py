@@ -7,9 +7,7 @@ for long, and a deletion cut short by a restart leaves whole instances, never ha
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,8 +17,9 @@ from abada.engine.v1.error_reason_pb2 import ErrorReason
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from abada_engine.db.database import autocommit
-from abada_engine.errors import Category, EngineError, invalid
+from abada_engine.errors import EngineError, invalid, precondition
 from abada_engine.metrics import count_deleted
+from abada_engine.runtime.batch_after_batch import batch_after_batch
 from abada_engine.runtime.instances import cancel_instance
 from abada_engine.store import retention as retention_store
 from abada_engine.store.retention import Deleted
@@ -80,19 +79,21 @@ class Retention:
             if not await retention_store.try_lock(conn):
                 return 0
             try:
-                deleted = 0
-                ends = time.monotonic() + self._round_seconds
-                while True:
+                deleted = Deleted()
+
+                async def batch() -> int:
                     async with self._engine.begin() as batch_conn:
                         due = await retention_store.due_for_retention(batch_conn, self._batch)
                         gone = await retention_store.delete_instances(batch_conn, due) if due else Deleted()
-                    deleted += gone.instances
+                    deleted.add(gone)
                     self.deleted.add(gone)
                     count_deleted("retention", gone.rows)
-                    if len(due) < self._batch or time.monotonic() >= ends:
-                        return deleted
-                    if self._pause:
-                        await asyncio.sleep(self._pause)
+                    return len(due)
+
+                await batch_after_batch(
+                    batch, self._batch, for_seconds=self._round_seconds, pause_seconds=self._pause
+                )
+                return deleted.instances
             finally:
                 await retention_store.unlock(conn)
 
@@ -106,14 +107,16 @@ class Retention:
                 count = await retention_store.count_ended_before(conn, before, process_id)
             return Purged(count, 0, True)
         total = Deleted()
-        while True:
+
+        async def batch() -> int:
             async with self._engine.begin() as conn:
                 found = await retention_store.ended_before(conn, before, process_id, self._batch)
                 gone = await retention_store.delete_instances(conn, found) if found else Deleted()
             total.add(gone)
             count_deleted("purge", gone.rows)
-            if len(found) < self._batch:
-                break
+            return len(found)
+
+        await batch_after_batch(batch, self._batch)
         log.info(
             "instances purged",
             extra={"before": before.isoformat(), "process_id": process_id, "instances": total.instances},
@@ -141,7 +144,9 @@ class Retention:
         # transaction: however many instances one customer has, neither memory nor a transaction grows.
         total = Deleted()
         after: uuid.UUID | None = None
-        while True:
+
+        async def batch() -> int:
+            nonlocal after
             async with self._engine.begin() as conn:
                 found = await retention_store.matching(
                     conn, business_key, variables_holding, self._batch, after, active=False
@@ -152,9 +157,11 @@ class Retention:
                     gone = await retention_store.delete_instances(conn, ids, skip_locked=False)
             total.add(gone)
             count_deleted("erase", gone.rows)
-            if len(found) < self._batch:
-                break
-            after = found[-1].id
+            if found:
+                after = found[-1].id
+            return len(found)
+
+        await batch_after_batch(batch, self._batch)
         forgotten = Deleted()
         async with self._engine.begin() as conn:
             if business_key:
@@ -194,8 +201,7 @@ class Retention:
             )
         named = ", ".join(str(m.id) for m in first)
         more = f" and {active - len(first)} more" if active > len(first) else ""
-        raise EngineError(
-            Category.FAILED_PRECONDITION,
+        raise precondition(
             ErrorReason.INSTANCES_ACTIVE,
             f"{active} matching instance(s) are active: {named}{more}; cancel them first "
             "(cancel_active) or wait for them to end",

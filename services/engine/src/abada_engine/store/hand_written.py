@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import json
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 import asyncpg
@@ -27,6 +27,7 @@ from .hot_pool import HotPool
 _PARAMETER = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 # Where a hand-written statement runs: a SQLAlchemy connection (inside its transaction, if any), the
 # hot statements' own pool, or an asyncpg connection.
@@ -98,6 +99,17 @@ class HotPath:
             return
         async with self._reads.connect() as conn:
             yield conn
+
+    def batch_statement(
+        self, statement: Callable[[Executor, list[T]], Awaitable[list[R]]]
+    ) -> Callable[[Sequence[T]], Awaitable[list[R]]]:
+        """A group commit's batch: `statement` over the whole batch, alone on a hot connection."""
+
+        async def run(batch: Sequence[T]) -> list[R]:
+            async with self.connect() as conn:
+                return await statement(conn, list(batch))
+
+        return run
 
     @staticmethod
     async def open_pool(url: str, size: int) -> HotPool:

@@ -533,7 +533,10 @@ async def cancel_open_tasks(
 
 
 @dataclass(slots=True)
-class UserTaskRow:
+class LockedTaskRow:
+    """A task waiting on something other than a worker (a person, a called process), with what its
+    instance knows; both rows locked."""
+
     id: uuid.UUID
     instance_id: uuid.UUID
     node_id: str
@@ -543,8 +546,9 @@ class UserTaskRow:
     variables: dict[str, Any]
 
 
-async def lock_user_task(conn: AsyncConnection, task_id: uuid.UUID) -> UserTaskRow | None:
-    """The task and its instance, both locked; None if there is no such task."""
+async def lock_task_and_instance(conn: AsyncConnection, task_id: uuid.UUID) -> LockedTaskRow | None:
+    """The task and its instance, both locked; None if there is no such task. A user task about to be
+    completed by a person, or a call activity's task about to end with its called instance."""
     row = (
         await conn.execute(
             select(
@@ -561,10 +565,11 @@ async def lock_user_task(conn: AsyncConnection, task_id: uuid.UUID) -> UserTaskR
             .with_for_update(of=[tasks, instances])
         )
     ).one_or_none()
-    return typed(UserTaskRow, row._mapping) if row is not None else None
+    return typed(LockedTaskRow, row._mapping) if row is not None else None
 
 
-async def mark_user_task_completed(conn: AsyncConnection, task_id: uuid.UUID) -> None:
+async def mark_task_completed(conn: AsyncConnection, task_id: uuid.UUID) -> None:
+    """A task no worker holds (a user task, a call activity's) ends COMPLETED."""
     await conn.execute(
         update(tasks).where(tasks.c.id == task_id).values(state=TaskState.COMPLETED, completed_at=func.now())
     )
@@ -578,8 +583,7 @@ async def waiting_user_tasks(
 ) -> list[Any]:
     """User tasks waiting for a person, oldest first, after `after_key` (the partial index
     `tasks_waiting_user` yields them in this order)."""
-    order = (tasks.c.created_at, tasks.c.id)
-    query = (
+    waiting = (
         select(
             tasks.c.id,
             tasks.c.instance_id,
@@ -590,13 +594,10 @@ async def waiting_user_tasks(
         )
         .join(instances, instances.c.id == tasks.c.instance_id)
         .where(is_(tasks.c.kind, TaskKind.USER), is_(tasks.c.state, TaskState.WAITING))
-        .order_by(*order)
-        .limit(limit)
     )
     if instance_id is not None:
-        query = query.where(tasks.c.instance_id == instance_id)
-    if after_key is not None:
-        query = query.where(keyset.after(order, after_key))
+        waiting = waiting.where(tasks.c.instance_id == instance_id)
+    query = keyset.ordered(waiting, (tasks.c.created_at, tasks.c.id), after_key).limit(limit)
     return list((await conn.execute(query)).all())
 
 
@@ -730,8 +731,7 @@ async def open_external_tasks(
 ) -> list[QueuedTaskRow]:
     """External tasks still ready, leased, parked for a dependency or held by an incident, oldest first,
     after `after_key` (the partial indexes `tasks_open_external*` yield them in this order)."""
-    order = (tasks.c.created_at, tasks.c.id)
-    query = (
+    open_tasks = (
         select(
             tasks.c.id,
             tasks.c.topic,
@@ -753,11 +753,8 @@ async def open_external_tasks(
             is_(tasks.c.kind, TaskKind.EXTERNAL),
             one_of(tasks.c.state, OPEN_EXTERNAL_STATES),
         )
-        .order_by(*order)
-        .limit(limit)
     )
-    if after_key is not None:
-        query = query.where(keyset.after(order, after_key))
+    query = keyset.ordered(open_tasks, (tasks.c.created_at, tasks.c.id), after_key).limit(limit)
     if topic is not None:
         query = query.where(tasks.c.topic == topic)
     if instance_id is not None:

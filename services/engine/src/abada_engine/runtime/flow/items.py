@@ -37,51 +37,20 @@ async def end_item(
     process: Process,
     node: Node,
     instance_id: uuid.UUID,
-    task_id: uuid.UUID,
-    *,
-    state: TaskState,
-    result: Any,
-    history: list[HistoryEntry],
-    guard_worker: str | None = None,
-    guard_hash: bytes | None = None,
-    from_state: TaskState | None = None,
+    end: ItemEnd,
 ) -> FinishedItem | None:
-    """End an item in the caller's transaction (COMPLETED with its result, or SKIPPED), under its lease
-    (`guard_worker`, `guard_hash`) or while it is in `from_state`; None when that no longer held, and
-    nothing was written. The last item's end also moves the token on."""
-    finished = await finish_item(
-        conn,
-        instance_id,
-        task_id,
-        state=state,
-        result=result,
-        history=history,
-        guard_worker=guard_worker,
-        guard_hash=guard_hash,
-        from_state=from_state,
-    )
+    """End an item in the caller's transaction (`item_end`); None when its lease or state no longer
+    held, and nothing was written. The last item's end also moves the token on."""
+    finished = await finish_item(conn, end)
     if finished is not None and finished.may_be_last:
         await end_fan_out_if_done(conn, catalog, process, node, instance_id, finished.fan_out_id)
     return finished
 
 
-async def finish_item(
-    conn: Executor,
-    instance_id: uuid.UUID,
-    task_id: uuid.UUID,
-    *,
-    state: TaskState,
-    result: Any,
-    history: list[HistoryEntry],
-    guard_worker: str | None = None,
-    guard_hash: bytes | None = None,
-    from_state: TaskState | None = None,
-) -> FinishedItem | None:
+async def finish_item(conn: Executor, end: ItemEnd) -> FinishedItem | None:
     """`end_item`'s one statement alone. When it answers `may_be_last`, the caller asks
     `end_fan_out_if_done` next; if it dies first, `FanOutEnds` asks for it."""
-    [finished] = await fan_out_store.finish_items(
-        conn, [item_end(instance_id, task_id, state, result, history, guard_worker, guard_hash, from_state)]
-    )
+    [finished] = await fan_out_store.finish_items(conn, [end])
     return finished
 
 
@@ -91,10 +60,13 @@ def item_end(
     state: TaskState,
     result: Any,
     history: list[HistoryEntry],
+    *,
     guard_worker: str | None = None,
     guard_hash: bytes | None = None,
     from_state: TaskState | None = None,
 ) -> ItemEnd:
+    """An item's end: COMPLETED with its result, or SKIPPED, with its history lines; under its lease
+    (`guard_worker`, `guard_hash`) or only while it is in `from_state`."""
     return ItemEnd(
         task_id,
         state,

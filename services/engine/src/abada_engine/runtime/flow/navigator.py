@@ -76,6 +76,11 @@ class IncidentToRaise:
     details: dict[str, Any] = field(default_factory=dict)
     task_id: uuid.UUID | None = None
 
+    def raised(self, incident_id: uuid.UUID, noted: dict[str, Any] | None = None) -> HistoryEntry:
+        """The INCIDENT_RAISED history line, with what `noted` adds."""
+        data = {"incident_id": str(incident_id), "type": self.type, "message": self.message}
+        return HistoryEntry("INCIDENT_RAISED", self.node_id, {**data, **noted} if noted else data)
+
 
 @dataclass
 class Advance:

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from abada_engine.ids import new_id
-from abada_engine.runtime.flow.navigator import Advance, HistoryEntry, TaskToCreate
+from abada_engine.runtime.flow.navigator import Advance, HistoryEntry, JoinNeedsTokens, TaskToCreate
 from abada_engine.store import approvals as approval_store
 from abada_engine.store import calls as call_store
 from abada_engine.store import fan_outs as fan_out_store
@@ -41,6 +41,7 @@ __all__ = [
     "apply_move",
     "cancel_called",
     "history_record",
+    "move_in_locked_instance",
     "move_through_join",
     "needs_transaction",
     "start_move",
@@ -162,12 +163,7 @@ def _token_move(
             incident.details,
             incident.task_id,
         )
-        raised = HistoryEntry(
-            "INCIDENT_RAISED",
-            incident.node_id,
-            {"incident_id": str(new_incident.id), "type": incident.type, "message": incident.message},
-        )
-        records.append(history_record(instance_id, raised, incident.task_id))
+        records.append(history_record(instance_id, incident.raised(new_incident.id), incident.task_id))
     # Each branch rests where its own walk stopped; the instance's current node stays the fork's.
     branches = tuple(
         replace(_token_move(instance_id, branch, None, [], None), current_node_id=advance.current_node_id)
@@ -258,6 +254,30 @@ async def move_through_join(
             conn, instance_id, "a join on any let another branch through", but=leaving_task_id
         )
     return move, await move_token(conn, move)
+
+
+async def move_in_locked_instance(
+    conn: AsyncConnection,
+    instance_id: uuid.UUID,
+    leaving_task_id: uuid.UUID | None,
+    decide: Callable[[int | None], Awaitable[TokenMove]],
+    *,
+    decide_at_join: Callable[[int], Awaitable[TokenMove]] | None = None,
+) -> TokenMove:
+    """Move a token of an instance the caller has locked, in its transaction: at once when the walk
+    needs no count of the live tokens, else through the join (`move_through_join`), decided there by
+    `decide_at_join` (`decide` unless given). Answers the move written."""
+    try:
+        move: TokenMove | None = await decide(None)
+    except JoinNeedsTokens:
+        move = None
+    if move is None or move.withdraws_other_branches:
+        move, _ = await move_through_join(
+            conn, instance_id, leaving_task_id, None, decide_at_join or decide, instance_locked=True
+        )
+    else:
+        await move_token(conn, move)
+    return move
 
 
 def _created_entry(task: TaskToCreate) -> HistoryEntry:

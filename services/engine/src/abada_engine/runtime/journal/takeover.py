@@ -14,6 +14,7 @@ from abada_engine.definitions.catalog import DefinitionCatalog
 from abada_engine.errors import EngineError
 from abada_engine.runtime.background.handed_out import HandedOut
 from abada_engine.runtime.crypto.sealing import StepSealer
+from abada_engine.runtime.flow.navigator import IncidentToRaise
 from abada_engine.runtime.held import hold_for_a_person
 from abada_engine.runtime.incident_types import JOURNAL_INTEGRITY, TOOL_OUTCOME_UNKNOWN
 from abada_engine.runtime.journal.rules import unkeyed_writes_in_flight
@@ -139,16 +140,8 @@ class Takeover:
     ) -> None:
         """A journal row of this task fails authentication: no worker can resume from it, so a person decides."""
         message = f"the task's journal cannot be read: {why}"
-        await hold_for_a_person(
-            conn,
-            task_id=task_id,
-            instance_id=instance_id,
-            node_id=node_id,
-            type_=JOURNAL_INTEGRITY,
-            message=message,
-            details={"task_id": str(task_id)},
-            give_back_attempt=give_back_attempt,
-        )
+        unreadable = IncidentToRaise(node_id, JOURNAL_INTEGRITY, message, {"task_id": str(task_id)}, task_id)
+        await hold_for_a_person(conn, instance_id, unreadable, give_back_attempt=give_back_attempt)
 
     async def _hold_for_a_person(
         self,
@@ -177,12 +170,8 @@ class Takeover:
         await step_store.mark_outcome_unknown(conn, task_id, step.sequence)
         await hold_for_a_person(
             conn,
-            task_id=task_id,
-            instance_id=instance_id,
-            node_id=node_id,
-            type_=OUTCOME_UNKNOWN,
-            message=message,
-            details=details,
+            instance_id,
+            IncidentToRaise(node_id, OUTCOME_UNKNOWN, message, details, task_id),
             give_back_attempt=give_back_attempt,
             noted={"taken_over": taken_over},
         )

@@ -36,11 +36,12 @@ from abada_engine import metrics
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.model import ModelProfile, Price, Process
 from abada_engine.errors import Category, EngineError
+from abada_engine.runtime.flow.navigator import IncidentToRaise
+from abada_engine.runtime.held import raise_recorded_incident
 from abada_engine.runtime.incident_types import type_name
 from abada_engine.runtime.quota.window import QUOTA_SPAN_SECONDS
 from abada_engine.store import fan_out_budget as fan_out_budget_store
 from abada_engine.store import history as history_store
-from abada_engine.store import incidents as incident_store
 from abada_engine.store import model_quotas as quota_store
 from abada_engine.store.hand_written import HotPath
 from abada_engine.store.history import HistoryRecord
@@ -217,29 +218,13 @@ class Budgets:
                 conn, held.instance_id, held.fan_out_id, LIMIT_EXCEEDED, SHARED_SCOPE
             )
             if incident_id is None:
-                incident_id = await incident_store.raise_incident(
-                    conn,
-                    instance_id=held.instance_id,
-                    node_id=held.node_id,
-                    type_=LIMIT_EXCEEDED,
-                    message=refused.message,
-                    details=error,
-                    task_id=task_id,
-                )
-                entry = ("INCIDENT_RAISED", {"incident_id": str(incident_id), "type": LIMIT_EXCEEDED})
-            else:
-                entry = ("ITEM_STOPPED", {"incident_id": str(incident_id), "reason": refused.message})
+                over = IncidentToRaise(held.node_id, LIMIT_EXCEEDED, refused.message, error, task_id)
+                await raise_recorded_incident(conn, held.instance_id, over)
+                return
+            # The fan-out's incident is raised already: this item only stops under it.
+            stopped = {"incident_id": str(incident_id), "reason": refused.message, "message": refused.message}
             await history_store.append(
-                conn,
-                [
-                    HistoryRecord(
-                        held.instance_id,
-                        entry[0],
-                        held.node_id,
-                        task_id,
-                        {**entry[1], "message": refused.message},
-                    )
-                ],
+                conn, [HistoryRecord(held.instance_id, "ITEM_STOPPED", held.node_id, task_id, stopped)]
             )
 
     async def check(self, process: Process, node_id: str, task_id: uuid.UUID) -> None:
