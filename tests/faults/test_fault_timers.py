@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 from abada.engine.v1 import process_pb2, process_pb2_grpc
-from fault_stack import deploy, engine_service, wait_for
+from fault_stack import Engine, deploy, engine_service, wait_for
 from google.protobuf import struct_pb2
 
 TIMERS = """
@@ -43,31 +43,40 @@ async def _fired(database_url: str) -> list[asyncpg.Record]:
         await conn.close()
 
 
+async def _five_paused(engine: Engine) -> list[str]:
+    """Five instances of `pause`, each waiting on a 4 s timer."""
+    async with engine.channel() as channel:
+        await deploy(channel, TIMERS)
+        stub = process_pb2_grpc.ProcessServiceStub(channel)
+        return [
+            (
+                await stub.StartInstance(process_pb2.StartInstanceRequest(process_id="pause"), timeout=10)
+            ).instance.id
+            for _ in range(5)
+        ]
+
+
+async def _each_fired_once_on_time(database_url: str, ids: list[str]) -> None:
+    await wait_for(
+        lambda: _all_completed(database_url, len(ids)), "every timer fired", timeout=15, interval=0.2
+    )
+    rows = await _fired(database_url)
+    assert sorted(str(r["id"]) for r in rows) == sorted(ids)
+    for row in rows:
+        assert row["fired"] == 1
+        assert timedelta(0) <= row["fired_at"] - row["due_at"] < timedelta(seconds=1)
+
+
 async def test_a_timer_set_before_a_sigkill_fires_once_on_time_after_the_restart(tmp_path, shared_database):
     credentials = tmp_path / "credentials.yaml"
     credentials.write_text("{}\n")
     engine = engine_service(tmp_path, shared_database, credentials)
     await engine.start()
     try:
-        async with engine.channel() as channel:
-            await deploy(channel, TIMERS)
-            stub = process_pb2_grpc.ProcessServiceStub(channel)
-            ids = [
-                (
-                    await stub.StartInstance(process_pb2.StartInstanceRequest(process_id="pause"), timeout=10)
-                ).instance.id
-                for _ in range(5)
-            ]
+        ids = await _five_paused(engine)
         engine.kill()
         await engine.start()  # back well before the timers' 4 s are up
-        await wait_for(
-            lambda: _all_completed(shared_database, len(ids)), "every timer fired", timeout=15, interval=0.2
-        )
-        rows = await _fired(shared_database)
-        assert sorted(str(r["id"]) for r in rows) == sorted(ids)
-        for row in rows:
-            assert row["fired"] == 1
-            assert timedelta(0) <= row["fired_at"] - row["due_at"] < timedelta(seconds=1)
+        await _each_fired_once_on_time(shared_database, ids)
     finally:
         engine.service.stop()
 
@@ -163,29 +172,14 @@ async def test_a_killed_due_time_process_is_replaced_and_its_timers_fire_once_on
             "the due-time process niced 10 below its engine",
             timeout=10,
         )
-        async with engine.channel() as channel:
-            await deploy(channel, TIMERS)
-            stub = process_pb2_grpc.ProcessServiceStub(channel)
-            ids = [
-                (
-                    await stub.StartInstance(process_pb2.StartInstanceRequest(process_id="pause"), timeout=10)
-                ).instance.id
-                for _ in range(5)
-            ]
+        ids = await _five_paused(engine)
         os.kill(child, signal.SIGKILL)
         await wait_for(
             lambda: [pid for pid in _due_time_processes(serving) if pid != child],
             "another due-time process",
             timeout=10,
         )
-        await wait_for(
-            lambda: _all_completed(shared_database, len(ids)), "every timer fired", timeout=15, interval=0.2
-        )
-        rows = await _fired(shared_database)
-        assert sorted(str(r["id"]) for r in rows) == sorted(ids)
-        for row in rows:
-            assert row["fired"] == 1
-            assert timedelta(0) <= row["fired_at"] - row["due_at"] < timedelta(seconds=1)
+        await _each_fired_once_on_time(shared_database, ids)
     finally:
         engine.service.stop()
     assert _due_time_processes(serving) == [], "a stopped engine left its due-time process running"
