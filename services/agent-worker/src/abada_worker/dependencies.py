@@ -125,6 +125,9 @@ class _ProcessView:
     def __init__(self) -> None:
         self._down_since: dict[Dependency, float] = {}
         self._back_since: dict[Dependency, float] = {}
+        # Down for this worker, and the engine has answered a report of a failure since: its word
+        # that the dependency is up is newer than this worker's outage, not a report overtaken.
+        self._heard: set[Dependency] = set()
 
     def failed(self, dependency: Dependency, message: str, sent_at: float) -> None:
         """A call sent at `sent_at` failed; one sent before the dependency was last seen back is the
@@ -132,24 +135,38 @@ class _ProcessView:
         if dependency in self._down_since or sent_at < self._back_since.get(dependency, -1.0):
             return
         self._down_since[dependency] = time.monotonic()
+        self._heard.discard(dependency)
         log.warning("dependency down", extra={"dependency": str(dependency), "error": message})
+
+    def engine_heard(self, dependency: Dependency) -> None:
+        """The engine answered a report of a failure of `dependency` (sent once it was down here)."""
+        if dependency in self._down_since:
+            self._heard.add(dependency)
 
     def answered(self, dependency: Dependency, sent_at: float) -> None:
         """A call sent at `sent_at` got through; one sent before the outage was seen proves nothing."""
         down_since = self._down_since.get(dependency)
         if down_since is not None and sent_at >= down_since:
             del self._down_since[dependency]
+            self._heard.discard(dependency)
             self._back_since[dependency] = time.monotonic()
             log.warning("dependency back", extra={"dependency": str(dependency)})
 
     def is_down(self, dependency: Dependency) -> bool:
         return dependency in self._down_since
 
-    def forget(self, dependency: Dependency) -> None:
-        """The engine says the dependency is up (another worker's call got through)."""
-        if self._down_since.pop(dependency, None) is not None:
-            self._back_since[dependency] = time.monotonic()
-            log.warning("dependency back", extra={"dependency": str(dependency), "by": "engine"})
+    def forget(self, dependency: Dependency) -> bool:
+        """The engine says the dependency is up (another worker's call got through). Taken only once
+        the engine has heard of this worker's outage: at an outage's start, a task held back here may
+        ask the engine before the report of the failure that holds it back has reached it. False:
+        not taken, the dependency stays down here."""
+        if dependency not in self._heard:
+            return dependency not in self._down_since
+        self._heard.discard(dependency)
+        del self._down_since[dependency]
+        self._back_since[dependency] = time.monotonic()
+        log.warning("dependency back", extra={"dependency": str(dependency), "by": "engine"})
+        return True
 
 
 PROCESS_VIEW = _ProcessView()
@@ -185,9 +202,10 @@ class DependencyWatch:
                 result = await attempt()
             except DependencyDown as down:
                 verdict = await self._reported(down, wait_in_place=True, sent_at=sent_at)
-                if down.not_called and not verdict.probe:
-                    # Told to ask again though not the probe: the dependency is up for the engine.
-                    PROCESS_VIEW.forget(down.dependency)
+                if down.not_called and not verdict.probe and not PROCESS_VIEW.forget(down.dependency):
+                    # Told to ask again though not the probe, by an engine that has not yet heard of
+                    # the failure that held this task back: this task calls, and its outcome tells.
+                    self._unconfirmed.add(down.dependency)
                 await self._wait(verdict)
                 continue
             for dependency in needs:
@@ -223,6 +241,8 @@ class DependencyWatch:
         if not down.not_called:
             PROCESS_VIEW.failed(down.dependency, down.message, sent_at)
         verdict = await self._report(down.dependency, up=False, failure=down, wait_in_place=wait_in_place)
+        if not down.not_called:
+            PROCESS_VIEW.engine_heard(down.dependency)
         if verdict.probe or not down.not_called:
             self._unconfirmed.add(down.dependency)
         if verdict.action not in ("WAIT", "CONTINUE"):
