@@ -43,6 +43,20 @@ async def _fired(database_url: str) -> list[asyncpg.Record]:
         await conn.close()
 
 
+async def _started_engine(state: pathlib.Path, database_url: str) -> Engine:
+    credentials = state / "credentials.yaml"
+    credentials.write_text("{}\n")
+    engine = engine_service(state, database_url, credentials)
+    await engine.start()
+    return engine
+
+
+async def _due_time_process(serving: int) -> int:
+    """The pid of the due-time process of the engine `serving`, once started."""
+    [child] = await wait_for(lambda: _due_time_processes(serving), "the due-time process", timeout=10)
+    return int(child)
+
+
 async def _five_paused(engine: Engine) -> list[str]:
     """Five instances of `pause`, each waiting on a 4 s timer."""
     async with engine.channel() as channel:
@@ -68,10 +82,7 @@ async def _each_fired_once_on_time(database_url: str, ids: list[str]) -> None:
 
 
 async def test_a_timer_set_before_a_sigkill_fires_once_on_time_after_the_restart(tmp_path, shared_database):
-    credentials = tmp_path / "credentials.yaml"
-    credentials.write_text("{}\n")
-    engine = engine_service(tmp_path, shared_database, credentials)
-    await engine.start()
+    engine = await _started_engine(tmp_path, shared_database)
     try:
         ids = await _five_paused(engine)
         engine.kill()
@@ -158,14 +169,11 @@ def _due_time_processes(parent: int | None = None) -> list[int]:
 async def test_a_killed_due_time_process_is_replaced_and_its_timers_fire_once_on_time(
     tmp_path, shared_database
 ):
-    credentials = tmp_path / "credentials.yaml"
-    credentials.write_text("{}\n")
-    engine = engine_service(tmp_path, shared_database, credentials)
-    await engine.start()
+    engine = await _started_engine(tmp_path, shared_database)
     assert engine.service.process is not None
     serving = engine.service.process.pid
     try:
-        [child] = await wait_for(lambda: _due_time_processes(serving), "the due-time process", timeout=10)
+        child = await _due_time_process(serving)
         # Below the serving process in CPU priority (once started): the calls come first when the CPU is short.
         await wait_for(
             lambda: os.getpriority(os.PRIO_PROCESS, child) - os.getpriority(os.PRIO_PROCESS, serving) == 10,
@@ -186,14 +194,10 @@ async def test_a_killed_due_time_process_is_replaced_and_its_timers_fire_once_on
 
 
 async def test_an_engine_killed_outright_leaves_no_due_time_process_behind(tmp_path, shared_database):
-    credentials = tmp_path / "credentials.yaml"
-    credentials.write_text("{}\n")
-    engine = engine_service(tmp_path, shared_database, credentials)
-    await engine.start()
+    engine = await _started_engine(tmp_path, shared_database)
     assert engine.service.process is not None
-    serving = engine.service.process.pid
     try:
-        [child] = await wait_for(lambda: _due_time_processes(serving), "the due-time process", timeout=10)
+        child = await _due_time_process(engine.service.process.pid)
         engine.kill()
         await wait_for(lambda: child not in _due_time_processes(), "the orphan leaving", timeout=10)
     finally:
