@@ -25,8 +25,9 @@ from .wakeups import TaskWakeups
 log = logging.getLogger(__name__)
 
 # How long due times coming thick and fast gather into one round. Short: a round's statement holds a
-# core for as long as its moves take, and the calls beside it wait that long for the CPU (at 1,667
-# due times a second, 50 ms rounds doubled FetchAndLock's p99; 10 ms rounds cost it a quarter).
+# core for as long as its moves take, and the calls beside it wait that long for the CPU (at 1,500
+# due times a second, FetchAndLock's p99 grew more beside 200 ms rounds than beside 10 ms ones;
+# docs/benchmarks.md).
 _GATHER_SECONDS = 0.01
 
 
