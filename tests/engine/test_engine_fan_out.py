@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 import pytest
-from abada.engine.v1 import external_task_pb2, incident_pb2, process_pb2
+from abada.engine.v1 import external_task_pb2, incident_pb2, lease_pb2, lease_pb2_grpc, process_pb2
 from engine_helpers import complete, deploy, fetch, history_types, instance, plain, start, struct
 
 QUOTES = """
@@ -142,6 +142,57 @@ async def test_a_join_on_any_lets_the_first_through_and_withdraws_the_other_bran
     assert refused.value.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
     assert await user_tasks(engine, started.id) == []
     assert plain((await instance(engine, started.id)).variables) == {"winner": "b"}
+
+
+RACE = """
+tool_servers:
+  - name: crm
+    transport: streamable-http
+    url: {url}
+    credential: crm-token
+    tools:
+      get_customer: {{ policy: read }}
+processes:
+  - id: race
+    start: ask
+    nodes:
+      - {{ id: ask, type: parallel, branches: [agent, lookup] }}
+      - id: agent
+        type: agent
+        model: gemini-3.6-flash
+        prompt: Look up ${{customerId}}.
+        tools: [crm/get_customer]
+        result_variable: found
+        next: first
+      - {{ id: lookup, type: service, topic: race-lookup, next: first }}
+      - {{ id: first, type: join, wait_for: any, next: done }}
+      - {{ id: done, type: end }}
+"""
+
+
+async def verify_lease(engine: Any, task: external_task_pb2.ExternalTask) -> lease_pb2.VerifyLeaseResponse:
+    return await lease_pb2_grpc.LeaseServiceStub(engine.channel).VerifyLease(
+        lease_pb2.VerifyLeaseRequest(
+            task_id=task.id, worker_id="w", lease_token=task.lease_token, server="crm"
+        )
+    )
+
+
+async def test_a_join_on_any_refuses_the_losing_agents_credentials(engine, crm_credentials) -> None:
+    await deploy(engine, RACE.format(url=crm_credentials.url))
+    started = await start(engine, "race", customerId="C-42")
+    [agent] = await fetch(engine, "w", "abada:agent")
+    [lookup] = await fetch(engine, "w", "race-lookup")
+    await verify_lease(engine, agent)  # the broker would hand the agent its CRM credential now
+
+    await complete(engine, lookup, "w", {"found": "by lookup"})
+
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await verify_lease(engine, agent)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    done = await instance(engine, started.id)
+    assert done.state == process_pb2.INSTANCE_STATE_COMPLETED
+    assert plain(done.variables)["found"] == "by lookup"
 
 
 async def test_cancelling_a_forked_instance_withdraws_every_branch_task(engine) -> None:
