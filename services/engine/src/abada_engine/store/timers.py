@@ -37,11 +37,14 @@ class DueTimer:
 # The passed due times, oldest first, marked fired in the claiming transaction: a replica that claims
 # one holds it until it commits (the others skip it), and if it dies first the claim rolls back and
 # another replica fires it. With the task and instance it belongs to, read in the same statement.
+# "Passed" is as of the transaction's start (`now()`, the round's first statement): a time fixed for
+# the statement bounds the scan of `timers_due`, where `clock_timestamp()`, read row by row, made
+# every round walk past every future due time (12 ms a round with 100,000 waiting).
 _CLAIM_DUE = text(
     f"""
     WITH due AS (
         SELECT id FROM timers
-        WHERE fired_at IS NULL AND due_at <= clock_timestamp()
+        WHERE fired_at IS NULL AND due_at <= now()
         ORDER BY due_at
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
