@@ -8,17 +8,20 @@ Beside the engine's plain `journal_steps` and `history` it builds partitioned co
 `CREATE TABLE ... (LIKE ...) PARTITION BY RANGE (created_at)`, one partition a day, holding the
 same rows; the engine's schema and code are not changed.
 
-Measured, one after the other on the same database:
+Measured, one after the other on the same database (the engine stopped, nothing else in it):
 
 1. the hot path on each layout, taking turns: single-row INSERTs shaped like an AppendStep (and a
    history row) from 8 concurrent connections, rows/s; the journal read by task id (the replay
    read, and the lease check's count of a task's steps), p50/p99;
-2. deleting what expired: on the plain tables the engine's retention job (`runtime/retention.py`,
-   batches of 500 instances, flat out unless `--pause`); on the partitioned ones `DROP TABLE` of
-   the day partitions every row of which has expired;
-3. the rest on the partitioned tables: the expired rows in days not wholly expired (the P7D
-   process's, and the edge day's) go by row DELETEs in batches of 500 instances, every other batch
-   narrowed to the batch's time range so the planner prunes partitions.
+2. row DELETEs of one process's rows whose days are not wholly expired (what a shorter retention,
+   a purge or an erasure leaves to row deletes in a partitioned layout), like for like: the same
+   batches of 500 instances from both layouts in turns, by task and instance ids as
+   store/retention.py deletes, every other batch on the partitioned tables narrowed to the batch's
+   time range so the planner prunes partitions;
+3. deleting what expired: on the plain tables the engine's retention job (`runtime/retention.py`,
+   batches of 500 instances with every row of theirs, flat out unless `--pause`); on the
+   partitioned ones `DROP TABLE` of the day partitions every row of which has expired, then row
+   DELETEs of the expired rows left in the other days (the P7D process's, the edge day's).
 
 Prints one table: each figure on both layouts and their ratio.
 
@@ -33,6 +36,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import asyncpg
 from abada_engine.runtime.retention import BATCH, Retention
@@ -85,8 +89,9 @@ class Figures:
 
 
 async def fill(conn: asyncpg.Connection, journal_rows: int, chunk: int = 20_000) -> None:
-    """Finished instances, one agent task each, their journal steps and history, created over the last
-    DAYS days (a step's and a history row's time is its instance's start; each ran one minute)."""
+    """Finished instances, one agent task each, their journal steps and history, started evenly over
+    the last DAYS days and written in that order, as the engine writes them (a step's and a history
+    row's time is its instance's start; each ran one minute)."""
     instances = max(1, journal_rows // STEPS_PER_TASK)
     month = await conn.fetchval("SELECT id FROM definitions WHERE process_id = 'keep_month'")
     week = await conn.fetchval("SELECT id FROM definitions WHERE process_id = 'keep_week'")
@@ -97,8 +102,7 @@ async def fill(conn: asyncpg.Connection, journal_rows: int, chunk: int = 20_000)
             WITH spread AS (
               SELECT n, CASE WHEN n % $6 = 0 THEN $2::uuid ELSE $1::uuid END AS definition_id,
                      CASE WHEN n % $6 = 0 THEN 'keep_week' ELSE 'keep_month' END AS process_id,
-                     now() - interval '1 minute' - (n % $5) * interval '1 day'
-                           - ((n * 7919) % 86400) * interval '1 second' AS began
+                     now() - interval '1 minute' - ($8 - n) * ($5 * 86400.0 / $8) * interval '1 second' AS began
               FROM generate_series($3 + 1, $3 + $4) AS n
             ), made AS (
               INSERT INTO instances (id, definition_id, process_id, version, state, variables, current_node_id,
@@ -124,6 +128,7 @@ async def fill(conn: asyncpg.Connection, journal_rows: int, chunk: int = 20_000)
             DAYS,
             SHORT_EVERY,
             HISTORY_PER_INSTANCE,
+            instances,
         )
     # As bench/retention.py fills: random bytes (ciphertext does not compress), a pool picked by step.
     await conn.execute(
@@ -134,16 +139,16 @@ async def fill(conn: asyncpg.Connection, journal_rows: int, chunk: int = 20_000)
         """,
         PAYLOAD_POOL,
     )
+    # In time order, a task's steps together, as the engine appends them: the retention job's batches
+    # (oldest first) then find their rows close together, in either layout.
     await conn.execute(
         f"""
         INSERT INTO journal_steps ({STEP_COLUMNS})
-        SELECT t.id, s, 1, 'MODEL_CALL', 'COMPLETED', '', 'bench', 1, request.bytes, response.bytes, NULL, NULL,
-               100, 10, false, t.created_at, t.created_at
-        FROM tasks t
-        CROSS JOIN generate_series(1, $1) AS s
-        JOIN payloads request ON request.p = s % $2
-        JOIN payloads response ON response.p = (s + 1) % $2
-        WHERE t.topic = 'abada:agent'
+        SELECT o.id, o.s, 1, 'MODEL_CALL', 'COMPLETED', '', 'bench', 1, pool.bytes[o.s % $2 + 1],
+               pool.bytes[(o.s + 1) % $2 + 1], NULL, NULL, 100, 10, false, o.created_at, o.created_at
+        FROM (SELECT t.id, t.created_at, s FROM tasks t CROSS JOIN generate_series(1, $1) AS s
+              WHERE t.topic = 'abada:agent' ORDER BY t.created_at, t.id, s) o
+        CROSS JOIN (SELECT array_agg(bytes ORDER BY p) AS bytes FROM payloads) pool
         """,
         STEPS_PER_TASK,
         PAYLOAD_POOL,
@@ -298,11 +303,13 @@ async def reads(conn: asyncpg.Connection, figures: Figures, samples: int) -> Non
 class Expired:
     instance_id: uuid.UUID
     task_ids: list[uuid.UUID]
-    created_at: object
-    ended_at: object
+    created_at: datetime
+    ended_at: datetime
 
 
-async def deletes(url: str, conn: asyncpg.Connection, figures: Figures, pause: float) -> None:
+async def deletes(
+    url: str, conn: asyncpg.Connection, figures: Figures, pause: float, same_batch_instances: int
+) -> None:
     await conn.execute("ALTER TABLE journal_part DROP CONSTRAINT journal_part_task_id_fkey")
     expired = [
         Expired(r["id"], list(r["task_ids"]), r["created_at"], r["ended_at"])
@@ -315,6 +322,7 @@ async def deletes(url: str, conn: asyncpg.Connection, figures: Figures, pause: f
             """
         )
     ]
+    await same_batches(conn, figures, same_batch_instances, pause)
 
     # Plain: the engine's retention job, batches of BATCH instances, until nothing is due.
     await conn.execute("CHECKPOINT")
@@ -365,43 +373,95 @@ async def deletes(url: str, conn: asyncpg.Connection, figures: Figures, pause: f
         seconds,
     )
 
-    # Partitioned: the expired rows in partitions that stay, by row DELETEs in batches of instances,
-    # every other batch narrowed to its instances' time range (a journal row's created_at lies between
-    # its instance's start and end), so only the partitions that range covers are searched.
+    # Partitioned: the expired rows in partitions that stay (the P7D process's, the edge day's), in
+    # batches of instances, every other batch narrowed to its time range.
     rest = [e for e in expired if kept_from is None or e.created_at >= kept_from]
-    batches = [rest[i : i + BATCH] for i in range(0, len(rest), BATCH)]
-    totals = {"pruned": [0, 0.0], "every partition": [0, 0.0]}
+    totals = {True: [0, 0.0], False: [0, 0.0]}
     await conn.execute("CHECKPOINT")
-    for index, batch in enumerate(batches):
-        task_ids = [t for e in batch for t in e.task_ids]
-        instance_ids = [e.instance_id for e in batch]
-        pruned = index % 2 == 0
-        narrow = " AND created_at >= $2 AND created_at <= $3" if pruned else ""
-        bounds = [min(e.created_at for e in batch), max(e.ended_at for e in batch)] if pruned else []  # type: ignore[type-var]
-        begun = time.perf_counter()
-        async with conn.transaction():
-            journal = await conn.execute(
-                f"DELETE FROM journal_part WHERE task_id = ANY($1::uuid[]){narrow}", task_ids, *bounds
-            )
-            history = await conn.execute(
-                f"DELETE FROM history_part WHERE instance_id = ANY($1::uuid[]){narrow}", instance_ids, *bounds
-            )
-        took = time.perf_counter() - begun
-        total = totals["pruned" if pruned else "every partition"]
-        total[0] += int(journal.split()[-1]) + int(history.split()[-1])
-        total[1] += took
+    for index, start in enumerate(range(0, len(rest), BATCH)):
+        rows, took = await delete_batch(conn, "partitioned", rest[start : start + BATCH], index % 2 == 0)
+        totals[index % 2 == 0][0] += rows
+        totals[index % 2 == 0][1] += took
         if pause:
             await asyncio.sleep(pause)
-    for name, (rows, seconds) in totals.items():
+    for pruned, (rows, took) in totals.items():
+        name = "narrowed to the batch's days" if pruned else "every partition searched"
         figures.deleted[f"partitioned: row DELETE of the rest ({name}), journal + history"] = (
             int(rows),
-            seconds,
+            took,
         )
+
+
+async def delete_batch(
+    conn: asyncpg.Connection, layout: str, batch: list[Expired], pruned: bool
+) -> tuple[int, float]:
+    """Delete a batch of instances' journal steps (by task id) and history (by instance id), as
+    store/retention.py does, in one transaction: rows, seconds. `pruned` narrows both statements to the
+    batch's time range (a row's created_at lies between its instance's start and end), so a
+    partitioned table searches only the partitions that range covers instead of every one."""
+    journal, history = LAYOUTS[layout]
+    narrow = " AND created_at >= $2 AND created_at <= $3" if pruned else ""
+    bounds = [min(e.created_at for e in batch), max(e.ended_at for e in batch)] if pruned else []
+    task_ids = [t for e in batch for t in e.task_ids]
+    begun = time.perf_counter()
+    async with conn.transaction():
+        steps = await conn.execute(
+            f"DELETE FROM {journal} WHERE task_id = ANY($1::uuid[]){narrow}", task_ids, *bounds
+        )
+        entries = await conn.execute(
+            f"DELETE FROM {history} WHERE instance_id = ANY($1::uuid[]){narrow}",
+            [e.instance_id for e in batch],
+            *bounds,
+        )
+    return int(steps.split()[-1]) + int(entries.split()[-1]), time.perf_counter() - begun
+
+
+async def same_batches(conn: asyncpg.Connection, figures: Figures, instances: int, pause: float) -> None:
+    """One process's rows in days not wholly expired (a shorter retention, a purge), like for like:
+    the same batches of instances deleted from both layouts, in turns, plain all by ids, partitioned
+    every other batch narrowed to the batch's days. The instances are of the P30D process, 8-29 days
+    old, oldest first as the job takes them: none of them is due, so the job leaves them be."""
+    chosen = [
+        Expired(r["id"], list(r["task_ids"]), r["created_at"], r["ended_at"])
+        for r in await conn.fetch(
+            """
+            SELECT i.id, i.created_at, i.ended_at, array_agg(t.id) AS task_ids
+            FROM instances i JOIN tasks t ON t.instance_id = i.id
+            WHERE i.process_id = 'keep_month' AND i.ended_at < now() - $1 * interval '1 day'
+              AND i.ended_at > now() - $2 * interval '1 day'
+            GROUP BY i.id ORDER BY i.ended_at LIMIT $3
+            """,
+            SHORT_DAYS + 1,
+            LONG_DAYS - 1,
+            instances,
+        )
+    ]
+    totals: dict[tuple[str, bool], list[float]] = {}
+    await conn.execute("CHECKPOINT")
+    for index, start in enumerate(range(0, len(chosen), BATCH)):
+        batch, pruned = chosen[start : start + BATCH], index % 2 == 0
+        # Which layout goes first alternates too, so neither always finds the other's pages cached.
+        order = ("plain", "partitioned") if index % 4 < 2 else ("partitioned", "plain")
+        for layout in order:
+            rows, took = await delete_batch(conn, layout, batch, pruned and layout == "partitioned")
+            total = totals.setdefault((layout, pruned), [0, 0.0])
+            total[0] += rows
+            total[1] += took
+            if pause:
+                await asyncio.sleep(pause)
+    for pruned, name in ((False, "every partition searched"), (True, "narrowed to the batch's days")):
+        key = f"row DELETE, same batches of {BATCH} instances, partitioned {name} (rows/s)"
+        if all((layout, pruned) in totals for layout in LAYOUTS):
+            figures.rates[key] = {
+                layout: totals[(layout, pruned)][0] / totals[(layout, pruned)][1] for layout in LAYOUTS
+            }
 
 
 async def _measure(
     url: str, journal_rows: int, rounds: int, seconds: float, samples: int, pause: float
 ) -> Figures:
+    # An eighth of the instances go through the like-for-like row deletes (of some 21 days' worth).
+    same_batch_instances = journal_rows // STEPS_PER_TASK // 8
     figures = Figures()
     with engine_process(url, {"ABADA_RETENTION_ROUND_SECONDS": "0"}) as engine:
         async with engine.channel() as channel:
@@ -417,10 +477,17 @@ async def _measure(
         await fill(conn, journal_rows)
         await partition(conn, figures)
         await conn.execute("VACUUM ANALYZE")
+        # How closely the plain journal's physical order follows time (1: as the engine appends).
+        correlation = await conn.fetchval(
+            "SELECT correlation FROM pg_stats WHERE tablename = 'journal_steps' AND attname = 'created_at'"
+        )
+        figures.findings.append(
+            f"plain journal_steps: created_at's physical order correlation {correlation:.3f}"
+        )
         figures.fill_seconds = time.perf_counter() - begun
         await hot_path(url, conn, figures, rounds, seconds)
         await reads(conn, figures, samples)
-        await deletes(url, conn, figures, pause)
+        await deletes(url, conn, figures, pause, same_batch_instances)
     finally:
         await conn.close()
     return figures
@@ -428,7 +495,7 @@ async def _measure(
 
 def measure(
     journal_rows: int = 1_000_000,
-    rounds: int = 3,
+    rounds: int = 5,
     seconds: float = 3.0,
     samples: int = 2000,
     pause: float = 0.0,
@@ -442,17 +509,18 @@ def report(figures: Figures, journal_rows: int) -> None:
         f"{journal_rows:,} journal rows over {DAYS} days, {figures.partitions} day partitions "
         f"(filled, copied and vacuumed in {figures.fill_seconds:.0f} s)"
     )
-    print(f"{'figure':<62} {'plain':>12} {'partitioned':>12} {'part/plain':>10}")
+    width = max(len(name) for name in [*figures.rates, *figures.deleted]) + 1
+    print(f"{'figure':<{width}} {'plain':>12} {'partitioned':>12} {'part/plain':>10}")
     for name, by_layout in figures.rates.items():
         plain, part = by_layout["plain"], by_layout["partitioned"]
-        print(f"{name:<62} {plain:>12,.0f} {part:>12,.0f} {part / plain:>9.2f}x")
+        print(f"{name:<{width}} {plain:>12,.0f} {part:>12,.0f} {part / plain:>9.2f}x")
     for name, samples in figures.latencies.items():
         for label, fraction in (("p50", 0.5), ("p99", 0.99)):
             plain, part = percentile(samples["plain"], fraction), percentile(samples["partitioned"], fraction)
-            print(f"{name + ' ' + label + ' (ms)':<62} {plain:>12.3f} {part:>12.3f} {part / plain:>9.2f}x")
-    print(f"{'deleted':<62} {'rows':>12} {'seconds':>12} {'rows/s':>10}")
+            print(f"{f'{name} {label} (ms)':<{width}} {plain:>12.3f} {part:>12.3f} {part / plain:>9.2f}x")
+    print(f"{'deleted':<{width}} {'rows':>12} {'seconds':>12} {'rows/s':>10}")
     for name, (rows, seconds) in figures.deleted.items():
-        print(f"{name:<62} {rows:>12,} {seconds:>12.2f} {rows / seconds if seconds else 0:>10,.0f}")
+        print(f"{name:<{width}} {rows:>12,} {seconds:>12.2f} {rows / seconds if seconds else 0:>10,.0f}")
     for finding in figures.findings:
         print(f"- {finding}")
 
@@ -462,7 +530,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--journal-rows", type=int, default=1_000_000)
-    parser.add_argument("--rounds", type=int, default=3, help="turns of the INSERT figures on each layout")
+    parser.add_argument("--rounds", type=int, default=5, help="turns of the INSERT figures on each layout")
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each INSERT turn")
     parser.add_argument("--samples", type=int, default=2000, help="tasks read on each layout")
     parser.add_argument(
