@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 from abada_engine.runtime.retention import BATCH, Retention
@@ -86,6 +88,8 @@ class Figures:
     latencies: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     deleted: dict[str, tuple[int, float]] = field(default_factory=dict)
     findings: list[str] = field(default_factory=list)
+    # The journal DELETE's scans in the first batches of each row-delete phase.
+    plans: dict[str, list[str]] = field(default_factory=dict)
 
 
 async def fill(conn: asyncpg.Connection, journal_rows: int, chunk: int = 20_000) -> None:
@@ -379,7 +383,10 @@ async def deletes(
     totals = {True: [0, 0.0], False: [0, 0.0]}
     await conn.execute("CHECKPOINT")
     for index, start in enumerate(range(0, len(rest), BATCH)):
-        rows, took = await delete_batch(conn, "partitioned", rest[start : start + BATCH], index % 2 == 0)
+        plans = figures.plans.setdefault("the rest", []) if index < 2 else None
+        rows, took = await delete_batch(
+            conn, "partitioned", rest[start : start + BATCH], index % 2 == 0, plans
+        )
         totals[index % 2 == 0][0] += rows
         totals[index % 2 == 0][1] += took
         if pause:
@@ -392,17 +399,39 @@ async def deletes(
         )
 
 
+def scans(plan: list[dict[str, Any]]) -> str:
+    """The scans a plan runs, counted by kind: "38 Index Scan, 10 Seq Scan"."""
+    found: dict[str, int] = {}
+
+    def visit(node: dict[str, Any]) -> None:
+        if "Scan" in node["Node Type"] and "Relation Name" in node:
+            found[node["Node Type"]] = found.get(node["Node Type"], 0) + 1
+        for child in node.get("Plans", []):
+            visit(child)
+
+    visit(plan[0]["Plan"])
+    return ", ".join(f"{count} {kind}" for kind, count in sorted(found.items()))
+
+
 async def delete_batch(
-    conn: asyncpg.Connection, layout: str, batch: list[Expired], pruned: bool
+    conn: asyncpg.Connection, layout: str, batch: list[Expired], pruned: bool, plans: list[str] | None = None
 ) -> tuple[int, float]:
     """Delete a batch of instances' journal steps (by task id) and history (by instance id), as
     store/retention.py does, in one transaction: rows, seconds. `pruned` narrows both statements to the
     batch's time range (a row's created_at lies between its instance's start and end), so a
-    partitioned table searches only the partitions that range covers instead of every one."""
+    partitioned table searches only the partitions that range covers instead of every one. With
+    `plans`, the journal statement's plan (its scans) is added to it first."""
     journal, history = LAYOUTS[layout]
     narrow = " AND created_at >= $2 AND created_at <= $3" if pruned else ""
     bounds = [min(e.created_at for e in batch), max(e.ended_at for e in batch)] if pruned else []
     task_ids = [t for e in batch for t in e.task_ids]
+    if plans is not None:
+        plan = await conn.fetchval(
+            f"EXPLAIN (FORMAT JSON) DELETE FROM {journal} WHERE task_id = ANY($1::uuid[]){narrow}",
+            task_ids,
+            *bounds,
+        )
+        plans.append(f"{layout}{', narrowed' if pruned else ''}: {scans(json.loads(plan))}")
     begun = time.perf_counter()
     async with conn.transaction():
         steps = await conn.execute(
@@ -443,7 +472,8 @@ async def same_batches(conn: asyncpg.Connection, figures: Figures, instances: in
         # Which layout goes first alternates too, so neither always finds the other's pages cached.
         order = ("plain", "partitioned") if index % 4 < 2 else ("partitioned", "plain")
         for layout in order:
-            rows, took = await delete_batch(conn, layout, batch, pruned and layout == "partitioned")
+            plans = figures.plans.setdefault("same batches", []) if index < 2 else None
+            rows, took = await delete_batch(conn, layout, batch, pruned and layout == "partitioned", plans)
             total = totals.setdefault((layout, pruned), [0, 0.0])
             total[0] += rows
             total[1] += took
@@ -523,6 +553,8 @@ def report(figures: Figures, journal_rows: int) -> None:
         print(f"{name:<{width}} {rows:>12,} {seconds:>12.2f} {rows / seconds if seconds else 0:>10,.0f}")
     for finding in figures.findings:
         print(f"- {finding}")
+    for phase, plans in figures.plans.items():
+        print(f"- journal DELETE plans, {phase}: " + "; ".join(plans))
 
 
 def main() -> None:
