@@ -380,7 +380,7 @@ async def deletes(
     # Partitioned: the expired rows in partitions that stay (the P7D process's, the edge day's), in
     # batches of instances, every other batch narrowed to its time range.
     rest = [e for e in expired if kept_from is None or e.created_at >= kept_from]
-    totals = {True: [0, 0.0], False: [0, 0.0]}
+    totals: dict[bool, list[float]] = {True: [0, 0.0], False: [0, 0.0]}
     await conn.execute("CHECKPOINT")
     for index, start in enumerate(range(0, len(rest), BATCH)):
         plans = figures.plans.setdefault("the rest", []) if index < 2 else None
@@ -391,11 +391,11 @@ async def deletes(
         totals[index % 2 == 0][1] += took
         if pause:
             await asyncio.sleep(pause)
-    for pruned, (rows, took) in totals.items():
+    for pruned, (count, seconds) in totals.items():
         name = "narrowed to the batch's days" if pruned else "every partition searched"
         figures.deleted[f"partitioned: row DELETE of the rest ({name}), journal + history"] = (
-            int(rows),
-            took,
+            int(count),
+            seconds,
         )
 
 
