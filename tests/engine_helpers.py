@@ -85,6 +85,16 @@ processes:
 """
 
 
+def crm_tool_server(crm_url: str, tools: dict[str, str]) -> str:
+    """A bundle's `tool_servers` section with the demo CRM alone, each tool with its YAML flow mapping
+    (`{"get_customer": "{ policy: read }"}`): the lines a bundle with processes goes on from."""
+    lines = "".join(f"      {name}: {spec}\n" for name, spec in tools.items())
+    return (
+        "tool_servers:\n  - name: crm\n    transport: streamable-http\n"
+        f"    url: {crm_url}\n    credential: crm-token\n    tools:\n{lines}"
+    )
+
+
 async def until_lease_ran_out(*tasks: external_task_pb2.ExternalTask) -> None:
     """Sleeps to the latest of the tasks' lease expiries, read from the leases themselves (not a guessed
     length), plus 50 ms: afterwards the engine (PostgreSQL's clock, the same machine's) sees them expired.

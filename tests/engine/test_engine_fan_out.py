@@ -9,7 +9,17 @@ from typing import Any
 import grpc
 import pytest
 from abada.engine.v1 import external_task_pb2, incident_pb2, lease_pb2, lease_pb2_grpc, process_pb2
-from engine_helpers import complete, deploy, fetch, history_types, instance, plain, start, struct
+from engine_helpers import (
+    complete,
+    crm_tool_server,
+    deploy,
+    fetch,
+    history_types,
+    instance,
+    plain,
+    start,
+    struct,
+)
 
 QUOTES = """
 processes:
@@ -145,28 +155,21 @@ async def test_a_join_on_any_lets_the_first_through_and_withdraws_the_other_bran
 
 
 RACE = """
-tool_servers:
-  - name: crm
-    transport: streamable-http
-    url: {url}
-    credential: crm-token
-    tools:
-      get_customer: {{ policy: read }}
 processes:
   - id: race
     start: ask
     nodes:
-      - {{ id: ask, type: parallel, branches: [agent, lookup] }}
+      - { id: ask, type: parallel, branches: [agent, lookup] }
       - id: agent
         type: agent
         model: gemini-3.6-flash
-        prompt: Look up ${{customerId}}.
+        prompt: Look up ${customerId}.
         tools: [crm/get_customer]
         result_variable: found
         next: first
-      - {{ id: lookup, type: service, topic: race-lookup, next: first }}
-      - {{ id: first, type: join, wait_for: any, next: done }}
-      - {{ id: done, type: end }}
+      - { id: lookup, type: service, topic: race-lookup, next: first }
+      - { id: first, type: join, wait_for: any, next: done }
+      - { id: done, type: end }
 """
 
 
@@ -179,7 +182,7 @@ async def verify_lease(engine: Any, task: external_task_pb2.ExternalTask) -> lea
 
 
 async def test_a_join_on_any_refuses_the_losing_agents_credentials(engine, crm_credentials) -> None:
-    await deploy(engine, RACE.format(url=crm_credentials.url))
+    await deploy(engine, crm_tool_server(crm_credentials.url, {"get_customer": "{ policy: read }"}) + RACE)
     started = await start(engine, "race", customerId="C-42")
     [agent] = await fetch(engine, "w", "abada:agent")
     [lookup] = await fetch(engine, "w", "race-lookup")
