@@ -37,6 +37,20 @@ processes:
 """
 
 
+async def create_payload_pool(conn: asyncpg.Connection) -> None:
+    """The temporary table `payloads` (p, bytes): PAYLOAD_POOL payloads of 1 KiB, picked by step.
+    Ciphertext does not compress, so they are random bytes: PostgreSQL stores them as it stores real
+    ones, one of a step's two out of line in the TOAST table."""
+    await conn.execute(
+        """
+        CREATE TEMP TABLE payloads AS
+        SELECT p, decode(string_agg(lpad(to_hex((random() * 4294967295)::bigint), 8, '0'), ''), 'hex') AS bytes
+        FROM generate_series(0, $1 - 1) AS p, generate_series(1, 256) GROUP BY p
+        """,
+        PAYLOAD_POOL,
+    )
+
+
 async def fill(database_url: str, journal_rows: int, chunk: int = 20_000) -> float:
     """Finished instances (ended 40 days ago) with their tasks, journal steps and history, by SQL in
     chunks of `chunk` instances; answers the seconds it took."""
@@ -71,17 +85,8 @@ async def fill(database_url: str, journal_rows: int, chunk: int = 20_000) -> flo
                 count,
                 HISTORY_PER_INSTANCE,
             )
-        # The journal of every old task: 1 KiB of "sealed" payload each way a step. Ciphertext does not
-        # compress, so the payloads are random bytes (a pool of them, picked by step): PostgreSQL stores
-        # them as it stores real ones, one of the two out of line in the TOAST table.
-        await conn.execute(
-            """
-            CREATE TEMP TABLE payloads AS
-            SELECT p, decode(string_agg(lpad(to_hex((random() * 4294967295)::bigint), 8, '0'), ''), 'hex') AS bytes
-            FROM generate_series(0, $1 - 1) AS p, generate_series(1, 256) GROUP BY p
-            """,
-            PAYLOAD_POOL,
-        )
+        # The journal of every old task: 1 KiB of "sealed" payload each way a step.
+        await create_payload_pool(conn)
         await conn.execute(
             """
             INSERT INTO journal_steps (task_id, sequence, attempt, kind, state, tool_ref, key_id, aad_version,

@@ -43,11 +43,11 @@ from typing import Any
 import asyncpg
 from abada_engine.runtime.retention import BATCH, Retention
 from common import engine_process, percentile, scratch_database
+from retention import PAYLOAD_POOL, create_payload_pool
 from sqlalchemy.ext.asyncio import create_async_engine
 
 STEPS_PER_TASK = 20
 HISTORY_PER_INSTANCE = 4
-PAYLOAD_POOL = 64
 DAYS = 40
 # One instance in SHORT_EVERY keeps the short retention.
 SHORT_EVERY = 4
@@ -135,14 +135,7 @@ async def fill(conn: asyncpg.Connection, journal_rows: int, chunk: int = 20_000)
             instances,
         )
     # As bench/retention.py fills: random bytes (ciphertext does not compress), a pool picked by step.
-    await conn.execute(
-        """
-        CREATE TEMP TABLE payloads AS
-        SELECT p, decode(string_agg(lpad(to_hex((random() * 4294967295)::bigint), 8, '0'), ''), 'hex') AS bytes
-        FROM generate_series(0, $1 - 1) AS p, generate_series(1, 256) GROUP BY p
-        """,
-        PAYLOAD_POOL,
-    )
+    await create_payload_pool(conn)
     # In time order, a task's steps together, as the engine appends them: the retention job's batches
     # (oldest first) then find their rows close together, in either layout.
     await conn.execute(
