@@ -7,7 +7,7 @@ import datetime as dt
 from typing import Any
 
 import grpc
-from abada.engine.v1 import definition_pb2, external_task_pb2, process_pb2
+from abada.engine.v1 import definition_pb2, external_task_pb2, lease_pb2, lease_pb2_grpc, process_pb2
 from google.protobuf import json_format, struct_pb2
 from google.rpc import error_details_pb2, status_pb2
 
@@ -56,16 +56,10 @@ def support_triage(
     if node_extra:
         routes += f"{node_extra}\n        "
     review = "\n      - { id: review, type: user_task, next: done }" if review_on else ""
-    return f"""
-tool_servers:
-  - name: crm
-    transport: streamable-http
-    url: {crm_url}
-    credential: crm-token
-    tools:
-      get_customer:  {{ policy: read }}
-      create_ticket: {{ {write} }}
-processes:
+    tools = crm_tool_server(crm_url, {"get_customer": "{ policy: read }", "create_ticket": f"{{ {write} }}"})
+    return (
+        tools
+        + f"""processes:
   - id: support_triage
     start: triage
     nodes:
@@ -83,6 +77,7 @@ processes:
       - {{ id: notify_customer, type: service, topic: notify, next: done }}{review}
       - {{ id: done, type: end }}
 """
+    )
 
 
 def crm_tool_server(crm_url: str, tools: dict[str, str]) -> str:
@@ -92,6 +87,17 @@ def crm_tool_server(crm_url: str, tools: dict[str, str]) -> str:
     return (
         "tool_servers:\n  - name: crm\n    transport: streamable-http\n"
         f"    url: {crm_url}\n    credential: crm-token\n    tools:\n{lines}"
+    )
+
+
+async def verify_lease(
+    engine: Any, task: external_task_pb2.ExternalTask, worker_id: str = "w", server: str = "crm"
+) -> lease_pb2.VerifyLeaseResponse:
+    """The broker's check before it hands out `server`'s credential: the task's lease as the worker holds it."""
+    return await lease_pb2_grpc.LeaseServiceStub(engine.channel).VerifyLease(
+        lease_pb2.VerifyLeaseRequest(
+            task_id=task.id, worker_id=worker_id, lease_token=task.lease_token, server=server
+        )
     )
 
 

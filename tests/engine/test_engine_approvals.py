@@ -8,10 +8,10 @@ import time
 import grpc
 import pytest
 from abada.engine.v1 import approval_pb2 as ap
-from abada.engine.v1 import approval_pb2_grpc, incident_pb2, lease_pb2, lease_pb2_grpc, process_pb2
+from abada.engine.v1 import approval_pb2_grpc, incident_pb2, process_pb2
 from abada.engine.v1 import external_task_pb2 as et
 from bearer import BearerToken
-from engine_helpers import append, deploy, error_info, fetch, instance, journal, plain, struct
+from engine_helpers import append, deploy, error_info, fetch, instance, journal, plain, struct, verify_lease
 
 BUNDLE = """
 tool_servers:
@@ -159,11 +159,7 @@ async def test_a_call_under_approval_parks_the_task_and_cannot_run_unapproved(
     [approval_id] = await park(engine, task)
 
     # Parked: the old lease is worth nothing (so the broker issues no credential), nothing is fetchable.
-    lease_check = lease_pb2_grpc.LeaseServiceStub(engine.channel).VerifyLease(
-        lease_pb2.VerifyLeaseRequest(
-            task_id=task.id, worker_id="w", lease_token=task.lease_token, server="crm"
-        )
-    )
+    lease_check = verify_lease(engine, task)
     code, reason = await refused(lease_check)
     assert code == grpc.StatusCode.PERMISSION_DENIED
     assert await fetch(engine, "w", "abada:agent") == []

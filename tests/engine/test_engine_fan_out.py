@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 import pytest
-from abada.engine.v1 import external_task_pb2, incident_pb2, lease_pb2, lease_pb2_grpc, process_pb2
+from abada.engine.v1 import external_task_pb2, incident_pb2, process_pb2
 from engine_helpers import (
     complete,
     crm_tool_server,
@@ -19,6 +19,7 @@ from engine_helpers import (
     plain,
     start,
     struct,
+    verify_lease,
 )
 
 QUOTES = """
@@ -171,14 +172,6 @@ processes:
       - { id: first, type: join, wait_for: any, next: done }
       - { id: done, type: end }
 """
-
-
-async def verify_lease(engine: Any, task: external_task_pb2.ExternalTask) -> lease_pb2.VerifyLeaseResponse:
-    return await lease_pb2_grpc.LeaseServiceStub(engine.channel).VerifyLease(
-        lease_pb2.VerifyLeaseRequest(
-            task_id=task.id, worker_id="w", lease_token=task.lease_token, server="crm"
-        )
-    )
 
 
 async def test_a_join_on_any_refuses_the_losing_agents_credentials(engine, crm_credentials) -> None:

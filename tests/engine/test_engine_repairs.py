@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from abada.engine.v1 import external_task_pb2, lease_pb2, lease_pb2_grpc, process_pb2
+from abada.engine.v1 import external_task_pb2, process_pb2
 from engine_helpers import (
     ONE_SERVICE_TASK,
     append,
@@ -18,6 +18,7 @@ from engine_helpers import (
     plain,
     start,
     struct,
+    verify_lease,
 )
 
 AGENT = """
@@ -77,11 +78,7 @@ async def test_a_variable_set_and_a_token_moved_mid_flight_withdraw_the_agent_ta
 
     # The withdrawn task's worker is refused: its credential, and its journal.
     with pytest.raises(grpc.aio.AioRpcError) as credential:
-        await lease_pb2_grpc.LeaseServiceStub(engine.channel).VerifyLease(
-            lease_pb2.VerifyLeaseRequest(
-                task_id=task.id, worker_id="w", lease_token=task.lease_token, server="crm"
-            )
-        )
+        await verify_lease(engine, task)
     assert credential.value.code() == grpc.StatusCode.PERMISSION_DENIED
     with pytest.raises(grpc.aio.AioRpcError) as appended:
         await append(

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 import httpx2
 import pytest
-from abada.engine.v1 import external_task_pb2, lease_pb2, lease_pb2_grpc, process_pb2, process_pb2_grpc
+from abada.engine.v1 import external_task_pb2, process_pb2, process_pb2_grpc
 from bearer import BearerToken
 from engine_helpers import (
     append,
@@ -23,6 +23,7 @@ from engine_helpers import (
     plain,
     start,
     struct,
+    verify_lease,
 )
 from google.protobuf import duration_pb2
 from sqlalchemy import text
@@ -280,11 +281,7 @@ async def test_a_deadline_mid_turn_withdraws_the_agent_task_and_its_write_become
         )
     assert error_info(appended.value).reason == "TASK_NOT_LEASED"
     with pytest.raises(grpc.aio.AioRpcError) as credential:
-        await lease_pb2_grpc.LeaseServiceStub(engine.channel).VerifyLease(
-            lease_pb2.VerifyLeaseRequest(
-                task_id=task.id, worker_id="w", lease_token=task.lease_token, server="crm"
-            )
-        )
+        await verify_lease(engine, task)
     assert credential.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
     [step] = await journal(engine, task.id)
