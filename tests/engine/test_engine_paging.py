@@ -29,6 +29,7 @@ from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.approvals import ApprovalListing
 from abada_engine.store.incidents import IncidentListing
+from abada_engine.store.instances import InstanceListing
 from engine_helpers import GREET, complete, deploy, error_info, fetch, start, struct
 from google.protobuf import timestamp_pb2
 from sqlalchemy import event, text
@@ -403,39 +404,51 @@ async def test_every_listing_query_reads_one_page_from_an_index_at_volume(engine
     listings: dict[str, Callable[[Any], Awaitable[Any]]] = {
         "instances": lambda c: instance_store.listed(c, limit=limit),
         "instances, deep": lambda c: instance_store.listed(c, limit=limit, after_key=deep),
-        "active instances": lambda c: instance_store.listed(c, state="ACTIVE", limit=limit),
+        "active instances": lambda c: instance_store.listed(c, InstanceListing(state="ACTIVE"), limit=limit),
         "active instances, deep": lambda c: instance_store.listed(
-            c, state="ACTIVE", limit=limit, after_key=deep
+            c, InstanceListing(state="ACTIVE"), limit=limit, after_key=deep
         ),
         "completed instances, deep": lambda c: instance_store.listed(
-            c, state="COMPLETED", limit=limit, after_key=deep
+            c, InstanceListing(state="COMPLETED"), limit=limit, after_key=deep
         ),
-        "canceled instances": lambda c: instance_store.listed(c, state="CANCELED", limit=limit),
-        "one process's instances": lambda c: instance_store.listed(c, process_id="a", limit=limit),
+        "canceled instances": lambda c: instance_store.listed(
+            c, InstanceListing(state="CANCELED"), limit=limit
+        ),
+        "one process's instances": lambda c: instance_store.listed(
+            c, InstanceListing(process_id="a"), limit=limit
+        ),
         "one process's instances, deep": lambda c: instance_store.listed(
-            c, process_id="a", limit=limit, after_key=deep
+            c, InstanceListing(process_id="a"), limit=limit, after_key=deep
         ),
         "one process's active instances": lambda c: instance_store.listed(
-            c, process_id="a", state="ACTIVE", limit=limit
+            c, InstanceListing(process_id="a", state="ACTIVE"), limit=limit
         ),
         "one process's completed instances, deep": lambda c: instance_store.listed(
-            c, process_id="a", state="COMPLETED", limit=limit, after_key=deep
+            c, InstanceListing(process_id="a", state="COMPLETED"), limit=limit, after_key=deep
         ),
-        "a business key's instances": lambda c: instance_store.listed(c, business_key="key-77", limit=limit),
+        "a business key's instances": lambda c: instance_store.listed(
+            c, InstanceListing(business_key="key-77"), limit=limit
+        ),
         "instances of an hour, deep": lambda c: instance_store.listed(
-            c, limit=limit, after_key=deep, created_after=deep[0] - hour, created_before=deep[0] + hour
+            c,
+            InstanceListing(created_after=deep[0] - hour, created_before=deep[0] + hour),
+            limit=limit,
+            after_key=deep,
         ),
         "one process's completed instances of an hour, deep": lambda c: instance_store.listed(
-            c, process_id="a", state="COMPLETED", limit=limit, after_key=deep, created_after=deep[0] - hour
+            c,
+            InstanceListing(process_id="a", state="COMPLETED", created_after=deep[0] - hour),
+            limit=limit,
+            after_key=deep,
         ),
         "instances with a variable's value": lambda c: instance_store.listed(
-            c, limit=limit, variables_holding={"customerId": "C-77"}
+            c, InstanceListing(variables_holding={"customerId": "C-77"}), limit=limit
         ),
         "one process's instances with two variables' values": lambda c: instance_store.listed(
-            c, process_id="b", limit=limit, variables_holding={"customerId": "C-77", "n": 77}
+            c, InstanceListing(process_id="b", variables_holding={"customerId": "C-77", "n": 77}), limit=limit
         ),
         "completed instances before a time": lambda c: instance_store.listed(
-            c, state="COMPLETED", limit=limit, created_before=deep[0]
+            c, InstanceListing(state="COMPLETED", created_before=deep[0]), limit=limit
         ),
         "one instance": lambda c: instance_store.listed(c, instance_id=deep[1], limit=1),
         "queued tasks": lambda c: task_store.open_external_tasks(c, None, None, limit),

@@ -69,8 +69,7 @@ def precondition(
     )
 
 
-def not_active(instance_id: uuid.UUID, state: str) -> EngineError:
-    """The instance has ended (or was never started): what it was asked needs it running."""
-    return precondition(
-        ErrorReason.INSTANCE_NOT_ACTIVE, f"instance {instance_id} is {state.lower()}", "instance_id"
-    )
+def not_active(instance_id: uuid.UUID, state: str, field: str = "instance_id") -> EngineError:
+    """The instance has ended (or was never started): what it was asked needs it running. `field` is
+    the request's field that led to it (an incident's id names its instance too)."""
+    return precondition(ErrorReason.INSTANCE_NOT_ACTIVE, f"instance {instance_id} is {state.lower()}", field)

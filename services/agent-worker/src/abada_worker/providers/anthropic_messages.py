@@ -29,6 +29,7 @@ from ..conversation import (
 )
 from .base import (
     ModelCallError,
+    answered,
     key_or_placeholder,
     retry_after_seconds,
     stainless_client,
@@ -99,7 +100,7 @@ def _call_error(error: anthropic.APIStatusError) -> ModelCallError:
     detail = raw_detail if isinstance(raw_detail, dict) else {}
     kind = str(detail.get("type") or "")
     return ModelCallError(
-        f"Anthropic answered {status}{f' {kind}' if kind else ''}: {detail.get('message') or error.message}",
+        answered("Anthropic", status, kind, str(detail.get("message") or error.message)),
         retryable=status_is_retryable(status),
         status=status,
         retry_after_seconds=retry_after_seconds(error.response.headers),

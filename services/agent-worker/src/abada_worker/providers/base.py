@@ -57,6 +57,13 @@ def status_is_retryable(status: int) -> bool:
     return status >= 500 or status in RETRYABLE_STATUSES
 
 
+def answered(provider: str, status: int, code: str, message: str) -> str:
+    """How a provider's error reply is told, the same for every provider: the status, the provider's
+    own code for the error when it gave one, and its message."""
+    said = f"{provider} answered {status}{f' {code}' if code else ''}"
+    return f"{said}: {message}" if message else said
+
+
 # The provider's own quota: waited out like the engine's (the lease kept, the same STARTED step).
 QUOTA_STATUS = 429
 # The provider refused the worker's credential: no retry can fix it.

@@ -28,7 +28,7 @@ from ..conversation import (
     ModelTurn,
     result_for_model,
 )
-from .base import ModelCallError, key_or_placeholder, status_is_retryable, unreachable, wire_history
+from .base import ModelCallError, answered, key_or_placeholder, status_is_retryable, unreachable, wire_history
 
 _FILTERED = frozenset(
     {"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "MODEL_ARMOR"}
@@ -80,7 +80,7 @@ class GeminiProvider:
             )
         except errors.APIError as error:
             raise ModelCallError(
-                f"Gemini answered {error.code} {error.status or ''}: {error.message or ''}".strip(),
+                answered("Gemini", error.code, error.status or "", error.message or ""),
                 retryable=status_is_retryable(error.code),
                 status=error.code,
                 retry_after_seconds=retry_delay_of(error),

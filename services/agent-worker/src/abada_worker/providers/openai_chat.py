@@ -33,6 +33,7 @@ from ..conversation import (
 )
 from .base import (
     ModelCallError,
+    answered,
     key_or_placeholder,
     reply_too_large,
     retry_after_seconds,
@@ -99,7 +100,7 @@ def _call_error(error: openai.APIStatusError) -> ModelCallError:
     quota_gone = code == "insufficient_quota"
     wait = retry_after_seconds(error.response.headers) if not quota_gone else None
     return ModelCallError(
-        f"OpenAI answered {status}{f' {code}' if code else ''}: {body.get('message') or error.message}",
+        answered("OpenAI", status, code, str(body.get("message") or error.message)),
         retryable=status_is_retryable(status) and not quota_gone,
         status=status,
         retry_after_seconds=wait,

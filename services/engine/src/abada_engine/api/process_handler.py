@@ -18,6 +18,7 @@ from abada_engine.runtime.instances import MAX_VARIABLES_BYTES, Instances
 from abada_engine.runtime.repairs import Modification, Repairs
 from abada_engine.runtime.retention import Retention
 from abada_engine.runtime.waits import Waits
+from abada_engine.store.instances import InstanceListing
 from abada_engine.store.states import TaskKind
 
 from . import messages
@@ -125,6 +126,16 @@ class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
             if request.parent_instance_id
             else None
         )
+        which = InstanceListing(
+            process_id=request.process_id,
+            state=state,
+            business_key=request.business_key,
+            created_after=created_after,
+            created_before=created_before,
+            variables_holding=holding,
+            waiting_for=_WAITING_FOR.get(request.waiting_for),
+            parent_instance_id=parent,
+        )
         shown, next_token = await self._pages.read(
             request,
             listing(
@@ -140,18 +151,7 @@ class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
                 **({"parent_instance_id": request.parent_instance_id} if request.parent_instance_id else {}),
             ),
             (datetime, uuid.UUID),
-            lambda limit, after: self._instances.list(
-                request.process_id,
-                state,
-                request.business_key,
-                limit=limit,
-                after_key=after,
-                created_after=created_after,
-                created_before=created_before,
-                variables_holding=holding,
-                waiting_for=_WAITING_FOR.get(request.waiting_for),
-                parent_instance_id=parent,
-            ),
+            lambda limit, after: self._instances.list(which, limit=limit, after_key=after),
             _key,
         )
         return process_pb2.ListInstancesResponse(

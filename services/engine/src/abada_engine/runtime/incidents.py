@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from abada_engine.db.database import autocommit
 from abada_engine.definitions.catalog import DefinitionCatalog
-from abada_engine.errors import EngineError, invalid, not_found, precondition
+from abada_engine.errors import EngineError, invalid, not_active, not_found, precondition
 from abada_engine.runtime.calls import follow_calls
 from abada_engine.runtime.flow.navigator import HistoryEntry, advance
 from abada_engine.runtime.flow.tokens import (
@@ -198,11 +198,7 @@ class Incidents:
         instance = await instance_store.lock(conn, row.instance_id)
         assert instance is not None  # an incident's instance is never deleted
         if instance.state != InstanceState.ACTIVE:
-            raise precondition(
-                ErrorReason.INSTANCE_NOT_ACTIVE,
-                f"instance {row.instance_id} is {instance.state.lower()}",
-                "incident_id",
-            )
+            raise not_active(row.instance_id, instance.state, "incident_id")
         definition = await self._catalog.get(instance.definition_id)
         node = definition.process.node(row.node_id)
         if row.task_id is not None and await task_store.offer_again(

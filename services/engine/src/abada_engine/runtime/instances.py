@@ -46,7 +46,7 @@ from abada_engine.store import tasks as task_store
 from abada_engine.store import timers as timer_store
 from abada_engine.store import tokens as token_store
 from abada_engine.store.hand_written import HotPath
-from abada_engine.store.instances import InstanceRow, ListedInstance
+from abada_engine.store.instances import InstanceListing, InstanceRow, ListedInstance
 from abada_engine.store.moves import (
     NewInstance,
     StartToWrite,
@@ -245,32 +245,13 @@ class Instances:
 
     async def list(
         self,
-        process_id: str = "",
-        state: str = "",
-        business_key: str = "",
+        which: InstanceListing,
         limit: int = 100,
         after_key: tuple[datetime, uuid.UUID] | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        variables_holding: dict[str, Any] | None = None,
-        waiting_for: TaskKind | None = None,
-        parent_instance_id: uuid.UUID | None = None,
     ) -> list[InstanceView]:
         """Instances newest first; with `waiting_for` (TIMER or RECEIVE), only those waiting on one."""
         async with self._reads.connect() as conn:
-            rows = await instance_store.listed(
-                conn,
-                process_id=process_id,
-                state=state,
-                business_key=business_key,
-                limit=limit,
-                after_key=after_key,
-                created_after=created_after,
-                created_before=created_before,
-                variables_holding=variables_holding,
-                waiting_for=waiting_for,
-                parent_instance_id=parent_instance_id,
-            )
+            rows = await instance_store.listed(conn, which, limit=limit, after_key=after_key)
         return [_view(r) for r in rows]
 
     async def history(self, instance_id: uuid.UUID) -> builtins.list[HistoryView]:

@@ -41,19 +41,28 @@ class ListedInstance(InstanceRow):
     parent_instance_id: uuid.UUID | None = None
 
 
+@dataclass(frozen=True)
+class InstanceListing:
+    """Which instances a list shows: those matching every filter given ("" and None match any);
+    `waiting_for` (TIMER or RECEIVE) keeps those waiting on one."""
+
+    process_id: str = ""
+    state: str = ""
+    business_key: str = ""
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    variables_holding: dict[str, Any] | None = None
+    waiting_for: TaskKind | None = None
+    parent_instance_id: uuid.UUID | None = None
+
+
 async def listed(
     conn: AsyncConnection,
+    which: InstanceListing = InstanceListing(),
+    *,
     instance_id: uuid.UUID | None = None,
-    process_id: str = "",
-    state: str = "",
-    business_key: str = "",
     limit: int = 100,
     after_key: tuple[datetime, uuid.UUID] | None = None,
-    created_after: datetime | None = None,
-    created_before: datetime | None = None,
-    variables_holding: dict[str, Any] | None = None,
-    waiting_for: TaskKind | None = None,
-    parent_instance_id: uuid.UUID | None = None,
 ) -> list[ListedInstance]:
     """Instances, newest first (by `created_at`, then id), each with its count of open incidents; after
     `after_key`, the last row of the page before. Each filter has an index that yields its rows in this
@@ -66,26 +75,26 @@ async def listed(
     condition: ColumnElement[bool] = true()
     if instance_id is not None:
         condition = condition & (instances.c.id == instance_id)
-    if process_id:
-        condition = condition & (instances.c.process_id == process_id)
-    if state:
-        condition = condition & is_(instances.c.state, InstanceState(state))
-    if business_key:
-        condition = condition & (instances.c.business_key == business_key)
-    if parent_instance_id is not None:
+    if which.process_id:
+        condition = condition & (instances.c.process_id == which.process_id)
+    if which.state:
+        condition = condition & is_(instances.c.state, InstanceState(which.state))
+    if which.business_key:
+        condition = condition & (instances.c.business_key == which.business_key)
+    if which.parent_instance_id is not None:
         # From the partial index of called instances (migration 0014).
-        condition = condition & (instances.c.parent_instance_id == parent_instance_id)
-    if variables_holding:
-        condition = condition & instances.c.variables.contains(variables_holding)
-    if created_after is not None:
-        condition = condition & (instances.c.created_at >= created_after)
-    if created_before is not None:
-        condition = condition & (instances.c.created_at < created_before)
-    if waiting_for is not None:
+        condition = condition & (instances.c.parent_instance_id == which.parent_instance_id)
+    if which.variables_holding:
+        condition = condition & instances.c.variables.contains(which.variables_holding)
+    if which.created_after is not None:
+        condition = condition & (instances.c.created_at >= which.created_after)
+    if which.created_before is not None:
+        condition = condition & (instances.c.created_at < which.created_before)
+    if which.waiting_for is not None:
         # From the partial index of open waits (migration 0010), one probe per instance looked at.
         condition = condition & exists().where(
             tasks.c.instance_id == instances.c.id,
-            is_(tasks.c.kind, waiting_for),
+            is_(tasks.c.kind, which.waiting_for),
             is_(tasks.c.state, TaskState.WAITING),
         )
     if after_key is not None:
