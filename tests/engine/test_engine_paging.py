@@ -529,7 +529,7 @@ async def test_the_queue_upkeep_vacuums_a_hot_table_past_its_threshold(engine, d
         # Statistics reach the shared counters when a session goes idle, at most once a second unless forced.
         await conn.execute(text("SELECT pg_stat_force_next_flush()"))
         await conn.execute(text("SELECT 1"))
-        dead = (await upkeep_store.dead_rows(conn, ["tasks"]))["tasks"]
+        dead = (await upkeep_store.table_changes(conn, ["tasks"]))["tasks"].dead
     assert dead >= 20
 
     assert await QueueUpkeep(db, {"tasks": 10_000}).round() == 0, "below its threshold a table is left alone"
@@ -540,4 +540,57 @@ async def test_the_queue_upkeep_vacuums_a_hot_table_past_its_threshold(engine, d
             break
         await asyncio.sleep(0.1)
     async with db.connect() as conn:
-        assert (await upkeep_store.dead_rows(conn, ["tasks"]))["tasks"] == 0
+        assert (await upkeep_store.table_changes(conn, ["tasks"]))["tasks"].dead == 0
+
+
+async def test_the_queue_upkeep_analyzes_a_hot_table_after_a_share_of_its_rows_changed(engine, db):
+    """ANALYZE reads a sample of the whole table, so it waits for the threshold plus a tenth of the rows
+    to change: a large history is not read again every few thousand changes of a small queue."""
+    from abada_engine.runtime.background.queue_upkeep import QueueUpkeep
+    from abada_engine.store import upkeep as upkeep_store
+
+    # `dependencies`, a hot table the engine under test leaves alone here: 1,000 circuits, all up.
+    async def run(sql: str) -> tuple[upkeep_store.TableChanges, int]:
+        async with db.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await conn.execute(text(sql))
+            # Statistics reach the shared counters when a session goes idle, at most once a second unless forced.
+            await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+            await conn.execute(text("SELECT 1"))
+            changes = (await upkeep_store.table_changes(conn, ["dependencies"]))["dependencies"]
+            analyzed = await conn.scalar(
+                text("SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'dependencies'")
+            )
+        return changes, int(analyzed)
+
+    async def upkeep_round() -> None:
+        # The engine under test runs its own rounds too; one holding the upkeep's lock makes a round wait
+        # its turn, so the round is run until it has vacuumed.
+        for _ in range(100):
+            if await QueueUpkeep(db, {"dependencies": 10}).round():
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError("the upkeep never had its turn")
+
+    circuit = "SELECT 'test:' || n, 'test', n::text, 'UP', now() FROM generate_series(1, 1000) n"
+    await run(f"INSERT INTO dependencies (key, kind, name, state, updated_at) {circuit}")
+    try:
+        counted, analyzed = await run("ANALYZE dependencies")
+        assert counted.rows == 1000
+
+        # 50 changes: past the vacuum's 10 dead rows, short of 10 plus a tenth of 1,000 rows.
+        changed = "UPDATE dependencies SET updated_at = now() WHERE key IN (SELECT key FROM dependencies "
+        await run(changed + "WHERE kind = 'test' ORDER BY key LIMIT 50)")
+        await upkeep_round()
+        counted, analyzed_now = await run("SELECT 1")
+        assert counted.dead == 0, "vacuumed"
+        assert analyzed_now == analyzed, "not analyzed: 50 of 1,000 rows changed"
+
+        # 60 more: 110 changed since the last ANALYZE, the threshold plus a tenth of the rows.
+        await run(changed + "WHERE kind = 'test' ORDER BY key DESC LIMIT 60)")
+        await upkeep_round()
+        counted, analyzed_now = await run("SELECT 1")
+        assert analyzed_now == analyzed + 1
+        assert counted.changed_since_analyze == 0
+    finally:
+        await run("DELETE FROM dependencies WHERE kind = 'test'")

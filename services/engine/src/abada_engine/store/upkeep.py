@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 
 from sqlalchemy import bindparam, delete, func, select, text
@@ -15,22 +16,37 @@ from abada_engine.db.schema import start_requests
 _UPKEEP_LOCK = 0x61626164_0001
 
 
-async def dead_rows(conn: AsyncConnection, tables: list[str]) -> dict[str, int]:
-    """Dead row versions per table, as PostgreSQL's statistics last counted them."""
-    rows = await conn.execute(
-        text(
-            "SELECT relname, n_dead_tup FROM pg_stat_user_tables "
-            "WHERE schemaname = current_schema() AND relname = ANY(:tables)"
-        ).bindparams(bindparam("tables", tables, ARRAY(Text)))
-    )
-    return {row.relname: int(row.n_dead_tup) for row in rows}
+@dataclass(frozen=True)
+class TableChanges:
+    """What PostgreSQL's statistics last counted of a table: its dead row versions, the rows changed
+    since it was last analyzed, and its live rows (0 before its first vacuum or analyze)."""
+
+    dead: int
+    changed_since_analyze: int
+    rows: int
+
+
+_CHANGES = text(
+    "SELECT s.relname, s.n_dead_tup, s.n_mod_since_analyze, greatest(c.reltuples, 0)::bigint AS live "
+    "FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid "
+    "WHERE s.schemaname = current_schema() AND s.relname = ANY(:tables)"
+)
+
+
+async def table_changes(conn: AsyncConnection, tables: list[str]) -> dict[str, TableChanges]:
+    rows = await conn.execute(_CHANGES.bindparams(bindparam("tables", tables, ARRAY(Text))))
+    return {
+        row.relname: TableChanges(int(row.n_dead_tup), int(row.n_mod_since_analyze), int(row.live))
+        for row in rows
+    }
 
 
 _TRY_LOCK = text("SELECT pg_try_advisory_lock(:key)").bindparams(key=_UPKEEP_LOCK)
 _UNLOCK = text("SELECT pg_advisory_unlock(:key)").bindparams(key=_UPKEEP_LOCK)
 # The tables the upkeep may vacuum; VACUUM takes no bound table name, so each statement is written out.
 VACUUMABLE = ("tasks", "model_quota_usage", "model_quota_calls", "model_quota_waiters", "dependencies")
-_VACUUM = {table: text(f'VACUUM (ANALYZE) "{table}"') for table in VACUUMABLE}
+_VACUUM = {table: text(f'VACUUM "{table}"') for table in VACUUMABLE}
+_ANALYZE = {table: text(f'ANALYZE "{table}"') for table in VACUUMABLE}
 
 
 async def try_lock(conn: AsyncConnection) -> bool:
@@ -42,9 +58,14 @@ async def unlock(conn: AsyncConnection) -> None:
 
 
 async def vacuum(conn: AsyncConnection, table: str) -> None:
-    """VACUUM (ANALYZE) one of the engine's own hot tables (`VACUUMABLE`); `conn` must be in
-    autocommit: VACUUM runs outside any transaction."""
+    """VACUUM one of the engine's own hot tables (`VACUUMABLE`); `conn` must be in autocommit: VACUUM
+    runs outside any transaction."""
     await conn.execute(_VACUUM[table])
+
+
+async def analyze(conn: AsyncConnection, table: str) -> None:
+    """ANALYZE one of the engine's own hot tables (`VACUUMABLE`)."""
+    await conn.execute(_ANALYZE[table])
 
 
 async def forget_start_requests(conn: AsyncConnection, older_than: timedelta, limit: int = 10_000) -> int:
