@@ -140,7 +140,7 @@ async def test_a_fan_out_of_200_lines_survives_a_worker_and_the_engine_killed_mi
                 return found if found.state == process_pb2.INSTANCE_STATE_COMPLETED else None
 
             try:
-                finished = await wait_for(completed, "the fan-out completed", 120, 0.5)
+                finished = await wait_for(completed, "the fan-out completed", 300, 0.5)
             except AssertionError as error:
                 raise AssertionError(f"{error}\n{stack.logs()}") from None
             # The engine's own account: each item completed once, whoever finished it.

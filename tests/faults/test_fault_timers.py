@@ -21,7 +21,7 @@ processes:
   - id: pause
     start: wait
     nodes:
-      - { id: wait, type: timer, duration: PT4S, next: done }
+      - { id: wait, type: timer, duration: PT8S, next: done }
       - { id: done, type: end }
   - id: pause_until
     start: wait
@@ -58,7 +58,8 @@ async def _due_time_process(serving: int) -> int:
 
 
 async def _five_paused(engine: Engine) -> list[str]:
-    """Five instances of `pause`, each waiting on a 4 s timer."""
+    """Five instances of `pause`, each waiting on an 8 s timer: time for an engine or its due-time process to
+    come back on a loaded 2-core machine before the timers are due."""
     async with engine.channel() as channel:
         await deploy(channel, TIMERS)
         stub = process_pb2_grpc.ProcessServiceStub(channel)
@@ -72,7 +73,7 @@ async def _five_paused(engine: Engine) -> list[str]:
 
 async def _each_fired_once_on_time(database_url: str, ids: list[str]) -> None:
     await wait_for(
-        lambda: _all_completed(database_url, len(ids)), "every timer fired", timeout=15, interval=0.2
+        lambda: _all_completed(database_url, len(ids)), "every timer fired", timeout=20, interval=0.2
     )
     rows = await _fired(database_url)
     assert sorted(str(r["id"]) for r in rows) == sorted(ids)
@@ -86,7 +87,7 @@ async def test_a_timer_set_before_a_sigkill_fires_once_on_time_after_the_restart
     try:
         ids = await _five_paused(engine)
         engine.kill()
-        await engine.start()  # back well before the timers' 4 s are up
+        await engine.start()  # back well before the timers' 8 s are up
         await _each_fired_once_on_time(shared_database, ids)
     finally:
         engine.service.stop()

@@ -19,12 +19,18 @@ down_revision = "0014"
 _HOT_TABLES = ("tasks", "model_quota_usage", "model_quota_calls", "model_quota_waiters", "dependencies")
 _ANALYZE_SHARE = 0.1
 
+# Every statement is composed here from the constants above, before any function runs.
+_UPGRADE = [
+    f"ALTER TABLE {table} SET (autovacuum_analyze_scale_factor = {_ANALYZE_SHARE})" for table in _HOT_TABLES
+]
+_DOWNGRADE = [f"ALTER TABLE {table} SET (autovacuum_analyze_scale_factor = 0)" for table in _HOT_TABLES]
+
 
 def upgrade() -> None:
-    for table in _HOT_TABLES:
-        op.execute(f"ALTER TABLE {table} SET (autovacuum_analyze_scale_factor = {_ANALYZE_SHARE})")
+    for statement in _UPGRADE:
+        op.execute(statement)
 
 
 def downgrade() -> None:
-    for table in _HOT_TABLES:
-        op.execute(f"ALTER TABLE {table} SET (autovacuum_analyze_scale_factor = 0)")
+    for statement in _DOWNGRADE:
+        op.execute(statement)
