@@ -14,6 +14,7 @@ from abada.engine.v1 import (
     dependency_pb2_grpc,
     external_task_pb2,
     incident_pb2,
+    process_pb2,
     queue_pb2,
     queue_pb2_grpc,
 )
@@ -165,6 +166,27 @@ async def test_the_probe_round_sends_one_parked_task_and_a_call_that_gets_throug
     rest = await fetch(engine, "w", AGENT, max_tasks=3)
     assert len(rest) == 2 and not any(t.probes for t in rest)
     assert ("DEPENDENCY_UP", "agent") in await history_types(engine, probe.instance_id)
+
+
+async def test_a_probe_waiting_in_place_is_the_only_probe_past_its_probe_time(engine, engine_core) -> None:
+    first, second = await leased(engine, ONE_AGENT_TASK, "think", AGENT, 2)
+    await report(engine, first)  # waits in place as the probe, its lease kept
+    await report(engine, second)
+    async with engine_core.db.begin() as conn:
+        await conn.execute(text("UPDATE dependencies SET next_probe_at = now()"))
+
+    await engine_core.dependencies.probe_round()
+
+    assert await fetch(engine, "w", AGENT) == [], "a second probe went out beside the one waiting in place"
+    (status,) = await circuits(engine)
+    assert status.probe_task_id == first.id and status.held_tasks == 1
+    # Its instance canceled, the probe is no longer out: the next one goes.
+    await engine.processes.CancelInstance(
+        process_pb2.CancelInstanceRequest(instance_id=first.instance_id, reason="by hand")
+    )
+    await engine_core.dependencies.probe_round()
+    (probe,) = await fetch(engine, "w", AGENT)
+    assert probe.id == second.id and list(probe.probes) == [MODEL]
 
 
 async def test_past_the_outage_budget_a_report_raises_one_incident(engine) -> None:

@@ -156,13 +156,20 @@ async def announce(conn: AsyncConnection, key: str) -> None:
 
 
 async def due_probes(conn: AsyncConnection, limit: int) -> list[CircuitRow]:
-    """DOWN circuits whose probe time came, locked (SKIP LOCKED: one replica sends each probe)."""
+    """DOWN circuits whose probe time came and whose probe is not still out (the task that met the
+    outage waits in place, holding its lease, and tries again itself), locked (SKIP LOCKED: one replica
+    sends each probe)."""
     query = (
         select(dependencies)
-        .where(is_(dependencies.c.state, DependencyState.DOWN), dependencies.c.next_probe_at <= func.now())
+        .select_from(dependencies.outerjoin(tasks, tasks.c.id == dependencies.c.probe_task_id))
+        .where(
+            is_(dependencies.c.state, DependencyState.DOWN),
+            dependencies.c.next_probe_at <= func.now(),
+            func.coalesce(tasks.c.state, "").not_in([TaskState.READY, TaskState.LEASED]),
+        )
         .order_by(dependencies.c.next_probe_at)
         .limit(limit)
-        .with_for_update(skip_locked=True)
+        .with_for_update(of=dependencies, skip_locked=True)
     )
     return [typed(CircuitRow, row._mapping) for row in (await conn.execute(query)).all()]
 
