@@ -155,17 +155,23 @@ async def announce(conn: AsyncConnection, key: str) -> None:
     await conn.execute(select(func.pg_notify(DEPENDENCY_CHANNEL, key)))
 
 
+# A circuit beside its probe task, if it has one; the probe is out while that task is ready or leased
+# (a task waiting in place as the probe keeps its lease), and no longer out once it is anything else.
+_WITH_PROBE_TASK = dependencies.outerjoin(tasks, tasks.c.id == dependencies.c.probe_task_id)
+_PROBE_NOT_OUT = func.coalesce(tasks.c.state, "").not_in([TaskState.READY, TaskState.LEASED])
+
+
 async def due_probes(conn: AsyncConnection, limit: int) -> list[CircuitRow]:
     """DOWN circuits whose probe time came and whose probe is not still out (the task that met the
     outage waits in place, holding its lease, and tries again itself), locked (SKIP LOCKED: one replica
     sends each probe)."""
     query = (
         select(dependencies)
-        .select_from(dependencies.outerjoin(tasks, tasks.c.id == dependencies.c.probe_task_id))
+        .select_from(_WITH_PROBE_TASK)
         .where(
             is_(dependencies.c.state, DependencyState.DOWN),
             dependencies.c.next_probe_at <= func.now(),
-            func.coalesce(tasks.c.state, "").not_in([TaskState.READY, TaskState.LEASED]),
+            _PROBE_NOT_OUT,
         )
         .order_by(dependencies.c.next_probe_at)
         .limit(limit)
@@ -187,11 +193,8 @@ async def lost_probes(conn: AsyncConnection, limit: int) -> list[ProbeStanding]:
     for another dependency), locked with SKIP LOCKED."""
     query = (
         select(dependencies.c.key, dependencies.c.probe_task_id, tasks.c.state.label("task_state"))
-        .select_from(dependencies.outerjoin(tasks, tasks.c.id == dependencies.c.probe_task_id))
-        .where(
-            is_(dependencies.c.state, DependencyState.PROBING),
-            func.coalesce(tasks.c.state, "").not_in([TaskState.READY, TaskState.LEASED]),
-        )
+        .select_from(_WITH_PROBE_TASK)
+        .where(is_(dependencies.c.state, DependencyState.PROBING), _PROBE_NOT_OUT)
         .limit(limit)
         .with_for_update(of=dependencies, skip_locked=True)
     )
