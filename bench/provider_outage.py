@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "faults"))
+# The fault drills' stack, and the shared test helpers it builds on (tests/engine_helpers.py).
+sys.path[:0] = [str(ROOT / "tests" / "faults"), str(ROOT / "tests")]
 
 import psutil  # noqa: E402
 from common import scratch_database  # noqa: E402
