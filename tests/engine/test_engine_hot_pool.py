@@ -9,7 +9,8 @@ import asyncpg
 import pytest
 from abada_engine.db.database import plain_url
 from abada_engine.db.outage import database_unreachable
-from abada_engine.store.hand_written import HotPath
+from abada_engine.store.hand_written import HandWritten, HotPath
+from sqlalchemy import Text, func, select
 
 
 @pytest.fixture
@@ -63,3 +64,46 @@ async def test_a_cancelled_statement_leaves_the_pool_whole(pool):
     # Its connection was closed rather than lent again mid-statement; both places serve again.
     pids = await asyncio.gather(*(backend(pool) for _ in range(4)))
     assert len(set(pids)) <= 2
+
+
+TRANSACTION_ID = HandWritten("SELECT pg_current_xact_id()::text AS xid")
+
+
+async def test_a_hand_written_statement_first_in_a_transaction_runs_inside_it(db) -> None:
+    """SQLAlchemy begins its transaction with the first statement it sends itself: a hand-written one
+    sent before it must not run in autocommit, outside the transaction and its rollback."""
+    async with db.connect() as conn, conn.begin():
+        first = await TRANSACTION_ID.fetchrow(conn, {})
+        then = (await conn.execute(select(func.pg_current_xact_id().cast(Text)))).scalar_one()
+        assert first is not None and first["xid"] == then
+    async with db.connect() as conn:
+        await conn.begin()
+        await HandWritten("CREATE TEMP TABLE kept_only_if_committed (n int)").fetch(conn, {})
+        await conn.rollback()
+        kept = await HandWritten("SELECT to_regclass('pg_temp.kept_only_if_committed') AS name").fetchrow(
+            conn, {}
+        )
+        assert kept is not None and kept["name"] is None
+
+
+async def test_a_call_cancelled_at_its_begin_never_lends_its_connection_again(db, monkeypatch) -> None:
+    """Cancelled between sending BEGIN and the adapter's note of it, a connection would go back to the
+    pool inside a transaction nobody ends, its row locks held for whoever borrows it next."""
+    async with db.connect() as conn:
+        adapted = (await conn.get_raw_connection()).dbapi_connection
+        cut_off_pid = adapted.driver_connection.get_server_pid()
+
+        async def begin_then_cancelled(self: object) -> None:
+            await adapted.driver_connection.execute("BEGIN")
+            raise asyncio.CancelledError
+
+        monkeypatch.setattr(type(adapted), "_start_transaction", begin_then_cancelled)
+        await conn.begin()
+        with pytest.raises(asyncio.CancelledError):
+            await TRANSACTION_ID.fetchrow(conn, {})
+        monkeypatch.undo()
+        assert conn.invalidated
+    async with db.connect() as conn:
+        raw = await conn.get_raw_connection()
+        assert raw.driver_connection.get_server_pid() != cut_off_pid
+        assert not raw.driver_connection.is_in_transaction()

@@ -327,7 +327,7 @@ async def hold_lease(
     *,
     expired_ok: bool = False,
 ) -> LeaseHeld:
-    """Prove the caller holds the task's live lease; with `lock`, lock task and instance rows.
+    """Prove the caller holds the task's live lease; with `lock`, lock the task's row.
 
     Refusals never change anything: NOT_FOUND, TASK_NOT_LEASED, NOT_LEASE_HOLDER (wrong worker or token,
     indistinguishably) and LEASE_EXPIRED (the right holder, too late). With `expired_ok`, a lease that

@@ -20,9 +20,7 @@ from .states import IncidentState, StepKind, StepState, TaskState
 # Items of one fan-out deciding on its budget take this lock in turn, for the rest of the transaction that
 # also journals the call's STARTED: the next item's check (a statement after the lock, so a snapshot
 # after it) sees the call in flight. Advisory, so it orders nothing but these checks: a completion moving
-# the fan-out never waits for it. Sent through SQLAlchemy, whose connection begins its transaction only
-# when it sends a statement itself: a hand-written statement first would take the lock in a transaction
-# of its own, released at once.
+# the fan-out never waits for it.
 def _lock_fan_out_budget(task_id: uuid.UUID) -> Select[tuple[uuid.UUID | None, Any]]:
     lock_key = func.hashtextextended(literal("abada fan-out budget ") + cast(tasks.c.fan_out_id, Text), 0)
     return select(tasks.c.fan_out_id, func.pg_advisory_xact_lock(lock_key)).where(

@@ -73,10 +73,31 @@ class HandWritten:
 
 async def _driver(conn: Executor) -> HotPool | asyncpg.Connection:
     if isinstance(conn, AsyncConnection):
-        driver = (await conn.get_raw_connection()).driver_connection
+        raw = await conn.get_raw_connection()
+        if conn.in_transaction():
+            try:
+                await _begun(raw.dbapi_connection)
+            except BaseException:
+                # Cut off between BEGIN and the adapter's note of it (a call cancelled at its deadline),
+                # the connection's transaction is unknown: it is closed, never lent again. SQLAlchemy
+                # does the same with a connection its own statement was cancelled on.
+                await conn.invalidate()
+                raise
         # SQLAlchemy types the DBAPI's own connection as Any; under the asyncpg dialect it is asyncpg's.
-        return cast(asyncpg.Connection, driver)
+        return cast(asyncpg.Connection, raw.driver_connection)
     return conn
+
+
+async def _begun(adapted: Any) -> None:
+    """Send the BEGIN of the caller's transaction now, if it was not sent yet.
+
+    SQLAlchemy's asyncpg adapter sends BEGIN lazily, with the first statement it executes itself. A
+    hand-written statement going first through the driver would otherwise run in autocommit: its row
+    locks released at once, its writes committed even when the transaction then rolls back, and the
+    statements after it in a transaction of their own. The adapter has no public call for this; its
+    own (`_start_transaction`) does nothing on an autocommit connection."""
+    if adapted._transaction is None:
+        await adapted._start_transaction()
 
 
 class HotPath:

@@ -175,11 +175,15 @@ _READ_LEASE_SQL = f"""
     WHERE t.id = :id
 """
 READ_LEASE = HandWritten(_READ_LEASE_SQL)
-READ_LEASE_LOCKED = HandWritten(_READ_LEASE_SQL + " FOR UPDATE OF t, i")
+# The task's row only, which is what a takeover's fetch (SKIP LOCKED) meets: every item of a fan-out
+# shares one instance, and its items' lease checks (an ExtendLease every few seconds from each) would
+# queue on that row, each holding a pooled connection while it waits. What else the caller writes (an
+# incident, a move) takes its rows as it writes them.
+READ_LEASE_LOCKED = HandWritten(_READ_LEASE_SQL + " FOR UPDATE OF t")
 
 
 async def read_lease(conn: Executor, task_id: uuid.UUID, lock: bool = False) -> LeaseRow | None:
-    """The task's lease and instance; with `lock`, both rows locked for the caller's transaction."""
+    """The task's lease and instance; with `lock`, the task's row locked for the caller's transaction."""
     row = await (READ_LEASE_LOCKED if lock else READ_LEASE).fetchrow(conn, {"id": task_id})
     return typed(LeaseRow, row) if row is not None else None
 
