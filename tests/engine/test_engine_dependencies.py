@@ -5,6 +5,7 @@ probe at a time, and offers every parked task again once a call gets through."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import grpc
@@ -18,6 +19,8 @@ from abada.engine.v1 import (
     queue_pb2,
     queue_pb2_grpc,
 )
+from abada_engine.store import dependencies as circuit_store
+from abada_engine.store import tasks as task_store
 from engine_helpers import (
     ONE_AGENT_TASK,
     append,
@@ -187,6 +190,31 @@ async def test_a_probe_waiting_in_place_is_the_only_probe_past_its_probe_time(en
     await engine_core.dependencies.probe_round()
     (probe,) = await fetch(engine, "w", AGENT)
     assert probe.id == second.id and list(probe.probes) == [MODEL]
+
+
+async def test_a_fetch_never_parks_a_task_behind_a_circuit_closing_beside_it(engine, engine_core) -> None:
+    """A fetch holding tasks back reads the circuit while the call that got through is closing it and
+    offering its parked tasks again: the fetch waits for that to commit and parks nothing, or parks
+    first and sees them offered. A task parked after the offer would wait for a circuit that is UP."""
+    first, second = await leased(engine, ONE_AGENT_TASK, "think", AGENT, 2)
+    await report(engine, first)  # the circuit is DOWN, `first` its probe
+    key = "model:gemini-3.6-flash"
+    async with engine_core.db.connect() as closing:
+        await closing.begin()
+        await circuit_store.lock(closing, key, "model", "gemini-3.6-flash")
+        await circuit_store.close_circuit(closing, key)
+        assert await task_store.release_parked(closing, key) == 0
+        # The fetch's hold-back, on its own connection, while the close is not yet committed.
+        async with engine_core.db.connect() as fetching:
+            held = asyncio.create_task(
+                task_store.hold_for_dependencies(fetching, [uuid.UUID(second.id)], [key], [60_000])
+            )
+            await asyncio.sleep(0.3)
+            await closing.commit()
+            assert await held == {}
+    stub = queue_pb2_grpc.QueueServiceStub(engine.channel)
+    listed = (await stub.ListTasks(queue_pb2.ListTasksRequest(instance_id=second.instance_id))).tasks
+    assert [t.state for t in listed] == ["LEASED"]
 
 
 async def test_past_the_outage_budget_a_report_raises_one_incident(engine) -> None:

@@ -410,16 +410,26 @@ async def wait_out(
 # task is parked on the first of its dependencies that is not UP and of which it is not the probe,
 # judged by the circuits as they are in the database now (a replica's view of them may lag). The
 # attempt the lock took is given back: waiting for a dependency is no attempt.
+# The circuits are read FOR SHARE: a call that got through closes its circuit and offers the parked
+# tasks under the circuit's row lock, so this either waits for that and finds the circuit UP, or parks
+# first and is offered with the rest. Read without the lock, a circuit closing beside it still looked
+# DOWN, and the task parked after the offer waited for a circuit that was UP.
 HOLD_FOR_DEPENDENCIES = HandWritten(
     f"""
     WITH wanted AS (
         SELECT * FROM unnest(CAST(:task_ids AS uuid[]), CAST(:keys AS text[]), CAST(:budgets_ms AS bigint[]))
             AS w(task_id, key, budget_ms)
     ),
+    down AS MATERIALIZED (
+        SELECT d.key, d.probe_task_id FROM dependencies d
+        WHERE d.key IN (SELECT key FROM wanted) AND d.state <> '{DependencyState.UP}'
+        ORDER BY d.key
+        FOR SHARE
+    ),
     held AS (
         SELECT DISTINCT ON (w.task_id) w.task_id, w.key, w.budget_ms
-        FROM wanted w JOIN dependencies d ON d.key = w.key
-        WHERE d.state <> '{DependencyState.UP}' AND d.probe_task_id IS DISTINCT FROM w.task_id
+        FROM wanted w JOIN down d ON d.key = w.key
+        WHERE d.probe_task_id IS DISTINCT FROM w.task_id
         ORDER BY w.task_id, w.key
     )
     UPDATE tasks t
