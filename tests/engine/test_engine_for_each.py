@@ -14,6 +14,7 @@ import pytest
 from abada.engine.v1 import external_task_pb2, incident_pb2, process_pb2
 from abada_engine.runtime.flow.items import finish_item, item_end
 from abada_engine.runtime.leases import hash_token
+from abada_engine.store.fan_outs import ItemEnd, finish_items
 from abada_engine.store.states import TaskState
 from engine_helpers import (
     complete,
@@ -453,3 +454,47 @@ async def test_a_cancel_racing_the_last_items_ends_cleanly(engine) -> None:
         assert list(shown.active_node_ids) == []
         assert shown.fan_outs[0].state in ("CANCELED", "COMPLETED")
     assert await drain(engine, "total") == []
+
+
+async def test_an_item_left_pending_by_a_rolled_back_end_is_offered_by_the_next_ends(
+    engine, engine_core
+) -> None:
+    """An end that dies before its commit (its replica or the database gone) leaves the item it was
+    offering PENDING, and an end beside it, skipping that locked item, offered the next one instead.
+    The ends that follow, a batch of a low item and a high one among them, still offer it."""
+    await deploy(engine, LINES)
+    started = await start(engine, "lines", lines=lines(7), order="O-rollback")
+    instance_id = uuid.UUID(started.id)
+    first, second, third = sorted(await drain(engine, "price-line"), key=lambda t: plain(t.variables)["sku"])
+
+    def ending(task: external_task_pb2.ExternalTask) -> ItemEnd:
+        return item_end(
+            instance_id,
+            uuid.UUID(task.id),
+            TaskState.COMPLETED,
+            int(plain(task.variables)["sku"].removeprefix("S-")),
+            [],
+            guard_worker="w",
+            guard_hash=hash_token(task.lease_token),
+        )
+
+    async with engine_core.db.connect() as dying:
+        await dying.begin()
+        await finish_item(dying, ending(first))  # holds S-3 while it offers it
+        await complete(engine, second, "w", {"price": 1})  # skips S-3, offers S-4
+        await dying.rollback()
+    now = await drain(engine, "price-line")
+    assert [plain(t.variables)["sku"] for t in now] == ["S-4"]
+    [fourth] = now
+    # The first item's end comes again, in one batch with the fourth's.
+    async with engine_core.db.begin() as conn:
+        await finish_items(conn, [ending(first), ending(fourth)])
+    offered = {plain(t.variables)["sku"]: t for t in await drain(engine, "price-line")}
+    assert "S-3" in offered, sorted(offered)
+    offered["S-2"] = third
+    while offered:
+        for task in offered.values():
+            await complete(engine, task, "w", {"price": int(plain(task.variables)["sku"].removeprefix("S-"))})
+        offered = {plain(t.variables)["sku"]: t for t in await drain(engine, "price-line")}
+    [total] = await fetch(engine, "w", "total", wait_ms=5_000)
+    assert plain(total.variables)["prices"] == [0, 1, 2, 3, 4, 5, 6]

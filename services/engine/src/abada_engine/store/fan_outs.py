@@ -56,11 +56,14 @@ FINISH_ITEMS = HandWritten(
         RETURNING m.n, t.id AS task_id, t.instance_id, t.fan_out_id, t.item_index
     ),
     fan AS (
-        SELECT fan_out_id, count(*) AS ended, max(item_index) AS after FROM finished GROUP BY fan_out_id
+        SELECT fan_out_id, count(*) AS ended, min(item_index) AS after FROM finished GROUP BY fan_out_id
     ),
     picked AS (
-        -- Items are offered in index order, so every PENDING item comes after every item that ended:
-        -- the scan starts past the ended ones instead of walking the dead index entries they left.
+        -- Items are offered in index order, so a PENDING item comes after the items that ended: the
+        -- scan starts past them instead of walking the dead index entries they left. Past the lowest
+        -- of them: an end rolled back after locking an item leaves it PENDING behind one offered past
+        -- it (by an end that skipped the lock), and only that end's own items, ending again, are sure
+        -- to come before it, batched or not with higher ones.
         SELECT nx.id, fan.fan_out_id FROM fan CROSS JOIN LATERAL (
             SELECT p.id FROM tasks p
             WHERE p.fan_out_id = fan.fan_out_id AND p.item_index > fan.after
