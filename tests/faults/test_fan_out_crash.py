@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+import pytest
 from abada.engine.v1 import process_pb2, process_pb2_grpc
 from fault_stack import TOOL_ARGUMENT_MARKER, deploy, running_stack, wait_for
 from google.protobuf import json_format, struct_pb2
@@ -98,6 +99,8 @@ async def instance_state(channel, instance_id: str) -> process_pb2.Instance:  # 
     ).instance
 
 
+# Room for the completion's own wait to run out and print what the stack was doing, on a loaded host.
+@pytest.mark.timeout(480)
 async def test_a_fan_out_of_200_lines_survives_a_worker_and_the_engine_killed_mid_flight(
     tmp_path, shared_database, crm, gemini_url
 ):
@@ -142,7 +145,8 @@ async def test_a_fan_out_of_200_lines_survives_a_worker_and_the_engine_killed_mi
             try:
                 finished = await wait_for(completed, "the fan-out completed", 300, 0.5)
             except AssertionError as error:
-                raise AssertionError(f"{error}\n{stack.logs()}") from None
+                where = await instance_state(channel, instance_id)
+                raise AssertionError(f"{error}\n{where.fan_outs}\n{stack.logs()}") from None
             # The engine's own account: each item completed once, whoever finished it.
             history = await process_pb2_grpc.ProcessServiceStub(channel).GetHistory(
                 process_pb2.GetHistoryRequest(instance_id=instance_id), timeout=10
