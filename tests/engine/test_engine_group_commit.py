@@ -4,6 +4,7 @@ and answered on its own."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Sequence
 
 import grpc
@@ -79,6 +80,27 @@ async def test_a_caller_that_gives_up_does_not_stop_the_others():
     assert await first == 1
     assert await patient == 3
     assert impatient.cancelled()
+
+
+async def test_a_failed_batch_whose_caller_gave_up_logs_nothing() -> None:
+    release = asyncio.Event()
+
+    async def write_group(items: Sequence[int]) -> list[int]:
+        await release.wait()
+        raise ConnectionError("the pool is closed")
+
+    unhandled: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: unhandled.append(context))
+    commit: GroupCommit[int, int] = GroupCommit(write_group)
+    impatient = asyncio.ensure_future(commit.submit(1))
+    await asyncio.sleep(0.01)
+    impatient.cancel()
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.sleep(0.01)
+    del impatient
+    gc.collect()
+    assert [c["message"] for c in unhandled] == []
 
 
 async def transactions_writing(db, rows: str) -> int:

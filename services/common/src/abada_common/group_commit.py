@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+def _read_unwanted(answer: asyncio.Future[Any]) -> None:
+    if not answer.cancelled():
+        answer.exception()
 
 
 class GroupCommit(Generic[T, R]):
@@ -40,7 +45,13 @@ class GroupCommit(Generic[T, R]):
         if self._drainer is None:
             self._drainer = asyncio.create_task(self._drain())
         # A caller that gives up (its RPC cancelled) leaves the batch to finish for the others.
-        return await asyncio.shield(answer)
+        try:
+            return await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            # Nobody reads its answer now: a batch that fails must not log it as an exception never
+            # retrieved (an engine stopping with calls in flight logged one per call).
+            answer.add_done_callback(_read_unwanted)
+            raise
 
     async def _drain(self) -> None:
         try:
