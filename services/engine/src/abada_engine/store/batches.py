@@ -8,7 +8,7 @@ other instances, and an item whose transaction was cut short (a restart) is pend
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -42,15 +42,8 @@ class BatchFilter:
     incident_message: str = ""
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "process_id": self.process_id,
-            "version": self.version,
-            "state": self.state,
-            "node_id": self.node_id,
-            "business_key": self.business_key,
-            "incident_type": self.incident_type,
-            "incident_message": self.incident_message,
-        }
+        # Every field under its own name, as `from_json` reads it back.
+        return asdict(self)
 
     @staticmethod
     def from_json(value: dict[str, Any]) -> BatchFilter:
