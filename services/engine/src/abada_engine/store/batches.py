@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from abada_engine.db.schema import batch_items, batches, incidents, instances, tasks
 
 from .hand_written import typed
+from .instances import narrowed_to_state_and_key
 from .states import (
     OPEN_TASK_STATES,
     BatchOutcome,
@@ -106,10 +107,7 @@ def _matching(which: BatchFilter) -> Any:
     condition: ColumnElement[bool] = instances.c.process_id == which.process_id
     if which.version:
         condition = condition & (instances.c.version == which.version)
-    if which.state:
-        condition = condition & is_(instances.c.state, InstanceState(which.state))
-    if which.business_key:
-        condition = condition & (instances.c.business_key == which.business_key)
+    condition = narrowed_to_state_and_key(condition, which.state, which.business_key)
     if which.node_id:
         # Where the token rests, or, between a fork and its join, any branch's open task.
         condition = condition & (

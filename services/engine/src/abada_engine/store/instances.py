@@ -56,6 +56,19 @@ class InstanceListing:
     parent_instance_id: uuid.UUID | None = None
 
 
+def narrowed_to_state_and_key(
+    condition: ColumnElement[bool], state: str, business_key: str
+) -> ColumnElement[bool]:
+    """`condition`, kept to the instances in `state` with `business_key` ("" matches any): what a list's
+    filter and a batch's filter both ask. The state is inlined, so a generic plan still sees the partial
+    index of active instances."""
+    if state:
+        condition = condition & is_(instances.c.state, InstanceState(state))
+    if business_key:
+        condition = condition & (instances.c.business_key == business_key)
+    return condition
+
+
 async def listed(
     conn: AsyncConnection,
     which: InstanceListing = InstanceListing(),
@@ -77,10 +90,7 @@ async def listed(
         condition = condition & (instances.c.id == instance_id)
     if which.process_id:
         condition = condition & (instances.c.process_id == which.process_id)
-    if which.state:
-        condition = condition & is_(instances.c.state, InstanceState(which.state))
-    if which.business_key:
-        condition = condition & (instances.c.business_key == which.business_key)
+    condition = narrowed_to_state_and_key(condition, which.state, which.business_key)
     if which.parent_instance_id is not None:
         # From the partial index of called instances (migration 0014).
         condition = condition & (instances.c.parent_instance_id == which.parent_instance_id)
