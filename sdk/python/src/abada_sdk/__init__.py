@@ -1,5 +1,6 @@
 """Abada's Python SDK: a typed engine client (AsyncEngineClient, EngineClient) and a task Worker."""
 
+from . import models
 from .client import AsyncEngineClient, InstanceHandle, Stubs
 from .connection import Connection
 from .errors import (
@@ -15,21 +16,9 @@ from .errors import (
     TaskFailed,
     Unauthenticated,
 )
-from .models import (
-    Approval,
-    ApprovalState,
-    Definition,
-    Deployment,
-    HistoryEvent,
-    Incident,
-    Instance,
-    InstanceState,
-    JournalStep,
-    Publication,
-    Resolution,
-    Task,
-    UserTask,
-)
+
+# The model views are named once, in models.__all__.
+from .models import *  # noqa: F403
 from .sync_client import EngineClient, SyncInstanceHandle
 from .worker import Worker
 
@@ -38,34 +27,22 @@ __version__ = "0.1.0"
 __all__ = [
     "AbadaError",
     "AlreadyExists",
-    "Approval",
-    "ApprovalState",
     "AsyncEngineClient",
     "Connection",
-    "Definition",
-    "Deployment",
     "EngineClient",
     "EngineUnavailable",
     "FailedPrecondition",
-    "HistoryEvent",
-    "Incident",
-    "Instance",
     "InstanceFailed",
     "InstanceHandle",
-    "InstanceState",
     "InvalidArgument",
-    "JournalStep",
     "LeaseLost",
     "NotFound",
     "PermissionDenied",
-    "Publication",
-    "Resolution",
     "Stubs",
     "SyncInstanceHandle",
-    "Task",
     "TaskFailed",
     "Unauthenticated",
-    "UserTask",
     "Worker",
     "__version__",
 ]
+__all__ += models.__all__

@@ -329,3 +329,21 @@ class Task:
             variables=from_struct(message.variables),
             lease_expires_at=_time(message.lease_expires_at),
         )
+
+
+# The views the package re-exports (`abada_sdk.Instance`, ...); the struct helpers stay this module's.
+__all__ = [
+    "Approval",
+    "ApprovalState",
+    "Definition",
+    "Deployment",
+    "HistoryEvent",
+    "Incident",
+    "Instance",
+    "InstanceState",
+    "JournalStep",
+    "Publication",
+    "Resolution",
+    "Task",
+    "UserTask",
+]
