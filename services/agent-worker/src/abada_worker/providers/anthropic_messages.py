@@ -29,17 +29,14 @@ from ..conversation import (
 )
 from .base import (
     ModelCallError,
-    answered,
-    key_or_placeholder,
+    StainlessProvider,
+    error_reply,
     retry_after_seconds,
-    stainless_client,
-    status_is_retryable,
-    unreachable,
+    sdk_errors,
     wire_history,
 )
 from .schemas import anthropic_input_schema
 
-_PLACEHOLDER_KEY = "no-key"
 # The Messages API requires an output bound per turn; the node's token limit still caps the task.
 DEFAULT_MAX_OUTPUT_TOKENS = 4096
 _FINISHES = {
@@ -53,7 +50,7 @@ _FINISHES = {
 }
 
 
-class AnthropicMessagesProvider:
+class AnthropicMessagesProvider(StainlessProvider[anthropic.AsyncAnthropic]):
     name = "anthropic"
     credential = "ANTHROPIC_API_KEY"
 
@@ -65,17 +62,18 @@ class AnthropicMessagesProvider:
         timeout_seconds: float = 120.0,
         max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
     ) -> None:
-        key = key_or_placeholder(
-            "Anthropic", self.credential, api_key=api_key, base_url=base_url, placeholder=_PLACEHOLDER_KEY
-        )
-        self._client = stainless_client(
-            anthropic.AsyncAnthropic, api_key=key, base_url=base_url, timeout_seconds=timeout_seconds
+        super().__init__(
+            anthropic.AsyncAnthropic,
+            "Anthropic",
+            api_key=api_key,
+            base_url=base_url,
+            timeout_seconds=timeout_seconds,
         )
         self._max_output_tokens = max_output_tokens
 
     async def generate(self, request: ModelRequest) -> ModelReply:
         tools = [tool_of(function) for function in request.functions]
-        try:
+        with sdk_errors("Anthropic", anthropic.APIStatusError, _call_error, anthropic.APIError):
             message = await self._client.messages.create(
                 model=request.model,
                 max_tokens=self._max_output_tokens,
@@ -83,14 +81,7 @@ class AnthropicMessagesProvider:
                 messages=messages_of(request),  # type: ignore[arg-type]
                 tools=tools or anthropic.omit,  # type: ignore[arg-type]
             )
-        except anthropic.APIStatusError as error:
-            raise _call_error(error) from None
-        except anthropic.APIError as error:
-            raise unreachable("Anthropic", error) from None
         return reply_of(message)
-
-    async def aclose(self) -> None:
-        await self._client.close()
 
 
 def _call_error(error: anthropic.APIStatusError) -> ModelCallError:
@@ -98,11 +89,11 @@ def _call_error(error: anthropic.APIStatusError) -> ModelCallError:
     body = error.body if isinstance(error.body, dict) else {}
     raw_detail = body.get("error")
     detail = raw_detail if isinstance(raw_detail, dict) else {}
-    kind = str(detail.get("type") or "")
-    return ModelCallError(
-        answered("Anthropic", status, kind, str(detail.get("message") or error.message)),
-        retryable=status_is_retryable(status),
-        status=status,
+    return error_reply(
+        "Anthropic",
+        status,
+        str(detail.get("type") or ""),
+        str(detail.get("message") or error.message),
         retry_after_seconds=retry_after_seconds(error.response.headers),
     )
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import email.utils
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Protocol, TypeVar
+from contextlib import contextmanager
+from typing import Generic, Protocol, TypeVar
 
-from abada_common.capped_http import capped_client, too_large_in
+from abada_common.capped_http import ResponseTooLarge, capped_client, too_large_in
 
 from ..conversation import FunctionResult, ModelReply, ModelRequest, ModelTurn, Turn
 
-Client = TypeVar("Client")
+StatusError = TypeVar("StatusError", bound=BaseException)
 
 # Statuses another try may fix (timeout, conflict, rate limit, the provider's own trouble);
 # any other client error would fail the same way again.
@@ -57,11 +58,25 @@ def status_is_retryable(status: int) -> bool:
     return status >= 500 or status in RETRYABLE_STATUSES
 
 
-def answered(provider: str, status: int, code: str, message: str) -> str:
-    """How a provider's error reply is told, the same for every provider: the status, the provider's
-    own code for the error when it gave one, and its message."""
+def error_reply(
+    provider: str,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    retry_after_seconds: float | None,
+    retryable: bool = True,
+) -> ModelCallError:
+    """A provider's error reply, told the same for every provider: the status, the provider's own
+    code for the error when it gave one, and its message. Another try may help when the status says
+    so, unless the provider's own code said it will not (`retryable`)."""
     said = f"{provider} answered {status}{f' {code}' if code else ''}"
-    return f"{said}: {message}" if message else said
+    return ModelCallError(
+        f"{said}: {message}" if message else said,
+        retryable=retryable and status_is_retryable(status),
+        status=status,
+        retry_after_seconds=retry_after_seconds,
+    )
 
 
 # The provider's own quota: waited out like the engine's (the lease kept, the same STARTED step).
@@ -85,6 +100,26 @@ def unreachable(provider: str, error: BaseException) -> ModelCallError:
     return ModelCallError(f"{provider} could not be reached: {error!r}", retryable=True)
 
 
+@contextmanager
+def sdk_errors(
+    provider: str,
+    status_error: type[StatusError],
+    call_error: Callable[[StatusError], ModelCallError],
+    transport_error: type[BaseException],
+) -> Iterator[None]:
+    """Around a call to the provider's SDK: its failures as `ModelCallError`, an error reply (the
+    SDK's `status_error`) as `call_error` reads it, any `transport_error` as no reply at all."""
+    try:
+        yield
+    except ResponseTooLarge as error:
+        # Some SDK paths let the transport's own error through unwrapped.
+        raise reply_too_large(provider, error) from None
+    except status_error as error:
+        raise call_error(error) from None
+    except transport_error as error:
+        raise unreachable(provider, error) from None
+
+
 def key_or_placeholder(
     provider: str,
     credential: str,
@@ -103,21 +138,45 @@ def key_or_placeholder(
     return placeholder
 
 
-def stainless_client(
-    factory: Callable[..., Client], *, api_key: str, base_url: str | None, timeout_seconds: float
-) -> Client:
-    """An async client of the `openai` or `anthropic` SDK, which take the same options.
+class _SdkClient(Protocol):
+    async def close(self) -> None: ...
+
+
+SdkClient = TypeVar("SdkClient", bound=_SdkClient)
+
+
+class StainlessProvider(Generic[SdkClient]):
+    """A provider served through the `openai` or `anthropic` SDK, whose async clients take the same
+    options and close the same way.
 
     The SDK's own retries are off: a rate limit goes back to the worker, which waits out
     `retry-after` within the attempt, and an outage is waited out with every other worker.
     """
-    return factory(
-        api_key=api_key,
-        base_url=base_url or None,
-        timeout=timeout_seconds,
-        max_retries=0,
-        http_client=capped_client(),
-    )
+
+    credential: str
+
+    def __init__(
+        self,
+        factory: Callable[..., SdkClient],
+        provider: str,
+        *,
+        api_key: str | None,
+        base_url: str | None,
+        timeout_seconds: float,
+    ) -> None:
+        self._client = factory(
+            # A key for servers that need none (the scripted endpoint, a local vLLM); the SDK insists on one.
+            api_key=key_or_placeholder(
+                provider, self.credential, api_key=api_key, base_url=base_url, placeholder="no-key"
+            ),
+            base_url=base_url or None,
+            timeout=timeout_seconds,
+            max_retries=0,
+            http_client=capped_client(),
+        )
+
+    async def aclose(self) -> None:
+        await self._client.close()
 
 
 def wire_history(history: tuple[Turn, ...]) -> Iterator[ModelTurn | list[tuple[FunctionResult, str]]]:

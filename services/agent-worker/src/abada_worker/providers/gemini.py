@@ -28,7 +28,7 @@ from ..conversation import (
     ModelTurn,
     result_for_model,
 )
-from .base import ModelCallError, answered, key_or_placeholder, status_is_retryable, unreachable, wire_history
+from .base import ModelCallError, error_reply, key_or_placeholder, sdk_errors, wire_history
 
 _FILTERED = frozenset(
     {"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "MODEL_ARMOR"}
@@ -74,24 +74,25 @@ class GeminiProvider:
             else None,
             automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
         )
-        try:
+        # Whatever the transport raised, there is no reply.
+        with sdk_errors("Gemini", errors.APIError, _call_error, Exception):
             response = await self._client.models.generate_content(
                 model=request.model, contents=contents_of(request), config=config
             )
-        except errors.APIError as error:
-            raise ModelCallError(
-                answered("Gemini", error.code, error.status or "", error.message or ""),
-                retryable=status_is_retryable(error.code),
-                status=error.code,
-                retry_after_seconds=retry_delay_of(error),
-            ) from None
-        except Exception as error:
-            # Whatever the transport raised, there is no reply.
-            raise unreachable("Gemini", error) from None
         return reply_of(response)
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _call_error(error: errors.APIError) -> ModelCallError:
+    return error_reply(
+        "Gemini",
+        error.code,
+        error.status or "",
+        error.message or "",
+        retry_after_seconds=retry_delay_of(error),
+    )
 
 
 def _declaration(function: FunctionSpec) -> types.FunctionDeclaration:

@@ -13,7 +13,6 @@ import json
 from typing import Any
 
 import openai
-from abada_common.capped_http import ResponseTooLarge
 from openai.types.chat import ChatCompletion
 
 from ..conversation import (
@@ -33,19 +32,14 @@ from ..conversation import (
 )
 from .base import (
     ModelCallError,
-    answered,
-    key_or_placeholder,
-    reply_too_large,
+    StainlessProvider,
+    error_reply,
     retry_after_seconds,
-    stainless_client,
-    status_is_retryable,
-    unreachable,
+    sdk_errors,
     wire_history,
 )
 from .schemas import openai_parameters
 
-# A key for servers that need none (the scripted endpoint, a local vLLM); the SDK insists on one.
-_PLACEHOLDER_KEY = "no-key"
 # Where arguments the model produced that are not a JSON object go, so the tool's own input
 # validation answers the model (as an error it can correct) instead of the worker guessing.
 INVALID_ARGUMENTS_KEY = "_invalid_arguments"
@@ -58,38 +52,26 @@ _FINISHES = {
 }
 
 
-class OpenAIChatProvider:
+class OpenAIChatProvider(StainlessProvider[openai.AsyncOpenAI]):
     name = "openai"
     credential = "OPENAI_API_KEY"
 
     def __init__(
         self, *, api_key: str | None, base_url: str | None = None, timeout_seconds: float = 120.0
     ) -> None:
-        key = key_or_placeholder(
-            "OpenAI", self.credential, api_key=api_key, base_url=base_url, placeholder=_PLACEHOLDER_KEY
-        )
-        self._client = stainless_client(
-            openai.AsyncOpenAI, api_key=key, base_url=base_url, timeout_seconds=timeout_seconds
+        super().__init__(
+            openai.AsyncOpenAI, "OpenAI", api_key=api_key, base_url=base_url, timeout_seconds=timeout_seconds
         )
 
     async def generate(self, request: ModelRequest) -> ModelReply:
         tools = [tool_of(function) for function in request.functions]
-        try:
+        with sdk_errors("OpenAI", openai.APIStatusError, _call_error, openai.APIError):
             completion = await self._client.chat.completions.create(
                 model=request.model,
                 messages=messages_of(request),  # type: ignore[arg-type]
                 tools=tools or openai.omit,  # type: ignore[arg-type]
             )
-        except ResponseTooLarge as error:
-            raise reply_too_large("OpenAI", error) from None
-        except openai.APIStatusError as error:
-            raise _call_error(error) from None
-        except openai.APIError as error:
-            raise unreachable("OpenAI", error) from None
         return reply_of(completion)
-
-    async def aclose(self) -> None:
-        await self._client.close()
 
 
 def _call_error(error: openai.APIStatusError) -> ModelCallError:
@@ -98,12 +80,13 @@ def _call_error(error: openai.APIStatusError) -> ModelCallError:
     code = str(body.get("code") or "")
     # A 429 for an exhausted billing quota will not clear by waiting; a rate limit will.
     quota_gone = code == "insufficient_quota"
-    wait = retry_after_seconds(error.response.headers) if not quota_gone else None
-    return ModelCallError(
-        answered("OpenAI", status, code, str(body.get("message") or error.message)),
-        retryable=status_is_retryable(status) and not quota_gone,
-        status=status,
-        retry_after_seconds=wait,
+    return error_reply(
+        "OpenAI",
+        status,
+        code,
+        str(body.get("message") or error.message),
+        retry_after_seconds=retry_after_seconds(error.response.headers) if not quota_gone else None,
+        retryable=not quota_gone,
     )
 
 
