@@ -18,7 +18,7 @@ import contextlib
 import ssl
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any, cast
 
@@ -132,13 +132,7 @@ class ContractMismatch:
     observed_sha256: str = ""
 
     def as_dict(self) -> dict[str, str]:
-        return {
-            "server": self.server,
-            "tool": self.tool,
-            "problem": self.problem,
-            "expected_sha256": self.expected_sha256,
-            "observed_sha256": self.observed_sha256,
-        }
+        return asdict(self)
 
 
 def check_contract(bindings: Iterable[ToolBinding], listed: dict[str, Tool]) -> list[ContractMismatch]:
