@@ -7,6 +7,7 @@ derivable from what the journal stores.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,12 @@ FINISH_LENGTH = "length"  # it ran out of output tokens (or context window)
 FINISH_REFUSAL = "refusal"  # it declined
 FINISH_FILTERED = "content_filter"  # the provider's safety filter stopped it
 FINISH_OTHER = "other"
+
+
+def neutral_finish(reason: str, finishes: Mapping[str, str]) -> str:
+    """A provider's own finish reason in the journal's words, through the provider's `finishes`: a
+    reason it does not list is FINISH_OTHER, and no reason at all stays ""."""
+    return finishes.get(reason, FINISH_OTHER if reason else "")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from anthropic.types import Message
 
 from ..conversation import (
     FINISH_LENGTH,
-    FINISH_OTHER,
     FINISH_REFUSAL,
     FINISH_STOP,
     FINISH_TOOL_CALLS,
@@ -25,6 +24,7 @@ from ..conversation import (
     ModelReply,
     ModelRequest,
     ModelTurn,
+    neutral_finish,
     result_for_model,
 )
 from .base import (
@@ -164,7 +164,7 @@ def reply_of(message: Message) -> ModelReply:
         # Anthropic counts cached and cache-writing input apart from `input_tokens`; all were read.
         input_tokens=usage.input_tokens + cache_read + cache_write,
         output_tokens=usage.output_tokens,
-        finish=_FINISHES.get(stop, FINISH_OTHER if stop else ""),
+        finish=neutral_finish(stop, _FINISHES),
         refusal=(text or "the model declined to answer") if refused else "",
         cached_input_tokens=cache_read,
         reasoning_tokens=int(getattr(details, "thinking_tokens", 0) or 0) if details else 0,

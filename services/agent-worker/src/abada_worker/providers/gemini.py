@@ -17,7 +17,6 @@ from google.genai import errors, types
 from ..conversation import (
     FINISH_FILTERED,
     FINISH_LENGTH,
-    FINISH_OTHER,
     FINISH_STOP,
     FINISH_TOOL_CALLS,
     FunctionCall,
@@ -26,13 +25,19 @@ from ..conversation import (
     ModelReply,
     ModelRequest,
     ModelTurn,
+    neutral_finish,
     result_for_model,
 )
 from .base import ModelCallError, error_reply, key_or_placeholder, sdk_errors, wire_history
 
-_FILTERED = frozenset(
-    {"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "MODEL_ARMOR"}
-)
+_FINISHES = {
+    "STOP": FINISH_STOP,
+    "MAX_TOKENS": FINISH_LENGTH,
+    **dict.fromkeys(
+        ("SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "MODEL_ARMOR"),
+        FINISH_FILTERED,
+    ),
+}
 # A key the scripted endpoint ignores; the SDK refuses to start without one.
 _PLACEHOLDER_KEY = "scripted-endpoint"
 
@@ -171,15 +176,8 @@ def reply_of(response: types.GenerateContentResponse) -> ModelReply:
 
 
 def _neutral_finish(finish: str, called: bool) -> str:
-    if called:
-        return FINISH_TOOL_CALLS
-    if finish == "STOP":
-        return FINISH_STOP
-    if finish == "MAX_TOKENS":
-        return FINISH_LENGTH
-    if finish in _FILTERED:
-        return FINISH_FILTERED
-    return FINISH_OTHER if finish else ""
+    # Gemini ends a turn that calls functions with STOP, as it ends an answer.
+    return FINISH_TOOL_CALLS if called else neutral_finish(finish, _FINISHES)
 
 
 def retry_delay_of(error: errors.APIError) -> float | None:

@@ -18,7 +18,6 @@ from openai.types.chat import ChatCompletion
 from ..conversation import (
     FINISH_FILTERED,
     FINISH_LENGTH,
-    FINISH_OTHER,
     FINISH_REFUSAL,
     FINISH_STOP,
     FINISH_TOOL_CALLS,
@@ -28,6 +27,7 @@ from ..conversation import (
     ModelReply,
     ModelRequest,
     ModelTurn,
+    neutral_finish,
     result_for_model,
 )
 from .base import (
@@ -175,7 +175,7 @@ def reply_of(completion: ChatCompletion) -> ModelReply:
         input_tokens=usage.prompt_tokens if usage else 0,
         output_tokens=usage.completion_tokens if usage else 0,
         extra=extra,
-        finish=FINISH_REFUSAL if refusal else _FINISHES.get(finish, FINISH_OTHER if finish else ""),
+        finish=FINISH_REFUSAL if refusal else neutral_finish(finish, _FINISHES),
         refusal=refusal,
         cached_input_tokens=(prompt_details.cached_tokens or 0) if prompt_details else 0,
         reasoning_tokens=(completion_details.reasoning_tokens or 0) if completion_details else 0,
