@@ -7,22 +7,20 @@ import enum
 import itertools
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import grpc
 import typer
 from abada.engine.v1 import (
-    approval_pb2,
     batch_pb2,
-    definition_pb2,
     dependency_pb2,
     external_task_pb2,
     incident_pb2,
     process_pb2,
-    queue_pb2,
 )
 from abada_sdk import ApprovalState, InstanceState, Resolution, requests
 from abada_sdk.client import Stubs
@@ -55,7 +53,7 @@ _POLL_SECONDS = 0.5
 
 _HELP_ONLY = "abada.help_only"
 
-Row = TypeVar("Row")
+Listed = TypeVar("Listed", bound=Message)
 
 
 class _ReportingGroup(TyperGroup):
@@ -231,23 +229,29 @@ def _client(ctx: typer.Context) -> LazyEngine:
     return _state(ctx).engine
 
 
-def _pages(
+def _listing(
     ctx: typer.Context,
-    method: Callable[[Stubs], Any],
+    method: Callable[[Stubs], grpc.aio.UnaryUnaryMultiCallable[Any, Listed]],
     request: Any,
-    rows: Callable[[Any], Iterable[Row]],
+    rows: str,
     page_size: int,
     limit: int | None = None,
-) -> tuple[list[Row], str]:
-    """The rows of a listing, page after page (see `follow`), and the token of the page after them."""
+) -> Listed:
+    """A listing read page after page (see `follow`) as one answer of its own type: the `rows` of every
+    page read, and the token of the page after them ("" when none is left)."""
     client = _client(ctx)
+    replies: list[Listed] = []
 
-    def page(size: int, token: str) -> Any:
+    def page(size: int, token: str) -> Listed:
         request.page_size = size
         request.page_token = token
-        return client.call(method, request)
+        replies.append(client.call(method, request))
+        return replies[-1]
 
-    return follow(page, rows, page_size, limit)
+    found, page_token = follow(page, lambda reply: getattr(reply, rows), page_size, limit)
+    listed = type(replies[0])(next_page_token=page_token)
+    getattr(listed, rows).extend(found)
+    return listed
 
 
 def _emit(ctx: typer.Context, payload: Message | dict[str, Any], human: str) -> None:
@@ -278,15 +282,11 @@ def definitions(
     process: Annotated[str | None, typer.Option(help="Only versions of this process.")] = None,
 ) -> None:
     """List definition versions, newest first."""
-    found, _ = _pages(
-        ctx,
-        lambda s: s.definitions.ListDefinitions,
-        requests.list_definitions(process or ""),
-        lambda response: response.definitions,
-        _MAX_PAGE_SIZE,
+    request = requests.list_definitions(process or "")
+    listed = _listing(ctx, lambda s: s.definitions.ListDefinitions, request, "definitions", _MAX_PAGE_SIZE)
+    _emit(
+        ctx, listed, views.definitions_table(listed.definitions) if listed.definitions else "no definitions"
     )
-    listed = definition_pb2.ListDefinitionsResponse(definitions=found)
-    _emit(ctx, listed, views.definitions_table(found) if found else "no definitions")
 
 
 @app.command()
@@ -411,26 +411,26 @@ def instances(
     ] = None,
 ) -> None:
     """List instances, newest first, following the engine's pages up to --limit (or --all)."""
-    found, page_token = _pages(
+    request = requests.list_instances(
+        process or "",
+        InstanceState(state.upper()) if state else None,
+        business_key=business_key or "",
+        created_after=rfc3339(since, "--since") if since else None,
+        created_before=rfc3339(until, "--until") if until else None,
+        where=variables(var or [], None),
+        waiting_for=_WAITING_FOR[waiting_for] if waiting_for else process_pb2.WAITING_FOR_UNSPECIFIED,
+        parent_instance_id=parent or "",
+    )
+    listed = _listing(
         ctx,
         lambda s: s.processes.ListInstances,
-        requests.list_instances(
-            process or "",
-            InstanceState(state.upper()) if state else None,
-            business_key=business_key or "",
-            created_after=rfc3339(since, "--since") if since else None,
-            created_before=rfc3339(until, "--until") if until else None,
-            where=variables(var or [], None),
-            waiting_for=_WAITING_FOR[waiting_for] if waiting_for else process_pb2.WAITING_FOR_UNSPECIFIED,
-            parent_instance_id=parent or "",
-        ),
-        lambda response: response.instances,
+        request,
+        "instances",
         _MAX_PAGE_SIZE,
         None if show_all else limit,
     )
-    listed = process_pb2.ListInstancesResponse(instances=found, next_page_token=page_token)
-    _emit(ctx, listed, views.instances_table(found) if found else "no instances")
-    if page_token and _for_people(ctx):
+    _emit(ctx, listed, views.instances_table(listed.instances) if listed.instances else "no instances")
+    if listed.next_page_token and _for_people(ctx):
         typer.echo(f"(showing the first {limit}; raise --limit, or --all, to see more)", err=True)
 
 
@@ -524,14 +524,8 @@ def incidents(
         request = requests.list_incidents(
             state, instance_id=instance or "", type=incident_type or "", dependency=held_by
         )
-        shown, _ = _pages(
-            ctx,
-            lambda s: s.incidents.ListIncidents,
-            request,
-            lambda response: response.incidents,
-            _MAX_LISTED,
-        )
-        found += shown
+        of_state = _listing(ctx, lambda s: s.incidents.ListIncidents, request, "incidents", _MAX_LISTED)
+        found += of_state.incidents
     found.sort(key=lambda i: (i.create_time.seconds, i.create_time.nanos))
     listed = incident_pb2.ListIncidentsResponse(incidents=found)
     _emit(ctx, listed, views.incidents_table(found, with_state=show_all) if found else "no incidents")
@@ -680,19 +674,9 @@ def user_tasks(
     instance: Annotated[str | None, typer.Option(help="Only user tasks of this instance.")] = None,
 ) -> None:
     """List the user tasks waiting for a person."""
-    found, _ = _pages(
-        ctx,
-        lambda s: s.processes.ListUserTasks,
-        requests.list_user_tasks(instance or ""),
-        lambda response: response.user_tasks,
-        _MAX_LISTED,
-    )
-    response = process_pb2.ListUserTasksResponse(user_tasks=found)
-    _emit(
-        ctx,
-        response,
-        views.user_tasks_table(response.user_tasks) if response.user_tasks else "no user tasks",
-    )
+    request = requests.list_user_tasks(instance or "")
+    listed = _listing(ctx, lambda s: s.processes.ListUserTasks, request, "user_tasks", _MAX_LISTED)
+    _emit(ctx, listed, views.user_tasks_table(listed.user_tasks) if listed.user_tasks else "no user tasks")
 
 
 @app.command("complete-user-task")
@@ -731,16 +715,11 @@ def tasks(
     show_all: Annotated[bool, typer.Option("--all", help="Every open task, whatever --limit says.")] = False,
 ) -> None:
     """List open external tasks, oldest first: state, attempt, the worker holding it, age."""
-    found, page_token = _pages(
-        ctx,
-        lambda s: s.queue.ListTasks,
-        requests.list_open_tasks(topic or "", instance or ""),
-        lambda response: response.tasks,
-        _MAX_LISTED,
-        None if show_all else limit,
+    request = requests.list_open_tasks(topic or "", instance or "")
+    listed = _listing(
+        ctx, lambda s: s.queue.ListTasks, request, "tasks", _MAX_LISTED, None if show_all else limit
     )
-    response = queue_pb2.ListTasksResponse(tasks=found, next_page_token=page_token)
-    _emit(ctx, response, views.queued_tasks_table(response.tasks) if response.tasks else "no open tasks")
+    _emit(ctx, listed, views.queued_tasks_table(listed.tasks) if listed.tasks else "no open tasks")
 
 
 @app.command()
@@ -775,20 +754,18 @@ def approvals(
     ] = ApprovalStateChoice.pending,
 ) -> None:
     """List tool calls waiting for a person's approval (or, with --state, decided ones)."""
-    found, _ = _pages(
-        ctx,
-        lambda s: s.approvals.ListApprovals,
-        requests.list_approvals(
-            process_id=process or "",
-            business_key=business_key or "",
-            tool_ref=tool or "",
-            state=ApprovalState(state.value.upper()),
-        ),
-        lambda response: response.approvals,
-        _MAX_LISTED,
+    request = requests.list_approvals(
+        process_id=process or "",
+        business_key=business_key or "",
+        tool_ref=tool or "",
+        state=ApprovalState(state.value.upper()),
     )
-    response = approval_pb2.ListApprovalsResponse(approvals=found)
-    _emit(ctx, response, views.approvals_list(found) if found else f"no {state.value} approvals")
+    listed = _listing(ctx, lambda s: s.approvals.ListApprovals, request, "approvals", _MAX_LISTED)
+    _emit(
+        ctx,
+        listed,
+        views.approvals_list(listed.approvals) if listed.approvals else f"no {state.value} approvals",
+    )
 
 
 @app.command()
