@@ -216,6 +216,24 @@ class Console:
         # Off loopback the cookie travels over TLS only (an ingress terminates it before the engine).
         return request.url.scheme == "https" or not is_loopback_host(request.url.hostname or "")
 
+    def _set_cookie(self, response: Response, request: Request, name: str, value: str, max_age: int) -> None:
+        """Every cookie of ours: sent to the console's pages only, never to scripts nor from another site."""
+        response.set_cookie(
+            name,
+            value,
+            max_age=max_age,
+            path=self.url(request, "/"),
+            httponly=True,
+            samesite="strict",
+            secure=self._secure(request),
+        )
+
+    def _start_page(self, request: Request, session: Session) -> Response:
+        """Where a person starts: an operator at the instances, an approver at the calls to decide."""
+        return RedirectResponse(
+            self.url(request, "/instances" if session.operator else "/approvals"), status_code=303
+        )
+
     def session(self, request: Request, operator: bool = False) -> Session:
         session = self.sealer.open(request.cookies.get(COOKIE))
         if session is None:
@@ -307,10 +325,7 @@ class Console:
     # --- sign in and out
 
     async def home(self, request: Request) -> Response:
-        session = self.session(request)
-        return RedirectResponse(
-            self.url(request, "/instances" if session.operator else "/approvals"), status_code=303
-        )
+        return self._start_page(request, self.session(request))
 
     async def sign_in_page(self, request: Request, error: str = "", status: int = 200) -> Response:
         nonce = secrets.token_urlsafe(24)
@@ -323,15 +338,7 @@ class Console:
             csrf=nonce,
             error=error or ("Your session ended; sign in again." if expired else ""),
         )
-        response.set_cookie(
-            SIGN_IN_COOKIE,
-            nonce,
-            max_age=1800,
-            path=self.url(request, "/"),
-            httponly=True,
-            samesite="strict",
-            secure=self._secure(request),
-        )
+        self._set_cookie(response, request, SIGN_IN_COOKIE, nonce, max_age=1800)
         return response
 
     async def login(self, request: Request) -> Response:
@@ -355,18 +362,8 @@ class Console:
         except AbadaError as error:
             return await self.sign_in_page(request, f"The engine could not be asked: {error.message}", 502)
         session = self.sealer.new(token, roles)
-        response = RedirectResponse(
-            self.url(request, "/instances" if session.operator else "/approvals"), status_code=303
-        )
-        response.set_cookie(
-            COOKIE,
-            self.sealer.seal(session),
-            max_age=SESSION_SECONDS,
-            path=self.url(request, "/"),
-            httponly=True,
-            samesite="strict",
-            secure=self._secure(request),
-        )
+        response = self._start_page(request, session)
+        self._set_cookie(response, request, COOKIE, self.sealer.seal(session), max_age=SESSION_SECONDS)
         response.delete_cookie(SIGN_IN_COOKIE, path=self.url(request, "/"))
         return response
 
