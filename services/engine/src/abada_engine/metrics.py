@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from abada_engine.runtime.queue_stats import QueueStats
+from abada_engine.runtime.queue_stats import QueueStats, TopicStats
 from abada_engine.store.states import DependencyState
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -34,21 +35,30 @@ MODEL_CALLS_REFUSED = Counter(
     ["model", "reason"],
     registry=REGISTRY,
 )
-TASKS_READY = Gauge("abada_tasks_ready", "Tasks fetchable now, per topic.", ["topic"], registry=REGISTRY)
-TASKS_LEASED = Gauge(
-    "abada_tasks_leased", "Tasks under a live lease, per topic.", ["topic"], registry=REGISTRY
-)
-TASKS_DEMAND = Gauge(
+
+
+# The gauges of each topic's queue and the figure of its TopicStats each shows: `render` sets them all.
+_TOPIC_FIGURES: list[tuple[Gauge, Callable[[TopicStats], float]]] = []
+
+
+def _per_topic(name: str, documentation: str, figure: Callable[[TopicStats], float]) -> Gauge:
+    gauge = Gauge(name, documentation, ["topic"], registry=REGISTRY)
+    _TOPIC_FIGURES.append((gauge, figure))
+    return gauge
+
+
+TASKS_READY = _per_topic("abada_tasks_ready", "Tasks fetchable now, per topic.", lambda t: t.ready)
+TASKS_LEASED = _per_topic("abada_tasks_leased", "Tasks under a live lease, per topic.", lambda t: t.leased)
+TASKS_DEMAND = _per_topic(
     "abada_tasks_demand",
     "Tasks a topic's pool must serve now (ready + leased); KEDA scales on it.",
-    ["topic"],
-    registry=REGISTRY,
+    lambda t: t.demand,
 )
-TASKS_DELAYED = Gauge(
-    "abada_tasks_delayed", "Tasks waiting out a retry backoff.", ["topic"], registry=REGISTRY
-)
-OLDEST_READY = Gauge(
-    "abada_tasks_oldest_ready_age_seconds", "Age of the oldest fetchable task.", ["topic"], registry=REGISTRY
+TASKS_DELAYED = _per_topic("abada_tasks_delayed", "Tasks waiting out a retry backoff.", lambda t: t.delayed)
+OLDEST_READY = _per_topic(
+    "abada_tasks_oldest_ready_age_seconds",
+    "Age of the oldest fetchable task.",
+    lambda t: t.oldest_ready_age_seconds,
 )
 INCIDENTS_OPEN = Gauge("abada_incidents_open", "Open incidents, per type.", ["type"], registry=REGISTRY)
 JOURNAL_STEPS = Gauge(
@@ -94,11 +104,8 @@ def count_deleted(source: str, rows: dict[str, int]) -> None:
             ROWS_DELETED.labels(source, table).inc(count)
 
 
-TASKS_PARKED = Gauge(
-    "abada_tasks_parked",
-    "Tasks parked for a dependency that is down, per topic.",
-    ["topic"],
-    registry=REGISTRY,
+TASKS_PARKED = _per_topic(
+    "abada_tasks_parked", "Tasks parked for a dependency that is down, per topic.", lambda t: t.parked
 )
 
 
@@ -117,15 +124,10 @@ def refused_total(model: str) -> int:
 async def render(stats: QueueStats) -> bytes:
     """Refresh the database-wide gauges (so replicas agree) and render every metric."""
     topics = await stats.topics()
-    for gauge in (TASKS_READY, TASKS_LEASED, TASKS_DEMAND, TASKS_DELAYED, OLDEST_READY, TASKS_PARKED):
+    for gauge, figure in _TOPIC_FIGURES:
         gauge.clear()
-    for topic in topics:
-        TASKS_PARKED.labels(topic.topic).set(topic.parked)
-        TASKS_READY.labels(topic.topic).set(topic.ready)
-        TASKS_LEASED.labels(topic.topic).set(topic.leased)
-        TASKS_DEMAND.labels(topic.topic).set(topic.demand)
-        TASKS_DELAYED.labels(topic.topic).set(topic.delayed)
-        OLDEST_READY.labels(topic.topic).set(topic.oldest_ready_age_seconds)
+        for topic in topics:
+            gauge.labels(topic.topic).set(figure(topic))
     INCIDENTS_OPEN.clear()
     for incident_type, count in (await stats.open_incidents()).items():
         INCIDENTS_OPEN.labels(incident_type).set(count)
