@@ -1025,6 +1025,7 @@ _IncidentTypeOption = Annotated[
 _BatchReasonOption = Annotated[
     str | None, typer.Option(help="Why; kept in each instance's history (required).")
 ]
+_BatchArgument = Annotated[str, typer.Argument(metavar="BATCH", help="The batch id.")]
 
 
 def _instance_filter(
@@ -1205,7 +1206,7 @@ def batch_modify(
 @batch_app.command("show")
 def batch_show(
     ctx: typer.Context,
-    batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch id.")],
+    batch: _BatchArgument,
     outcome: Annotated[
         BatchOutcomeChoice | None, typer.Option(help="Only instances with this outcome.")
     ] = None,
@@ -1218,18 +1219,14 @@ def batch_show(
 
 
 @batch_app.command("pause")
-def batch_pause(
-    ctx: typer.Context, batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch id.")]
-) -> None:
+def batch_pause(ctx: typer.Context, batch: _BatchArgument) -> None:
     """Stop working on a batch (instances being worked on finish); `abada batch resume` goes on."""
     response = _client(ctx).call(lambda s: s.batches.PauseBatch, batch_pb2.PauseBatchRequest(batch_id=batch))
     _emit(ctx, response, views.batch_line(response.batch, "paused"))
 
 
 @batch_app.command("resume")
-def batch_resume(
-    ctx: typer.Context, batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch id.")]
-) -> None:
+def batch_resume(ctx: typer.Context, batch: _BatchArgument) -> None:
     """Go on with a paused batch."""
     response = _client(ctx).call(
         lambda s: s.batches.ResumeBatch, batch_pb2.ResumeBatchRequest(batch_id=batch)

@@ -425,18 +425,7 @@ def journal_table(steps: Sequence[external_task_pb2.JournalStep]) -> str:
 
 def outcome(instance: process_pb2.Instance, incidents: Sequence[incident_pb2.Incident]) -> str:
     """How a waited-for instance ended (or where it stands), for `start --wait`."""
-    parts = [
-        fields(
-            [
-                ("instance", instance.id),
-                ("process", f"{instance.process_id} v{instance.version}"),
-                ("state", instance_state(instance.state)),
-                ("token at", instance.current_node_id or EMPTY),
-                *([("business key", instance.business_key)] if instance.business_key else []),
-            ]
-        ),
-        f"variables:\n{pretty_json(struct_value(instance.variables))}",
-    ]
+    parts = [started(instance), f"variables:\n{pretty_json(struct_value(instance.variables))}"]
     if incidents:
         parts.append(incidents_table(incidents, with_state=False))
     return "\n\n".join(parts)
