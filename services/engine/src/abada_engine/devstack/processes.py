@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -60,27 +61,36 @@ def _failed(name: str, process: subprocess.Popen[bytes], logs: pathlib.Path, wha
     return StartupFailed(f"{name} {what}; see {log}{last}")
 
 
-def wait_for_grpc(address: str, process: subprocess.Popen[bytes], name: str, logs: pathlib.Path) -> None:
+def _wait_until_ready(
+    ready: Callable[[], bool], process: subprocess.Popen[bytes], name: str, logs: pathlib.Path
+) -> None:
+    """Asks `ready` again and again until it says yes; fails when the process exits first or
+    STARTUP_SECONDS pass."""
     deadline = time.monotonic() + STARTUP_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise _failed(name, process, logs, f"exited during start-up (status {process.returncode})")
+        if ready():
+            return
+        time.sleep(_POLL_SECONDS)
+    raise _failed(name, process, logs, "did not become ready")
+
+
+def wait_for_grpc(address: str, process: subprocess.Popen[bytes], name: str, logs: pathlib.Path) -> None:
+    def serving() -> bool:
         with contextlib.suppress(grpc.RpcError), grpc.insecure_channel(address) as channel:
             check = health_pb2_grpc.HealthStub(channel).Check  # type: ignore[attr-defined]  # untyped stub
             answer = check(health_pb2.HealthCheckRequest(), timeout=1)
-            if answer.status == health_pb2.HealthCheckResponse.SERVING:
-                return
-        time.sleep(_POLL_SECONDS)
-    raise _failed(name, process, logs, "did not become ready")
+            return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
+        return False
+
+    _wait_until_ready(serving, process, name, logs)
 
 
 def wait_for_http(url: str, process: subprocess.Popen[bytes], name: str, logs: pathlib.Path) -> None:
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise _failed(name, process, logs, f"exited during start-up (status {process.returncode})")
+    def answering() -> bool:
         with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as response:
-            if response.status == 200:
-                return
-        time.sleep(_POLL_SECONDS)
-    raise _failed(name, process, logs, "did not become ready")
+            return response.status == 200
+        return False
+
+    _wait_until_ready(answering, process, name, logs)
