@@ -156,7 +156,7 @@ async def partition(conn: asyncpg.Connection, figures: Figures) -> None:
     """The partitioned copies, one partition a day from the oldest row to DAYS_AHEAD days ahead, with
     the indexes of the engine's tables that a partitioned table can hold, and the same rows."""
     # A unique index of a partitioned table must hold the partition key: the engine's keys cannot.
-    for table, key in (("journal_steps", "task_id, sequence"), ("history", "id")):
+    for table, key in (("journal_steps", "task_id, sequence"), ("history", "instance_id, id")):
         await conn.execute(f"CREATE TABLE probe_part (LIKE {table}) PARTITION BY RANGE (created_at)")
         try:
             await conn.execute(f"ALTER TABLE probe_part ADD PRIMARY KEY ({key})")
@@ -175,8 +175,7 @@ async def partition(conn: asyncpg.Connection, figures: Figures) -> None:
         ALTER TABLE journal_part ADD CONSTRAINT journal_part_task_id_fkey FOREIGN KEY (task_id) REFERENCES tasks (id);
         CREATE TABLE history_part (LIKE history INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
         PARTITION BY RANGE (created_at);
-        ALTER TABLE history_part ADD PRIMARY KEY (id, created_at);
-        CREATE INDEX history_part_instance ON history_part (instance_id, id);
+        ALTER TABLE history_part ADD PRIMARY KEY (instance_id, id, created_at);
         -- PostgreSQL 15 has no identity column on a partitioned table: a sequence serves instead.
         CREATE SEQUENCE history_part_id_seq;
         ALTER TABLE history_part ALTER COLUMN id SET DEFAULT nextval('history_part_id_seq');

@@ -125,8 +125,10 @@ dependencies = Table(
 history = Table(
     "history",
     metadata,
+    # The primary key is (instance_id, id), in that order (migration 0016): every read and deletion
+    # of the history goes by instance.
     Column("id", BigInteger, primary_key=True, autoincrement=True),
-    Column("instance_id", Uuid, nullable=False),
+    Column("instance_id", Uuid, primary_key=True),
     Column("type", Text, nullable=False),
     Column("node_id", Text),
     Column("task_id", Uuid),
