@@ -240,16 +240,21 @@ def _listing(
     """A listing read page after page (see `follow`) as one answer of its own type: the `rows` of every
     page read, and the token of the page after them ("" when none is left)."""
     client = _client(ctx)
-    replies: list[Listed] = []
+    # The response type is known from a reply only; the rows are already in `found`, so no reply is kept.
+    reply_type: type[Listed] | None = None
 
     def page(size: int, token: str) -> Listed:
+        nonlocal reply_type
         request.page_size = size
         request.page_token = token
-        replies.append(client.call(method, request))
-        return replies[-1]
+        reply = client.call(method, request)
+        reply_type = type(reply)
+        return reply
 
     found, page_token = follow(page, lambda reply: getattr(reply, rows), page_size, limit)
-    listed = type(replies[0])(next_page_token=page_token)
+    # `follow` reads at least one page: every --limit is at least 1.
+    assert reply_type is not None
+    listed = reply_type(next_page_token=page_token)
     getattr(listed, rows).extend(found)
     return listed
 
