@@ -7,8 +7,8 @@ on its own (a sequence), so `(instance_id, id)` is as good a primary key and the
 was pure write cost: one of the two index entries of each history row, and history rows are most of
 what a move writes (a fired timer that ends its instance writes four of them).
 
-The upgrade builds the new key's index once (it takes the table's lock while it builds: about a
-second a million rows on a small server) and drops the two old ones. Engines before this migration
+The upgrade builds the new key's index once (it takes the table's lock while it builds: 3 seconds
+for 8 million rows, a million finished instances, on a 2-core server) and drops the two old ones. Engines before this migration
 read and write the history the same way, so they keep working beside it during a rollout.
 """
 
