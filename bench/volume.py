@@ -3,7 +3,9 @@
 Fills N finished instances (default 1,000,000; ABADA_BENCH_VOLUME) with their history (8 events each),
 their task, a third of them an agent task with a 6-step journal, and an incident in fifty, straight
 in SQL (INSERT ... SELECT in batches, much as a COPY would), then prints each figure at 0 and at N
-side by side, from one engine process on one database:
+side by side. The empty database and the filled one are measured in the same run, each through its own
+engine process, taking turns (starts and appends in three rounds each, medians; the task cycles chunk
+by chunk), so the machine's drift during the run falls on both sides alike:
 
 - StartInstance (8 callers), task cycles (8 workers, max_tasks 16) and AppendSteps (8 agent tasks
   through the agent worker's client);
@@ -40,7 +42,7 @@ from abada.engine.v1 import (
 )
 from abada_sdk.connection import BearerToken
 from abada_worker.engine_client import EngineClient
-from common import EngineProcess, engine_process, percentile, scratch_database
+from common import EngineProcess, engine_process, median, percentile, scratch_database
 from google.protobuf import struct_pb2
 
 AGENT = """
@@ -185,24 +187,31 @@ async def starts(engine: EngineProcess, count: int) -> dict[str, float]:
         return {"start_rate": count / (time.perf_counter() - began), "start_p50": percentile(latencies, 0.5)}
 
 
-async def cycles(engine: EngineProcess, total: int, chunk: int = 10_000) -> dict[str, float]:
-    """`total` task cycles in chunks (start `chunk` instances, 8 workers drain them); the rate over all of
-    them, FetchAndLock's latencies in the last chunk."""
-    elapsed = 0.0
-    last: dict[str, Any] = {}
+async def cycles(
+    engines: dict[str, EngineProcess], total: int, chunk: int = 10_000
+) -> dict[str, dict[str, float]]:
+    """`total` task cycles on each engine in chunks (start `chunk` instances, 8 workers drain them), the
+    engines taking turns chunk by chunk; each one's rate over all of them, FetchAndLock's latencies in
+    its last chunk."""
+    elapsed = dict.fromkeys(engines, 0.0)
+    last: dict[str, dict[str, Any]] = {}
     done = 0
     while done < total:
         size = min(chunk, total - done)
-        await task_cycle.create_instances(engine, size)
-        last = await task_cycle.run_workers(engine, size, 8, 16)
-        elapsed += float(last["elapsed"])
+        for label, engine in engines.items():
+            await task_cycle.create_instances(engine, size)
+            last[label] = await task_cycle.run_workers(engine, size, 8, 16)
+            elapsed[label] += float(last[label]["elapsed"])
         done += size
-    fetches: list[float] = last["fetch"]
-    return {
-        "cycle_rate": total / elapsed,
-        "fetch_p50": percentile(fetches, 0.5),
-        "fetch_p99": percentile(fetches, 0.99),
-    }
+    figures = {}
+    for label in engines:
+        fetches: list[float] = last[label]["fetch"]
+        figures[label] = {
+            "cycle_rate": total / elapsed[label],
+            "fetch_p50": percentile(fetches, 0.5),
+            "fetch_p99": percentile(fetches, 0.99),
+        }
+    return figures
 
 
 # What FetchAndLock's statement (store/tasks.py, LEASE_DUE) reads to pick its tasks: the scan of the
@@ -241,17 +250,20 @@ def _plan(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-async def queue_after_cycles(engine: EngineProcess, url: str, total: int) -> dict[str, float]:
-    figures = await cycles(engine, total)
-    await task_cycle.create_instances(engine, 1000)
-    figures["fetch_buffers"] = await fetch_buffers(url)
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute("VACUUM tasks")
-    finally:
-        await conn.close()
-    figures["fetch_buffers_vacuumed"] = await fetch_buffers(url)
-    await task_cycle.run_workers(engine, 1000, 8, 16)
+async def queue_after_cycles(
+    engines: dict[str, EngineProcess], urls: dict[str, str], total: int
+) -> dict[str, dict[str, float]]:
+    figures = await cycles(engines, total)
+    for label, engine in engines.items():
+        await task_cycle.create_instances(engine, 1000)
+        figures[label]["fetch_buffers"] = await fetch_buffers(urls[label])
+        conn = await asyncpg.connect(urls[label])
+        try:
+            await conn.execute("VACUUM tasks")
+        finally:
+            await conn.close()
+        figures[label]["fetch_buffers_vacuumed"] = await fetch_buffers(urls[label])
+        await task_cycle.run_workers(engine, 1000, 8, 16)
     return figures
 
 
@@ -408,15 +420,34 @@ def _customer_variables(n: int) -> struct_pb2.Struct:
     return variables
 
 
-async def probe(engine: EngineProcess, url: str, total_cycles: int, label: str) -> dict[str, float]:
-    # An untimed round first: at 0 the engine (and its due-time process) has just started, at N it has
-    # served a whole probe; both are measured warm.
-    await starts(engine, 500)
-    figures = await starts(engine, 2000)
-    await task_cycle.run_workers(engine, 2000, 8, 16)
-    figures.update(await queue_after_cycles(engine, url, total_cycles))
-    figures.update(await append_steps(engine))
-    figures.update(await lists(engine, url, label))
+# Rounds of the short hot-path figures (starts, appends), the engines taking turns; each figure is the
+# median of its rounds.
+ROUNDS = 3
+
+
+async def probe(
+    engines: dict[str, EngineProcess], urls: dict[str, str], total_cycles: int
+) -> dict[str, dict[str, float]]:
+    """Every figure on each engine. The hot path's are measured in turns, one engine's round then the
+    other's, so a change in the machine's speed during the run (another VM's load, a checkpoint) falls
+    on both sides alike instead of on whichever was measured at the time."""
+    # An untimed round first: both engines and their due-time processes measured warm.
+    for engine in engines.values():
+        await starts(engine, 500)
+    rounds: dict[str, list[dict[str, float]]] = {label: [] for label in engines}
+    for _ in range(ROUNDS):
+        for label, engine in engines.items():
+            round_figures = await starts(engine, 2000)
+            await task_cycle.run_workers(engine, 2000, 8, 16)
+            round_figures.update(await append_steps(engine))
+            rounds[label].append(round_figures)
+    figures = {
+        label: {key: median([r[key] for r in taken]) for key in taken[0]} for label, taken in rounds.items()
+    }
+    for label, queue in (await queue_after_cycles(engines, urls, total_cycles)).items():
+        figures[label].update(queue)
+    for label, engine in engines.items():
+        figures[label].update(await lists(engine, urls[label], label))
     return figures
 
 
@@ -428,23 +459,33 @@ async def _deploy(engine: EngineProcess) -> None:
 
 
 def measure(volume: int, total_cycles: int) -> dict[str, dict[str, float]]:
+    """An empty database and one filled with `volume` finished instances, each with its own engine
+    process, on the same PostgreSQL server at the same time."""
     # The retention job stays off: the filled instances ended a month ago and more, past the default
     # P30D, and the job deleting them would be measured instead of the database at volume
     # (bench/retention.py measures the job).
-    with scratch_database() as url, engine_process(url, {"ABADA_RETENTION_ROUND_SECONDS": "0"}) as engine:
-        asyncio.run(_deploy(engine))
-        print(f"-- at 0: {total_cycles:,} task cycles and the rest", flush=True)
-        empty = asyncio.run(probe(engine, url, total_cycles, "empty"))
+    settings = {"ABADA_RETENTION_ROUND_SECONDS": "0"}
+    with (
+        scratch_database() as empty_url,
+        scratch_database() as full_url,
+        engine_process(empty_url, settings) as empty_engine,
+        engine_process(full_url, settings) as full_engine,
+    ):
+        engines = {"empty": empty_engine, "full": full_engine}
+        for engine in engines.values():
+            asyncio.run(_deploy(engine))
         print(f"-- filling {volume:,} finished instances", flush=True)
-        filled = asyncio.run(fill(url, volume))
+        filled = asyncio.run(fill(full_url, volume))
         print(
             f"   {filled['fill_seconds']:.0f} s, database {filled['database_bytes'] / 2**30:.2f} GiB",
             flush=True,
         )
-        print(f"-- at {volume:,}: the same again", flush=True)
-        full = asyncio.run(probe(engine, url, total_cycles, "full"))
-        full.update(filled)
-    return {"empty": empty, "full": full}
+        print(
+            f"-- at 0 and at {volume:,} in turns: {total_cycles:,} task cycles each and the rest", flush=True
+        )
+        result = asyncio.run(probe(engines, {"empty": empty_url, "full": full_url}, total_cycles))
+        result["full"].update(filled)
+    return result
 
 
 ROWS = (
