@@ -15,7 +15,6 @@ from abada_engine.store.approvals import ApprovalListing
 from abada_engine.store.states import ApprovalState
 
 from .convert import chosen, from_struct, parse_uuid, timestamp, to_struct
-from .errors import translates_errors
 from .guard import ServiceHandler, caller_identity
 
 _STATES = {
@@ -58,10 +57,7 @@ def approval_message(value: ApprovalView) -> approval_pb2.Approval:
     return message
 
 
-@translates_errors
 class ApprovalHandler(ServiceHandler, approval_pb2_grpc.ApprovalServiceServicer):
-    SERVICE = "abada.engine.v1.ApprovalService"
-
     def __init__(self, approvals: Approvals, page_tokens: PageTokens) -> None:
         self._approvals = approvals
         self._pages = page_tokens

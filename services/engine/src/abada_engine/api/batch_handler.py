@@ -23,7 +23,6 @@ from .convert import (
     timestamp,
     to_struct,
 )
-from .errors import translates_errors
 from .guard import ServiceHandler, caller_identity
 
 _KINDS = {
@@ -50,10 +49,7 @@ MAX_BATCHES_LISTED = 100
 MAX_ITEMS_LISTED = 1000
 
 
-@translates_errors
 class BatchHandler(ServiceHandler, batch_pb2_grpc.BatchServiceServicer):
-    SERVICE = "abada.engine.v1.BatchService"
-
     def __init__(self, batches: Batches) -> None:
         self._batches = batches
 

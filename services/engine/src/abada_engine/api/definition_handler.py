@@ -12,16 +12,12 @@ from abada_engine.paging import PageTokens, listing
 
 from . import messages
 from .convert import parse_uuid
-from .errors import translates_errors
 from .guard import ServiceHandler, caller_identity
 
 MAX_BUNDLE_BYTES = 4 * 1024 * 1024
 
 
-@translates_errors
 class DefinitionHandler(ServiceHandler, definition_pb2_grpc.DefinitionServiceServicer):
-    SERVICE = "abada.engine.v1.DefinitionService"
-
     def __init__(self, catalog: DefinitionCatalog, page_tokens: PageTokens) -> None:
         self._catalog = catalog
         self._pages = page_tokens

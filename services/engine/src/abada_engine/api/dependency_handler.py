@@ -8,14 +8,10 @@ from abada.engine.v1 import dependency_pb2, dependency_pb2_grpc
 from abada_engine.runtime.dependencies import Dependencies
 
 from . import messages
-from .errors import translates_errors
 from .guard import ServiceHandler
 
 
-@translates_errors
 class DependencyHandler(ServiceHandler, dependency_pb2_grpc.DependencyServiceServicer):
-    SERVICE = "abada.engine.v1.DependencyService"
-
     def __init__(self, dependencies: Dependencies) -> None:
         self._dependencies = dependencies
 

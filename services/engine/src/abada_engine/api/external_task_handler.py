@@ -29,7 +29,7 @@ from abada_engine.store.states import WORKER_STEP_STATES
 
 from . import messages
 from .convert import chosen, from_struct, parse_uuid, storable, timestamp
-from .errors import as_refusal, status_of, translates_errors
+from .errors import as_refusal, status_of
 from .guard import ServiceHandler, current_caller
 
 
@@ -158,10 +158,7 @@ def _traced(task: external_task_pb2.ExternalTask, new_trace: bool = False) -> ex
     return task
 
 
-@translates_errors
 class ExternalTaskHandler(ServiceHandler, external_task_pb2_grpc.ExternalTaskServiceServicer):
-    SERVICE = "abada.engine.v1.ExternalTaskService"
-
     def __init__(
         self,
         leases: Leases,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextvars
-from typing import ClassVar
+import importlib
+from typing import Any, ClassVar
 
 import grpc
 from abada.engine.v1.error_reason_pb2 import ErrorReason
@@ -11,6 +12,8 @@ from abada.engine.v1.error_reason_pb2 import ErrorReason
 from abada_engine.auth import Caller, CallerRegistry, require_role
 from abada_engine.db.watch import DatabaseWatch
 from abada_engine.errors import Category, EngineError
+
+from .errors import translates_errors
 
 current_caller: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("abada_caller", default=None)
 
@@ -85,8 +88,25 @@ class Guard:
 class ServiceHandler:
     """What every service's handler carries: its service's full name, which the guard checks roles by,
     and what the server gives it (`start_grpc_server`): the guard (None: calls are not authenticated)
-    and the watch on whether PostgreSQL answers."""
+    and the watch on whether PostgreSQL answers.
+
+    A handler is declared as `class XHandler(ServiceHandler, x_pb2_grpc.XServiceServicer)`: its
+    service's name is read from the descriptor of the servicer it implements, and its RPCs translate
+    domain errors (`translates_errors`), so neither can be forgotten or fall out of step with the proto."""
 
     SERVICE: ClassVar[str]
     guard: Guard | None = None
     database: DatabaseWatch | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.SERVICE = _service_name(cls)
+        translates_errors(cls)
+
+
+def _service_name(handler: type) -> str:
+    """The full name of the service whose generated servicer (`x_pb2_grpc.XServiceServicer`) the
+    handler implements, as its descriptor in `x_pb2` gives it."""
+    servicer = next(base for base in handler.__bases__ if base.__module__.endswith("_pb2_grpc"))
+    descriptors = importlib.import_module(servicer.__module__.removesuffix("_grpc")).DESCRIPTOR
+    return str(descriptors.services_by_name[servicer.__name__.removesuffix("Servicer")].full_name)

@@ -17,7 +17,6 @@ from abada_engine.store.states import IncidentState
 
 from . import messages
 from .convert import chosen, from_struct, optional_uuid, parse_uuid
-from .errors import translates_errors
 from .guard import ServiceHandler
 
 _RESOLUTIONS = {
@@ -28,10 +27,7 @@ _RESOLUTIONS = {
 }
 
 
-@translates_errors
 class IncidentHandler(ServiceHandler, incident_pb2_grpc.IncidentServiceServicer):
-    SERVICE = "abada.engine.v1.IncidentService"
-
     def __init__(self, incidents: Incidents, page_tokens: PageTokens) -> None:
         self._incidents = incidents
         self._pages = page_tokens

@@ -11,14 +11,10 @@ from abada_engine.runtime.leases import Leases
 
 from . import messages
 from .convert import parse_uuid, timestamp
-from .errors import translates_errors
 from .guard import ServiceHandler
 
 
-@translates_errors
 class LeaseHandler(ServiceHandler, lease_pb2_grpc.LeaseServiceServicer):
-    SERVICE = "abada.engine.v1.LeaseService"
-
     def __init__(self, leases: Leases) -> None:
         self._leases = leases
 

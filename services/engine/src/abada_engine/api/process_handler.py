@@ -31,7 +31,6 @@ from .convert import (
     storable,
     storable_text,
 )
-from .errors import translates_errors
 from .guard import ServiceHandler, caller_identity, current_caller
 
 # A request id is the caller's own key for one start (a webhook's delivery id, a UUID).
@@ -68,10 +67,7 @@ def _variables(struct: object, field: str) -> dict:
     return storable(from_struct(struct, field), field, MAX_VARIABLES_BYTES)  # type: ignore[arg-type]
 
 
-@translates_errors
 class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
-    SERVICE = "abada.engine.v1.ProcessService"
-
     def __init__(
         self,
         instances: Instances,

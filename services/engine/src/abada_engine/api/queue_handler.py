@@ -13,7 +13,6 @@ from abada_engine.paging import PageTokens, listing
 from abada_engine.runtime.queue_stats import MAX_LISTED_TASKS, QueuedTask, QueueStats
 
 from .convert import optional_uuid, timestamp
-from .errors import translates_errors
 from .guard import ServiceHandler
 
 _DEFAULT_PAGE = 100
@@ -38,10 +37,7 @@ def _queued(task: QueuedTask) -> queue_pb2.QueuedTask:
     )
 
 
-@translates_errors
 class QueueHandler(ServiceHandler, queue_pb2_grpc.QueueServiceServicer):
-    SERVICE = "abada.engine.v1.QueueService"
-
     def __init__(self, stats: QueueStats, page_tokens: PageTokens) -> None:
         self._stats = stats
         self._pages = page_tokens
