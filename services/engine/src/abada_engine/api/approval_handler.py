@@ -58,9 +58,8 @@ def approval_message(value: ApprovalView) -> approval_pb2.Approval:
 
 
 class ApprovalHandler(ServiceHandler, approval_pb2_grpc.ApprovalServiceServicer):
-    def __init__(self, approvals: Approvals, page_tokens: PageTokens) -> None:
-        self._approvals = approvals
-        self._pages = page_tokens
+    _approvals: Approvals
+    _pages: PageTokens
 
     async def ListApprovals(
         self, request: approval_pb2.ListApprovalsRequest, context: grpc.aio.ServicerContext

@@ -50,8 +50,7 @@ MAX_ITEMS_LISTED = 1000
 
 
 class BatchHandler(ServiceHandler, batch_pb2_grpc.BatchServiceServicer):
-    def __init__(self, batches: Batches) -> None:
-        self._batches = batches
+    _batches: Batches
 
     async def CreateBatch(
         self, request: batch_pb2.CreateBatchRequest, context: grpc.aio.ServicerContext

@@ -18,9 +18,8 @@ MAX_BUNDLE_BYTES = 4 * 1024 * 1024
 
 
 class DefinitionHandler(ServiceHandler, definition_pb2_grpc.DefinitionServiceServicer):
-    def __init__(self, catalog: DefinitionCatalog, page_tokens: PageTokens) -> None:
-        self._catalog = catalog
-        self._pages = page_tokens
+    _catalog: DefinitionCatalog
+    _pages: PageTokens
 
     async def Deploy(
         self, request: definition_pb2.DeployRequest, context: grpc.aio.ServicerContext

@@ -12,8 +12,7 @@ from .guard import ServiceHandler
 
 
 class DependencyHandler(ServiceHandler, dependency_pb2_grpc.DependencyServiceServicer):
-    def __init__(self, dependencies: Dependencies) -> None:
-        self._dependencies = dependencies
+    _dependencies: Dependencies
 
     async def ListDependencies(
         self, request: dependency_pb2.ListDependenciesRequest, context: grpc.aio.ServicerContext

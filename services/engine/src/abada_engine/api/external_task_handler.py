@@ -159,19 +159,11 @@ def _traced(task: external_task_pb2.ExternalTask, new_trace: bool = False) -> ex
 
 
 class ExternalTaskHandler(ServiceHandler, external_task_pb2_grpc.ExternalTaskServiceServicer):
-    def __init__(
-        self,
-        leases: Leases,
-        completions: Completions,
-        journal: Journal,
-        approvals: Approvals,
-        dependencies: Dependencies,
-    ) -> None:
-        self._leases = leases
-        self._completions = completions
-        self._journal = journal
-        self._approvals = approvals
-        self._dependencies = dependencies
+    _leases: Leases
+    _completions: Completions
+    _journal: Journal
+    _approvals: Approvals
+    _dependencies: Dependencies
 
     async def AppendStep(
         self, request: external_task_pb2.AppendStepRequest, context: grpc.aio.ServicerContext

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import importlib
-from typing import Any, ClassVar
+from typing import Any, ClassVar, dataclass_transform
 
 import grpc
 from abada.engine.v1.error_reason_pb2 import ErrorReason
@@ -85,6 +86,7 @@ class Guard:
         return caller
 
 
+@dataclass_transform(eq_default=False)
 class ServiceHandler:
     """What every service's handler carries: its service's full name, which the guard checks roles by,
     and what the server gives it (`start_grpc_server`): the guard (None: calls are not authenticated)
@@ -92,7 +94,9 @@ class ServiceHandler:
 
     A handler is declared as `class XHandler(ServiceHandler, x_pb2_grpc.XServiceServicer)`: its
     service's name is read from the descriptor of the servicer it implements, and its RPCs translate
-    domain errors (`translates_errors`), so neither can be forgotten or fall out of step with the proto."""
+    domain errors (`translates_errors`), so neither can be forgotten or fall out of step with the proto.
+    The attributes it annotates are its collaborators, the constructor's parameters in that order (a
+    dataclass: a handler's constructor only keeps what it is given)."""
 
     SERVICE: ClassVar[str]
     guard: Guard | None = None
@@ -102,6 +106,7 @@ class ServiceHandler:
         super().__init_subclass__(**kwargs)
         cls.SERVICE = _service_name(cls)
         translates_errors(cls)
+        dataclasses.dataclass(eq=False)(cls)
 
 
 def _service_name(handler: type) -> str:

@@ -28,9 +28,8 @@ _RESOLUTIONS = {
 
 
 class IncidentHandler(ServiceHandler, incident_pb2_grpc.IncidentServiceServicer):
-    def __init__(self, incidents: Incidents, page_tokens: PageTokens) -> None:
-        self._incidents = incidents
-        self._pages = page_tokens
+    _incidents: Incidents
+    _pages: PageTokens
 
     async def ListIncidents(
         self, request: incident_pb2.ListIncidentsRequest, context: grpc.aio.ServicerContext

@@ -15,8 +15,7 @@ from .guard import ServiceHandler
 
 
 class LeaseHandler(ServiceHandler, lease_pb2_grpc.LeaseServiceServicer):
-    def __init__(self, leases: Leases) -> None:
-        self._leases = leases
+    _leases: Leases
 
     async def VerifyLease(
         self, request: lease_pb2.VerifyLeaseRequest, context: grpc.aio.ServicerContext

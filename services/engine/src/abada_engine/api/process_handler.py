@@ -68,19 +68,11 @@ def _variables(struct: object, field: str) -> dict:
 
 
 class ProcessHandler(ServiceHandler, process_pb2_grpc.ProcessServiceServicer):
-    def __init__(
-        self,
-        instances: Instances,
-        page_tokens: PageTokens,
-        waits: Waits,
-        retention: Retention,
-        repairs: Repairs,
-    ) -> None:
-        self._instances = instances
-        self._repairs = repairs
-        self._retention = retention
-        self._pages = page_tokens
-        self._waits = waits
+    _instances: Instances
+    _pages: PageTokens
+    _waits: Waits
+    _retention: Retention
+    _repairs: Repairs
 
     async def StartInstance(
         self, request: process_pb2.StartInstanceRequest, context: grpc.aio.ServicerContext

@@ -38,9 +38,8 @@ def _queued(task: QueuedTask) -> queue_pb2.QueuedTask:
 
 
 class QueueHandler(ServiceHandler, queue_pb2_grpc.QueueServiceServicer):
-    def __init__(self, stats: QueueStats, page_tokens: PageTokens) -> None:
-        self._stats = stats
-        self._pages = page_tokens
+    _stats: QueueStats
+    _pages: PageTokens
 
     async def ListTasks(
         self, request: queue_pb2.ListTasksRequest, context: grpc.aio.ServicerContext
