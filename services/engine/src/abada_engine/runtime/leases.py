@@ -47,7 +47,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from abada.engine.v1.error_reason_pb2 import ErrorReason
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -202,20 +202,13 @@ class Leases:
             if row.prior_state == TaskState.LEASED:
                 LEASE_EXPIRIES.labels(row.topic).inc()
             self._handed_out.leased(
-                LeaseHeld(
-                    row.id,
-                    row.instance_id,
-                    row.definition_id,
-                    row.node_id,
-                    row.attempt,
-                    row.retries_left,
+                _lease_held(
+                    row,
                     row.lease_expires_at,
                     row.instance_variables,
                     InstanceState.ACTIVE,
-                    row.instance_xmin,
                     lease_owner=worker_id,
                     lease_token_hash=hash_token(tokens[row.n - 1]),
-                    called=row.called,
                 )
             )
         if self._after_lock is None:
@@ -379,6 +372,21 @@ def held_from_row(
         raise precondition(
             ErrorReason.LEASE_EXPIRED, f"the lease on task {task_id} expired{when}", "lease_token"
         )
+    return _lease_held(row, row.lease_expires_at, row.variables, row.instance_state)
+
+
+def _lease_held(
+    row: LockedRow | LeaseRow | AppendContext,
+    lease_expires_at: datetime,
+    variables: dict[str, Any],
+    instance_state: str,
+    *,
+    lease_owner: str = "",
+    lease_token_hash: bytes = b"",
+) -> LeaseHeld:
+    """The lease a task row shows, just granted (`LockedRow`) or proved (`LeaseRow`). The caller passes
+    the instance's variables and the expiry: the rows name the one differently, and a proved row's
+    expiry is only known to be set once checked."""
     return LeaseHeld(
         row.id,
         row.instance_id,
@@ -386,10 +394,12 @@ def held_from_row(
         row.node_id,
         row.attempt,
         row.retries_left,
-        row.lease_expires_at,
-        row.variables,
-        row.instance_state,
+        lease_expires_at,
+        variables,
+        instance_state,
         row.instance_xmin,
+        lease_owner=lease_owner,
+        lease_token_hash=lease_token_hash,
         called=row.called,
     )
 
