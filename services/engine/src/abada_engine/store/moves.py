@@ -133,10 +133,30 @@ _NOTIFY_RECEIVES = (
 )
 
 
-def _new_fan_out(rows: str) -> str:
-    """The CTEs writing a `for_each` node's fan-out and its items, from `rows` (the moves or starts
-    that proceed, aliased `p`). The first max_concurrency items are offered; the others wait PENDING."""
+def _created(rows: str) -> str:
+    """The CTEs writing what a move or a start creates, from `rows` (the moves that proceed, or the
+    starts whose instance was written, aliased `p`): the next task and its timers, or a `for_each`
+    node's fan-out and its items, or an incident. The first max_concurrency items of a fan-out are
+    offered; the others wait PENDING."""
     return f"""
+    new_task AS (
+        INSERT INTO tasks (id, instance_id, node_id, kind, topic, state, payload, attempt, retries_left, due_at,
+                           created_at)
+        SELECT p.task_id, p.instance_id, p.task_node, p.task_kind, p.task_topic, p.task_state, p.task_payload, 0,
+               p.task_retries, now(), now()
+        FROM {rows} WHERE p.task_id IS NOT NULL
+        ORDER BY p.n
+        RETURNING topic, kind
+    ),
+    receives_notified AS ({_NOTIFY_RECEIVES}),
+    new_timers AS (
+        INSERT INTO timers (instance_id, task_id, node_id, kind, due_at)
+        SELECT p.instance_id, p.task_id, p.task_node, t.item ->> 'kind', {_DUE_AT}
+        FROM {rows}, jsonb_array_elements(p.timers) AS t(item)
+        WHERE p.task_id IS NOT NULL
+        RETURNING due_at
+    ),
+    timers_notified AS ({_NOTIFY_TIMERS}),
     new_fan_out AS (
         INSERT INTO fan_outs (id, instance_id, node_id, total, max_concurrency, state, created_at)
         SELECT p.fan_out_id, p.instance_id, p.fan_out_node, jsonb_array_length(p.fan_out_items),
@@ -154,6 +174,13 @@ def _new_fan_out(rows: str) -> str:
         WHERE p.fan_out_id IS NOT NULL
         ORDER BY p.n, e.k
         RETURNING topic
+    ),
+    new_incident AS (
+        INSERT INTO incidents (id, instance_id, task_id, node_id, type, message, details, state, created_at)
+        SELECT p.incident_id, p.instance_id, p.incident_task, p.incident_node, p.incident_type, p.incident_message,
+               p.incident_details, '{IncidentState.OPEN}', now()
+        FROM {rows} WHERE p.incident_id IS NOT NULL
+        RETURNING id
     ),"""
 
 
@@ -204,31 +231,7 @@ MOVE_TOKENS = HandWritten(
     proceed AS (
         SELECT m.* FROM move m WHERE m.finished_task_id IS NULL OR m.n IN (SELECT n FROM finished)
     ),
-    new_task AS (
-        INSERT INTO tasks (id, instance_id, node_id, kind, topic, state, payload, attempt, retries_left, due_at,
-                           created_at)
-        SELECT p.task_id, p.instance_id, p.task_node, p.task_kind, p.task_topic, p.task_state, p.task_payload, 0,
-               p.task_retries, now(), now()
-        FROM proceed p WHERE p.task_id IS NOT NULL
-        ORDER BY p.n
-        RETURNING topic, kind
-    ),
-    receives_notified AS ({_NOTIFY_RECEIVES}),
-    new_timers AS (
-        INSERT INTO timers (instance_id, task_id, node_id, kind, due_at)
-        SELECT p.instance_id, p.task_id, p.task_node, t.item ->> 'kind', {_DUE_AT}
-        FROM proceed p, jsonb_array_elements(p.timers) AS t(item)
-        WHERE p.task_id IS NOT NULL
-        RETURNING due_at
-    ),
-    timers_notified AS ({_NOTIFY_TIMERS}),{_new_fan_out("proceed p")}
-    new_incident AS (
-        INSERT INTO incidents (id, instance_id, task_id, node_id, type, message, details, state, created_at)
-        SELECT p.incident_id, p.instance_id, p.incident_task, p.incident_node, p.incident_type, p.incident_message,
-               p.incident_details, '{IncidentState.OPEN}', now()
-        FROM proceed p WHERE p.incident_id IS NOT NULL
-        RETURNING id
-    ),
+{_created("proceed p")}
     moved AS (
         UPDATE instances i
         SET current_node_id = p.current_node,
@@ -406,33 +409,7 @@ START_INSTANCES = HandWritten(
         ORDER BY s.n
         RETURNING id, created_at
     ),
-    new_task AS (
-        INSERT INTO tasks (id, instance_id, node_id, kind, topic, state, payload, attempt, retries_left, due_at,
-                           created_at)
-        SELECT s.task_id, s.instance_id, s.task_node, s.task_kind, s.task_topic, s.task_state, s.task_payload, 0,
-               s.task_retries, now(), now()
-        FROM start s JOIN instance i ON i.id = s.instance_id
-        WHERE s.task_id IS NOT NULL
-        ORDER BY s.n
-        RETURNING topic, kind
-    ),
-    receives_notified AS ({_NOTIFY_RECEIVES}),
-    new_timers AS (
-        INSERT INTO timers (instance_id, task_id, node_id, kind, due_at)
-        SELECT s.instance_id, s.task_id, s.task_node, t.item ->> 'kind', {_DUE_AT}
-        FROM start s JOIN instance i ON i.id = s.instance_id, jsonb_array_elements(s.timers) AS t(item)
-        WHERE s.task_id IS NOT NULL
-        RETURNING due_at
-    ),
-    timers_notified AS ({_NOTIFY_TIMERS}),{_new_fan_out("start p JOIN instance i ON i.id = p.instance_id")}
-    new_incident AS (
-        INSERT INTO incidents (id, instance_id, task_id, node_id, type, message, details, state, created_at)
-        SELECT s.incident_id, s.instance_id, s.incident_task, s.incident_node, s.incident_type,
-               s.incident_message, s.incident_details, '{IncidentState.OPEN}', now()
-        FROM start s JOIN instance i ON i.id = s.instance_id
-        WHERE s.incident_id IS NOT NULL
-        RETURNING id
-    ),
+{_created("start p JOIN instance i ON i.id = p.instance_id")}
     written AS (
         INSERT INTO history (instance_id, type, node_id, task_id, data)
         SELECT s.instance_id, h.item ->> 'type', h.item ->> 'node_id', CAST(h.item ->> 'task_id' AS uuid),
