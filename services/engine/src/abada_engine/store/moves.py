@@ -133,6 +133,16 @@ _NOTIFY_RECEIVES = (
 )
 
 
+# The columns `_created` reads, as `_created_by` fills them: both statements' records declare them.
+_CREATED_COLUMNS = (
+    "task_id uuid, task_node text, task_kind text, task_topic text, task_state text, task_payload jsonb, "
+    "task_retries integer, incident_id uuid, incident_task uuid, incident_node text, incident_type text, "
+    "incident_message text, incident_details jsonb, timers jsonb, fan_out_id uuid, fan_out_node text, "
+    "fan_out_kind text, fan_out_topic text, fan_out_state text, fan_out_retries integer, "
+    "fan_out_concurrency integer, fan_out_items jsonb"
+)
+
+
 def _created(rows: str) -> str:
     """The CTEs writing what a move or a start creates, from `rows` (the moves that proceed, or the
     starts whose instance was written, aliased `p`): the next task and its timers, or a `for_each`
@@ -207,13 +217,8 @@ MOVE_TOKENS = HandWritten(
     WITH move AS (
         SELECT * FROM jsonb_to_recordset(CAST(:moves AS jsonb)) AS m(
             n integer, instance_id uuid, guard_worker text, guard_hash text, guard_xmin text,
-            finished_task_id uuid, finished_state text, task_id uuid, task_node text, task_kind text,
-            task_topic text, task_state text, task_payload jsonb, task_retries integer, incident_id uuid,
-            incident_task uuid, incident_node text, incident_type text, incident_message text,
-            incident_details jsonb, current_node text, variables jsonb, completed boolean, history jsonb,
-            only_if_open boolean, timers jsonb, fan_out_id uuid, fan_out_node text, fan_out_kind text,
-            fan_out_topic text, fan_out_state text, fan_out_retries integer, fan_out_concurrency integer,
-            fan_out_items jsonb)
+            finished_task_id uuid, finished_state text, current_node text, variables jsonb, completed boolean,
+            history jsonb, only_if_open boolean, {_CREATED_COLUMNS})
     ),
     finished AS (
         UPDATE tasks t SET state = m.finished_state, completed_at = now(), lease_token_hash = NULL
@@ -389,11 +394,7 @@ START_INSTANCES = HandWritten(
         SELECT * FROM jsonb_to_recordset(CAST(:starts AS jsonb)) AS s(
             n integer, instance_id uuid, definition_id uuid, process_id text, version integer,
             completed boolean, variables jsonb, current_node text, business_key text, must_be_latest boolean,
-            task_id uuid, task_node text, task_kind text, task_topic text, task_state text, task_payload jsonb,
-            task_retries integer, incident_id uuid, incident_task uuid, incident_node text, incident_type text,
-            incident_message text, incident_details jsonb, history jsonb, timers jsonb, fan_out_id uuid,
-            fan_out_node text, fan_out_kind text, fan_out_topic text, fan_out_state text,
-            fan_out_retries integer, fan_out_concurrency integer, fan_out_items jsonb)
+            history jsonb, {_CREATED_COLUMNS})
     ),
     instance AS (
         INSERT INTO instances (id, definition_id, process_id, version, state, variables, current_node_id,
