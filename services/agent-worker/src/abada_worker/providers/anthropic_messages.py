@@ -13,20 +13,7 @@ from typing import Any
 import anthropic
 from anthropic.types import Message
 
-from ..conversation import (
-    FINISH_LENGTH,
-    FINISH_REFUSAL,
-    FINISH_STOP,
-    FINISH_TOOL_CALLS,
-    FunctionCall,
-    FunctionResult,
-    FunctionSpec,
-    ModelReply,
-    ModelRequest,
-    ModelTurn,
-    neutral_finish,
-    result_for_model,
-)
+from .. import conversation
 from .base import (
     ModelCallError,
     StainlessProvider,
@@ -40,13 +27,13 @@ from .schemas import anthropic_input_schema
 # The Messages API requires an output bound per turn; the node's token limit still caps the task.
 DEFAULT_MAX_OUTPUT_TOKENS = 4096
 _FINISHES = {
-    "end_turn": FINISH_STOP,
-    "stop_sequence": FINISH_STOP,
-    "pause_turn": FINISH_STOP,
-    "tool_use": FINISH_TOOL_CALLS,
-    "max_tokens": FINISH_LENGTH,
-    "model_context_window_exceeded": FINISH_LENGTH,
-    "refusal": FINISH_REFUSAL,
+    "end_turn": conversation.FINISH_STOP,
+    "stop_sequence": conversation.FINISH_STOP,
+    "pause_turn": conversation.FINISH_STOP,
+    "tool_use": conversation.FINISH_TOOL_CALLS,
+    "max_tokens": conversation.FINISH_LENGTH,
+    "model_context_window_exceeded": conversation.FINISH_LENGTH,
+    "refusal": conversation.FINISH_REFUSAL,
 }
 
 
@@ -71,7 +58,7 @@ class AnthropicMessagesProvider(StainlessProvider[anthropic.AsyncAnthropic]):
         )
         self._max_output_tokens = max_output_tokens
 
-    async def generate(self, request: ModelRequest) -> ModelReply:
+    async def generate(self, request: conversation.ModelRequest) -> conversation.ModelReply:
         tools = [tool_of(function) for function in request.functions]
         with sdk_errors("Anthropic", anthropic.APIStatusError, _call_error, anthropic.APIError):
             message = await self._client.messages.create(
@@ -98,7 +85,7 @@ def _call_error(error: anthropic.APIStatusError) -> ModelCallError:
     )
 
 
-def tool_of(function: FunctionSpec) -> dict[str, Any]:
+def tool_of(function: conversation.FunctionSpec) -> dict[str, Any]:
     return {
         "name": function.name,
         "description": function.description,
@@ -106,10 +93,10 @@ def tool_of(function: FunctionSpec) -> dict[str, Any]:
     }
 
 
-def messages_of(request: ModelRequest) -> list[dict[str, Any]]:
+def messages_of(request: conversation.ModelRequest) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": request.user}]
     for turn in wire_history(request.history):
-        if isinstance(turn, ModelTurn):
+        if isinstance(turn, conversation.ModelTurn):
             messages.append({"role": "assistant", "content": _assistant_blocks(turn)})
         else:
             # Every result of a turn in the one user message right after it, as the API requires.
@@ -119,7 +106,7 @@ def messages_of(request: ModelRequest) -> list[dict[str, Any]]:
     return messages
 
 
-def _assistant_blocks(turn: ModelTurn) -> list[dict[str, Any]]:
+def _assistant_blocks(turn: conversation.ModelTurn) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     text = turn.text or turn.refusal
     if text:
@@ -132,8 +119,8 @@ def _assistant_blocks(turn: ModelTurn) -> list[dict[str, Any]]:
     return blocks or [{"type": "text", "text": "(no reply)"}]
 
 
-def _result_block(result: FunctionResult, wire_id: str) -> dict[str, Any]:
-    value = result_for_model(result.result)
+def _result_block(result: conversation.FunctionResult, wire_id: str) -> dict[str, Any]:
+    value = conversation.result_for_model(result.result)
     return {
         "type": "tool_result",
         "tool_use_id": wire_id,
@@ -142,14 +129,16 @@ def _result_block(result: FunctionResult, wire_id: str) -> dict[str, Any]:
     }
 
 
-def reply_of(message: Message) -> ModelReply:
+def reply_of(message: Message) -> conversation.ModelReply:
     texts: list[str] = []
-    calls: list[FunctionCall] = []
+    calls: list[conversation.FunctionCall] = []
     for block in message.content:
         if block.type == "text":
             texts.append(block.text)
         elif block.type == "tool_use":
-            calls.append(FunctionCall(id=block.id, name=block.name, args=dict(block.input or {})))
+            calls.append(
+                conversation.FunctionCall(id=block.id, name=block.name, args=dict(block.input or {}))
+            )
     stop = str(message.stop_reason or "")
     usage = message.usage
     cache_read = usage.cache_read_input_tokens or 0
@@ -157,14 +146,14 @@ def reply_of(message: Message) -> ModelReply:
     refused = stop == "refusal"
     text = "".join(texts)
     details = getattr(usage, "output_tokens_details", None)
-    return ModelReply(
+    return conversation.ModelReply(
         text="" if refused else text,
         function_calls=() if refused else tuple(calls),
         finish_reason=stop,
         # Anthropic counts cached and cache-writing input apart from `input_tokens`; all were read.
         input_tokens=usage.input_tokens + cache_read + cache_write,
         output_tokens=usage.output_tokens,
-        finish=neutral_finish(stop, _FINISHES),
+        finish=conversation.neutral_finish(stop, _FINISHES),
         refusal=(text or "the model declined to answer") if refused else "",
         cached_input_tokens=cache_read,
         reasoning_tokens=int(getattr(details, "thinking_tokens", 0) or 0) if details else 0,

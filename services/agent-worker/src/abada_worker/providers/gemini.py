@@ -14,28 +14,15 @@ from abada_common.capped_http import capped_client
 from google import genai
 from google.genai import errors, types
 
-from ..conversation import (
-    FINISH_FILTERED,
-    FINISH_LENGTH,
-    FINISH_STOP,
-    FINISH_TOOL_CALLS,
-    FunctionCall,
-    FunctionResult,
-    FunctionSpec,
-    ModelReply,
-    ModelRequest,
-    ModelTurn,
-    neutral_finish,
-    result_for_model,
-)
+from .. import conversation
 from .base import ModelCallError, error_reply, key_or_placeholder, sdk_errors, wire_history
 
 _FINISHES = {
-    "STOP": FINISH_STOP,
-    "MAX_TOKENS": FINISH_LENGTH,
+    "STOP": conversation.FINISH_STOP,
+    "MAX_TOKENS": conversation.FINISH_LENGTH,
     **dict.fromkeys(
         ("SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "MODEL_ARMOR"),
-        FINISH_FILTERED,
+        conversation.FINISH_FILTERED,
     ),
 }
 # A key the scripted endpoint ignores; the SDK refuses to start without one.
@@ -71,7 +58,7 @@ class GeminiProvider:
         )
         self._client = genai.Client(api_key=key, http_options=options).aio
 
-    async def generate(self, request: ModelRequest) -> ModelReply:
+    async def generate(self, request: conversation.ModelRequest) -> conversation.ModelReply:
         config = types.GenerateContentConfig(
             system_instruction=request.system,
             tools=[types.Tool(function_declarations=[_declaration(f) for f in request.functions])]
@@ -100,16 +87,16 @@ def _call_error(error: errors.APIError) -> ModelCallError:
     )
 
 
-def _declaration(function: FunctionSpec) -> types.FunctionDeclaration:
+def _declaration(function: conversation.FunctionSpec) -> types.FunctionDeclaration:
     return types.FunctionDeclaration(
         name=function.name, description=function.description, parameters_json_schema=function.parameters
     )
 
 
-def contents_of(request: ModelRequest) -> list[types.Content]:
+def contents_of(request: conversation.ModelRequest) -> list[types.Content]:
     contents = [types.Content(role="user", parts=[types.Part.from_text(text=request.user)])]
     for turn in wire_history(request.history):
-        if isinstance(turn, ModelTurn):
+        if isinstance(turn, conversation.ModelTurn):
             parts: list[types.Part] = [types.Part(text=turn.text)] if turn.text else []
             parts += [_call_part(call) for call in turn.function_calls]
             contents.append(types.Content(role="model", parts=parts))
@@ -119,34 +106,34 @@ def contents_of(request: ModelRequest) -> list[types.Content]:
     return contents
 
 
-def _call_part(call: FunctionCall) -> types.Part:
+def _call_part(call: conversation.FunctionCall) -> types.Part:
     return types.Part(
         function_call=types.FunctionCall(id=call.wire_id or None, name=call.name, args=call.args),
         thought_signature=base64.b64decode(call.signature) if call.signature else None,
     )
 
 
-def _response_part(result: FunctionResult, wire_id: str) -> types.Part:
+def _response_part(result: conversation.FunctionResult, wire_id: str) -> types.Part:
     # Gemini reads "output" as a function's result and "error" as its failure.
     key = "error" if result.is_error else "output"
     return types.Part(
         function_response=types.FunctionResponse(
-            id=wire_id or None, name=result.name, response={key: result_for_model(result.result)}
+            id=wire_id or None, name=result.name, response={key: conversation.result_for_model(result.result)}
         )
     )
 
 
-def reply_of(response: types.GenerateContentResponse) -> ModelReply:
+def reply_of(response: types.GenerateContentResponse) -> conversation.ModelReply:
     candidate = response.candidates[0] if response.candidates else None
     parts = candidate.content.parts if candidate and candidate.content and candidate.content.parts else []
     texts: list[str] = []
-    calls: list[FunctionCall] = []
+    calls: list[conversation.FunctionCall] = []
     for part in parts:
         if part.function_call is not None:
             signature = base64.b64encode(part.thought_signature).decode() if part.thought_signature else ""
             call = part.function_call
             calls.append(
-                FunctionCall(
+                conversation.FunctionCall(
                     id=call.id or "", name=call.name or "", args=dict(call.args or {}), signature=signature
                 )
             )
@@ -162,14 +149,14 @@ def reply_of(response: types.GenerateContentResponse) -> ModelReply:
     if response.prompt_feedback and response.prompt_feedback.block_reason:
         blocked = str(response.prompt_feedback.block_reason.value)
         extra["blockReason"] = blocked
-    return ModelReply(
+    return conversation.ModelReply(
         text="".join(texts),
         function_calls=tuple(calls),
         finish_reason=finish,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         extra=extra,
-        finish=FINISH_FILTERED if blocked else _neutral_finish(finish, bool(calls)),
+        finish=conversation.FINISH_FILTERED if blocked else _neutral_finish(finish, bool(calls)),
         cached_input_tokens=(usage.cached_content_token_count or 0) if usage else 0,
         reasoning_tokens=reasoning_tokens,
     )
@@ -177,7 +164,7 @@ def reply_of(response: types.GenerateContentResponse) -> ModelReply:
 
 def _neutral_finish(finish: str, called: bool) -> str:
     # Gemini ends a turn that calls functions with STOP, as it ends an answer.
-    return FINISH_TOOL_CALLS if called else neutral_finish(finish, _FINISHES)
+    return conversation.FINISH_TOOL_CALLS if called else conversation.neutral_finish(finish, _FINISHES)
 
 
 def retry_delay_of(error: errors.APIError) -> float | None:

@@ -15,21 +15,7 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion
 
-from ..conversation import (
-    FINISH_FILTERED,
-    FINISH_LENGTH,
-    FINISH_REFUSAL,
-    FINISH_STOP,
-    FINISH_TOOL_CALLS,
-    FunctionCall,
-    FunctionResult,
-    FunctionSpec,
-    ModelReply,
-    ModelRequest,
-    ModelTurn,
-    neutral_finish,
-    result_for_model,
-)
+from .. import conversation
 from .base import (
     ModelCallError,
     StainlessProvider,
@@ -44,11 +30,11 @@ from .schemas import openai_parameters
 # validation answers the model (as an error it can correct) instead of the worker guessing.
 INVALID_ARGUMENTS_KEY = "_invalid_arguments"
 _FINISHES = {
-    "stop": FINISH_STOP,
-    "tool_calls": FINISH_TOOL_CALLS,
-    "function_call": FINISH_TOOL_CALLS,
-    "length": FINISH_LENGTH,
-    "content_filter": FINISH_FILTERED,
+    "stop": conversation.FINISH_STOP,
+    "tool_calls": conversation.FINISH_TOOL_CALLS,
+    "function_call": conversation.FINISH_TOOL_CALLS,
+    "length": conversation.FINISH_LENGTH,
+    "content_filter": conversation.FINISH_FILTERED,
 }
 
 
@@ -63,7 +49,7 @@ class OpenAIChatProvider(StainlessProvider[openai.AsyncOpenAI]):
             openai.AsyncOpenAI, "OpenAI", api_key=api_key, base_url=base_url, timeout_seconds=timeout_seconds
         )
 
-    async def generate(self, request: ModelRequest) -> ModelReply:
+    async def generate(self, request: conversation.ModelRequest) -> conversation.ModelReply:
         tools = [tool_of(function) for function in request.functions]
         with sdk_errors("OpenAI", openai.APIStatusError, _call_error, openai.APIError):
             completion = await self._client.chat.completions.create(
@@ -90,7 +76,7 @@ def _call_error(error: openai.APIStatusError) -> ModelCallError:
     )
 
 
-def tool_of(function: FunctionSpec) -> dict[str, Any]:
+def tool_of(function: conversation.FunctionSpec) -> dict[str, Any]:
     parameters, strict = openai_parameters(function.parameters)
     return {
         "type": "function",
@@ -103,20 +89,20 @@ def tool_of(function: FunctionSpec) -> dict[str, Any]:
     }
 
 
-def messages_of(request: ModelRequest) -> list[dict[str, Any]]:
+def messages_of(request: conversation.ModelRequest) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": request.system},
         {"role": "user", "content": request.user},
     ]
     for turn in wire_history(request.history):
-        if isinstance(turn, ModelTurn):
+        if isinstance(turn, conversation.ModelTurn):
             messages.append(_assistant_message(turn))
         else:
             messages += [_tool_message(result, wire_id) for result, wire_id in turn]
     return messages
 
 
-def _assistant_message(turn: ModelTurn) -> dict[str, Any]:
+def _assistant_message(turn: conversation.ModelTurn) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": turn.text or None}
     if turn.refusal:
         message["refusal"] = turn.refusal
@@ -139,9 +125,9 @@ def _arguments_text(args: dict[str, Any]) -> str:
     return json.dumps(args, ensure_ascii=False, separators=(",", ":"))
 
 
-def _tool_message(result: FunctionResult, wire_id: str) -> dict[str, Any]:
+def _tool_message(result: conversation.FunctionResult, wire_id: str) -> dict[str, Any]:
     # Chat Completions has no error flag on a tool message; the error is said in the content.
-    value = result_for_model(result.result)
+    value = conversation.result_for_model(result.result)
     content = {"error": value} if result.is_error else value
     return {
         "role": "tool",
@@ -150,13 +136,15 @@ def _tool_message(result: FunctionResult, wire_id: str) -> dict[str, Any]:
     }
 
 
-def reply_of(completion: ChatCompletion) -> ModelReply:
+def reply_of(completion: ChatCompletion) -> conversation.ModelReply:
     if not completion.choices:
         raise ModelCallError("OpenAI answered without a choice", retryable=True)
     choice = completion.choices[0]
     message = choice.message
     calls = tuple(
-        FunctionCall(id=call.id, name=call.function.name, args=_arguments_of(call.function.arguments))
+        conversation.FunctionCall(
+            id=call.id, name=call.function.name, args=_arguments_of(call.function.arguments)
+        )
         for call in message.tool_calls or ()
         if call.type == "function"
     )
@@ -168,14 +156,14 @@ def reply_of(completion: ChatCompletion) -> ModelReply:
     extra: dict[str, Any] = {}
     if completion.system_fingerprint:
         extra["systemFingerprint"] = completion.system_fingerprint
-    return ModelReply(
+    return conversation.ModelReply(
         text=message.content or "",
         function_calls=calls,
         finish_reason=finish,
         input_tokens=usage.prompt_tokens if usage else 0,
         output_tokens=usage.completion_tokens if usage else 0,
         extra=extra,
-        finish=FINISH_REFUSAL if refusal else neutral_finish(finish, _FINISHES),
+        finish=conversation.FINISH_REFUSAL if refusal else conversation.neutral_finish(finish, _FINISHES),
         refusal=refusal,
         cached_input_tokens=(prompt_details.cached_tokens or 0) if prompt_details else 0,
         reasoning_tokens=(completion_details.reasoning_tokens or 0) if completion_details else 0,
