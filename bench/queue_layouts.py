@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import time
 import uuid
@@ -118,8 +117,9 @@ SPLIT = Layout(
 LAYOUTS = (IN_PLACE, SPLIT)
 
 
-async def prepare(url: str, count: int) -> dict[str, float]:
-    """Migrates, fills `count` finished instances, builds the split layout and the open backlog."""
+async def prepare(url: str, count: int) -> tuple[dict[str, float], list[uuid.UUID]]:
+    """Migrates, fills `count` finished instances, builds the split layout and the open backlog; returns
+    how long that took and the live instances the cycles' tasks belong to."""
     engine = create_async_engine(url.replace("postgresql://", "postgresql+asyncpg://", 1))
     try:
         await migrate(engine)
@@ -172,8 +172,7 @@ async def prepare(url: str, count: int) -> dict[str, float]:
         await conn.execute("ANALYZE")
     finally:
         await conn.close()
-    filled["live"] = live  # type: ignore[assignment]
-    return filled
+    return filled, live
 
 
 async def cycle_round(url: str, layout: Layout, cycles: int, live: list[uuid.UUID]) -> None:
@@ -233,28 +232,14 @@ async def cycle_round(url: str, layout: Layout, cycles: int, live: list[uuid.UUI
             await conn.close()
 
 
-async def pick_buffers(url: str, layout: Layout) -> int:
-    """Buffers (shared hit + read) the pick reads for 16 tasks, 1,000 of the topic open, rolled back."""
+async def open_for_the_pick(url: str, layout: Layout) -> None:
+    """1,000 open tasks of the fetched topic, as `volume.fetch_buffers` reads its pick among."""
     conn = await asyncpg.connect(url)
     try:
-        transaction = conn.transaction()
-        await transaction.start()
-        try:
-            instance = await conn.fetchval("SELECT id FROM instances WHERE business_key = 'live' LIMIT 1")
-            await conn.executemany(
-                layout.insert_sql(), [(uuid.uuid4(), instance, "bench") for _ in range(1000)]
-            )
-            plan = await conn.fetchval(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
-                f"SELECT t.id FROM {layout.queue} t WHERE t.topic = 'bench' AND t.state IN ('READY', 'LEASED') "
-                "AND t.due_at <= now() ORDER BY t.due_at LIMIT 16 FOR UPDATE SKIP LOCKED"
-            )
-        finally:
-            await transaction.rollback()
+        instance = await conn.fetchval("SELECT id FROM instances WHERE business_key = 'live' LIMIT 1")
+        await conn.executemany(layout.insert_sql(), [(uuid.uuid4(), instance, "bench") for _ in range(1000)])
     finally:
         await conn.close()
-    top = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
-    return int(top["Shared Hit Blocks"] + top["Shared Read Blocks"])
 
 
 async def queue_bytes(url: str, layout: Layout) -> int:
@@ -266,8 +251,7 @@ async def queue_bytes(url: str, layout: Layout) -> int:
 
 
 async def measure(url: str, count: int, cycles: int) -> dict[str, Any]:
-    prepared = await prepare(url, count)
-    live: list[uuid.UUID] = prepared.pop("live")  # type: ignore[assignment]
+    prepared, live = await prepare(url, count)
     # A warm-up round each, not counted: both layouts start from pages already read.
     for n, layout in enumerate(LAYOUTS):
         await cycle_round(url, layout, 2000, live[n * WORKERS : (n + 1) * WORKERS])
@@ -278,7 +262,8 @@ async def measure(url: str, count: int, cycles: int) -> dict[str, Any]:
             await cycle_round(url, layout, cycles // ROUNDS, live[n * WORKERS : (n + 1) * WORKERS])
     figures: dict[str, Any] = {"prepared": prepared}
     for layout in LAYOUTS:
-        after_cycles = await pick_buffers(url, layout)
+        await open_for_the_pick(url, layout)
+        after_cycles = await volume.fetch_buffers(url, layout.queue)
         conn = await asyncpg.connect(url)
         try:
             await conn.execute(f"VACUUM {layout.queue}")
@@ -295,7 +280,7 @@ async def measure(url: str, count: int, cycles: int) -> dict[str, Any]:
             "upkeep vacuum s (total)": sum(layout.vacuums),
             "WAL bytes a cycle": layout.wal_bytes / layout.cycles,
             "pick buffers after the cycles": after_cycles,
-            "pick buffers after VACUUM": await pick_buffers(url, layout),
+            "pick buffers after VACUUM": await volume.fetch_buffers(url, layout.queue),
             "queue table MB": await queue_bytes(url, layout) / 2**20,
         }
     return figures

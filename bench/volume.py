@@ -219,19 +219,19 @@ async def cycles(
 # queue's partial index `tasks_fetchable` for one topic. Its writes (a lease is a new row version in
 # every index of the table) cost the same whatever the queue's history.
 _PICK = """
-    SELECT t.id FROM tasks t
+    SELECT t.id FROM {queue} t
     WHERE t.topic = 'bench' AND t.state IN ('READY', 'LEASED') AND t.due_at <= now()
     ORDER BY t.due_at LIMIT 16 FOR UPDATE SKIP LOCKED
 """
 
 
-async def fetch_buffers(url: str) -> float:
-    """Buffers (shared hit + read) FetchAndLock's pick reads for 16 tasks of 1,000 open ones, in a
-    transaction rolled back so the queue stays as it is."""
+async def fetch_buffers(url: str, queue: str = "tasks") -> float:
+    """Buffers (shared hit + read) FetchAndLock's pick reads for 16 tasks of 1,000 open ones in `queue`,
+    in a transaction rolled back so the queue stays as it is."""
     conn = await asyncpg.connect(url)
     try:
         async with conn.transaction():
-            plan = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _PICK)
+            plan = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _PICK.format(queue=queue))
             raise _RollBack
     except _RollBack:
         pass
