@@ -284,3 +284,16 @@ async def append(
 async def journal(engine: Any, task_id: str) -> list[external_task_pb2.JournalStep]:
     response = await engine.tasks.GetJournal(external_task_pb2.GetJournalRequest(task_id=task_id))
     return list(response.steps)
+
+
+async def upkeep_round(db: Any, thresholds: dict[str, int] | None = None) -> int:
+    """One round of the queue upkeep that held its lock; the engine under test runs its own rounds, and
+    a round that finds the lock taken does nothing, so it is tried again until it has its turn."""
+    from abada_engine.runtime.background.queue_upkeep import QueueUpkeep
+
+    upkeep = QueueUpkeep(db, thresholds)
+    for _ in range(200):
+        if (vacuumed := await upkeep.round()) is not None:
+            return vacuumed
+        await asyncio.sleep(0.05)
+    raise AssertionError("the upkeep never had its turn")

@@ -8,8 +8,7 @@ import asyncio
 import grpc
 import pytest
 from abada.engine.v1 import process_pb2
-from abada_engine.runtime.background.queue_upkeep import QueueUpkeep
-from engine_helpers import complete, deploy, error_info, fetch, instance, struct
+from engine_helpers import complete, deploy, error_info, fetch, instance, struct, upkeep_round
 from sqlalchemy import text
 
 BUNDLE = """
@@ -87,7 +86,7 @@ async def test_a_request_id_older_than_a_day_starts_anew_and_upkeep_lets_it_go(e
     anew = await _start(engine, "refund", request_id="old")
     assert not anew.already_started
     assert anew.instance.id != first.instance.id
-    await QueueUpkeep(db).round()
+    await upkeep_round(db)
     async with db.connect() as conn:
         kept = (await conn.execute(text("SELECT request_id FROM start_requests"))).scalars().all()
     assert kept == ["old"]

@@ -33,7 +33,7 @@ class BackgroundLoop:
 class Periodic(BackgroundLoop):
     """Calls `duty` every `interval` seconds until stopped; a failing round is logged, not fatal."""
 
-    def __init__(self, name: str, duty: Callable[[], Awaitable[int]], interval: float) -> None:
+    def __init__(self, name: str, duty: Callable[[], Awaitable[int | None]], interval: float) -> None:
         super().__init__(name)
         self._duty = duty
         self._interval = interval

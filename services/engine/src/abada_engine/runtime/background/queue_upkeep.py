@@ -42,12 +42,12 @@ class QueueUpkeep:
         self._db = autocommit(db)
         self._thresholds = thresholds or HOT_TABLE_THRESHOLDS
 
-    async def round(self) -> int:
+    async def round(self) -> int | None:
         """Vacuums each hot table past its threshold and analyzes each one changed enough; returns how
-        many it vacuumed (0 while another replica holds the upkeep)."""
+        many it vacuumed, or None when another replica holds the upkeep and this round did nothing."""
         async with self._db.connect() as conn:
             if not await upkeep_store.try_lock(conn):
-                return 0
+                return None
             try:
                 changes = await upkeep_store.table_changes(conn, list(self._thresholds))
                 vacuumed = 0
