@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from abada_engine.db.database import dumps
 from abada_engine.db.schema import fan_outs, instances, tasks
 
-from .hand_written import Executor, HandWritten
+from .hand_written import Executor, HandWritten, as_many_as_given
 from .history import HistoryRecord
 from .states import OPEN_TASK_STATES, FanOutState, TaskKind, TaskState, is_, one_of, sql_list
 from .tasks import TASK_CHANNEL
@@ -43,6 +43,7 @@ FINISH_ITEMS = HandWritten(
         SELECT * FROM jsonb_to_recordset(CAST(:items AS jsonb)) AS m(
             n integer, task_id uuid, state text, result jsonb, guard_worker text, guard_hash text,
             from_state text, history jsonb)
+        {as_many_as_given(":items")}
     ),
     finished AS (
         UPDATE tasks t

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from abada_engine.db.database import dumps
 from abada_engine.db.schema import instances, start_requests
 
-from .hand_written import Executor, HandWritten
+from .hand_written import Executor, HandWritten, as_many_as_given
 from .history import HistoryRecord
 from .messages import RECEIVE_CHANNEL
 from .states import (
@@ -219,6 +219,7 @@ MOVE_TOKENS = HandWritten(
             n integer, instance_id uuid, guard_worker text, guard_hash text, guard_xmin text,
             finished_task_id uuid, finished_state text, current_node text, variables jsonb, completed boolean,
             history jsonb, only_if_open boolean, {_CREATED_COLUMNS})
+        {as_many_as_given(":moves")}
     ),
     finished AS (
         UPDATE tasks t SET state = m.finished_state, completed_at = now(), lease_token_hash = NULL
