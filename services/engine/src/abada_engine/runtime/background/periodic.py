@@ -1,4 +1,5 @@
-"""Running the engine's periodic duties: holding unkeyed writes whose lease ran out."""
+"""Running the engine's background duties: loops started and stopped with it, and rounds run every
+few seconds (the reapers, the dependency probes, the queue upkeep, retention, batches, fan-out ends)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ class BackgroundLoop:
 
 
 class Periodic(BackgroundLoop):
-    """Calls `duty` every `interval` seconds until stopped; a failing round is logged, not fatal."""
+    """Calls `duty` every `interval` seconds until stopped; a failing round is logged, not fatal. A duty
+    answers how many it handled, or None when another replica had the round's work."""
 
     def __init__(self, name: str, duty: Callable[[], Awaitable[int | None]], interval: float) -> None:
         super().__init__(name)
