@@ -560,8 +560,8 @@ async def test_the_queue_upkeep_analyzes_a_hot_table_after_a_share_of_its_rows_c
     # Autovacuum is kept off the table meanwhile: migration 0008 has it vacuum and analyze `dependencies`
     # after 200 inserts, and a visit of its own between two steps here would do the upkeep's work.
     await run("ALTER TABLE dependencies SET (autovacuum_enabled = off)")
-    await run(f"INSERT INTO dependencies (key, kind, name, state, updated_at) {circuit}")
     try:
+        await run(f"INSERT INTO dependencies (key, kind, name, state, updated_at) {circuit}")
         counted, analyzed = await run("ANALYZE dependencies")
         assert counted.rows == 1000
 
