@@ -1,15 +1,14 @@
-"""Lists page by keyset: each row once while rows arrive and change, tokens that cannot be forged, and every
-listing query answered by an index at volume (EXPLAIN, no sequential scan, no sort of more than a page)."""
+"""Lists page by keyset: each row once while rows arrive and change, and tokens that cannot be forged (the
+listing queries' plans at volume: test_engine_plans.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -22,18 +21,9 @@ from abada.engine.v1 import (
     queue_pb2,
     queue_pb2_grpc,
 )
-from abada_engine.store import approvals as approval_store
-from abada_engine.store import definitions as definition_store
-from abada_engine.store import incidents as incident_store
-from abada_engine.store import instances as instance_store
-from abada_engine.store import tasks as task_store
-from abada_engine.store.approvals import ApprovalListing
-from abada_engine.store.incidents import IncidentListing
-from abada_engine.store.instances import InstanceListing
 from engine_helpers import GREET, complete, deploy, error_info, fetch, start, struct, upkeep_round
 from google.protobuf import timestamp_pb2
-from sqlalchemy import event, text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import text
 
 USER_TASK = """
 processes:
@@ -312,191 +302,6 @@ def _failure(task: Any) -> external_task_pb2.FailRequest:
     return external_task_pb2.FailRequest(
         task_id=task.id, worker_id="w", lease_token=task.lease_token, error_message="no", no_retry=True
     )
-
-
-# --- Every listing query, at volume, reads a page from an index -----------------------------------------
-
-INSTANCES = 20_000
-ACTIVE = 100
-PAGE = 50
-
-
-async def _fill(db: AsyncEngine) -> dict[str, Any]:
-    """INSTANCES instances of two processes, nearly all finished, with a task, an incident and an approval
-    per ten instances: enough that the planner prefers an index where one fits, and sorts when none does."""
-    statements = [
-        """INSERT INTO definitions (id, process_id, version, content_sha256, source_name, spec, tool_bindings,
-                                    created_at)
-           SELECT gen_random_uuid(), p, 1, p, 'x', '{}', '[]', now() FROM unnest(ARRAY['a', 'b']) p""",
-        f"""INSERT INTO instances (id, definition_id, process_id, version, state, variables, current_node_id,
-                                   business_key, created_at, ended_at)
-            SELECT gen_random_uuid(), d.id, d.process_id, 1,
-                   CASE WHEN n <= {ACTIVE} THEN 'ACTIVE' WHEN n % 50 = 0 THEN 'CANCELED' ELSE 'COMPLETED' END,
-                   jsonb_build_object('customerId', 'C-' || (n % 1000), 'n', n), 'done', 'key-' || n,
-                   now() - n * interval '1 second', now()
-            FROM generate_series(1, {INSTANCES}) n
-            JOIN definitions d ON d.process_id = CASE WHEN n % 2 = 0 THEN 'a' ELSE 'b' END""",
-        """INSERT INTO tasks (id, instance_id, node_id, kind, topic, state, payload, attempt, retries_left, due_at,
-                              created_at, outage_waits)
-           SELECT gen_random_uuid(), i.id, 'work', CASE WHEN i.state = 'ACTIVE' AND i.business_key LIKE '%7'
-                                                       THEN 'user' ELSE 'external' END,
-                  't' || (abs(hashtext(i.id::text)) % 5),
-                  CASE WHEN i.state = 'ACTIVE' AND i.business_key LIKE '%7' THEN 'WAITING'
-                       WHEN i.state = 'ACTIVE' THEN 'READY' ELSE 'COMPLETED' END,
-                  '{}', 1, 0, now(), i.created_at, 0
-           FROM instances i""",
-        """INSERT INTO incidents (id, instance_id, task_id, node_id, type, message, details, state, created_at)
-           SELECT gen_random_uuid(), t.instance_id, t.id, 'work',
-                  CASE WHEN abs(hashtext(t.id::text)) % 20 = 0 THEN 'FAILED_TASK' ELSE 'INVALID_OUTPUT' END, 'm', '{}',
-                  CASE WHEN t.state = 'READY' THEN 'OPEN' ELSE 'RESOLVED' END, t.created_at
-           FROM tasks t WHERE abs(hashtext(t.id::text)) % 10 = 0 OR t.state = 'READY'""",
-        """INSERT INTO journal_steps (task_id, sequence, attempt, kind, state, tool_ref, key_id, aad_version,
-                                      input_tokens, output_tokens, abandoned, created_at, updated_at)
-           SELECT t.id, 1, 1, 'TOOL_CALL', 'AWAITING_APPROVAL', 'crm/x', 'k', 1, 0, 0, false, now(), now()
-           FROM tasks t""",
-        """INSERT INTO approvals (id, task_id, sequence, instance_id, node_id, tool_ref, state, created_at)
-           SELECT gen_random_uuid(), t.id, 1, t.instance_id, 'work', 'crm/x',
-                  CASE WHEN t.state = 'READY' THEN 'PENDING' ELSE 'APPROVED' END, t.created_at
-           FROM tasks t WHERE abs(hashtext(t.id::text)) % 10 = 1 OR t.state = 'READY'""",
-    ]
-    async with db.begin() as conn:
-        for statement in statements:
-            await conn.execute(text(statement))
-    async with db.connect() as conn:
-        await conn.execution_options(isolation_level="AUTOCOMMIT")
-        await conn.execute(text("ANALYZE definitions, instances, tasks, incidents, journal_steps, approvals"))
-        deep = (
-            await conn.execute(
-                text(
-                    "SELECT created_at, id FROM instances ORDER BY created_at DESC, id DESC OFFSET 15000 LIMIT 1"
-                )
-            )
-        ).one()
-        task = (
-            await conn.execute(text("SELECT created_at, id FROM tasks WHERE state = 'READY' LIMIT 1"))
-        ).one()
-    return {"deep": (deep.created_at, deep.id), "task": (task.created_at, task.id)}
-
-
-def _problems(plan: dict[str, Any], limit: int) -> list[str]:
-    found = []
-    node = plan["Node Type"]
-    if node == "Seq Scan" and plan["Relation Name"] != "definitions":
-        found.append(f"a sequential scan of {plan['Relation Name']}")
-    if node in ("Sort", "Incremental Sort") and plan["Actual Rows"] > limit:
-        found.append(f"a sort of {plan['Actual Rows']} rows")
-    # An index that yields rows the query then throws away reads more than a page to fill one.
-    if plan.get("Rows Removed by Filter", 0) > limit:
-        found.append(
-            f"{node} on {plan.get('Index Name', '')} read {plan['Rows Removed by Filter']} rows it dropped"
-        )
-    for child in plan.get("Plans", []):
-        found += _problems(child, limit)
-    return found
-
-
-async def test_every_listing_query_reads_one_page_from_an_index_at_volume(engine, db):
-    keys = await _fill(db)
-    deep: tuple[datetime, uuid.UUID] = keys["deep"]
-    after_task: tuple[datetime, uuid.UUID] = keys["task"]
-    limit = PAGE + 1
-    hour = timedelta(hours=1)
-    listings: dict[str, Callable[[Any], Awaitable[Any]]] = {
-        "instances": lambda c: instance_store.listed(c, limit=limit),
-        "instances, deep": lambda c: instance_store.listed(c, limit=limit, after_key=deep),
-        "active instances": lambda c: instance_store.listed(c, InstanceListing(state="ACTIVE"), limit=limit),
-        "active instances, deep": lambda c: instance_store.listed(
-            c, InstanceListing(state="ACTIVE"), limit=limit, after_key=deep
-        ),
-        "completed instances, deep": lambda c: instance_store.listed(
-            c, InstanceListing(state="COMPLETED"), limit=limit, after_key=deep
-        ),
-        "canceled instances": lambda c: instance_store.listed(
-            c, InstanceListing(state="CANCELED"), limit=limit
-        ),
-        "one process's instances": lambda c: instance_store.listed(
-            c, InstanceListing(process_id="a"), limit=limit
-        ),
-        "one process's instances, deep": lambda c: instance_store.listed(
-            c, InstanceListing(process_id="a"), limit=limit, after_key=deep
-        ),
-        "one process's active instances": lambda c: instance_store.listed(
-            c, InstanceListing(process_id="a", state="ACTIVE"), limit=limit
-        ),
-        "one process's completed instances, deep": lambda c: instance_store.listed(
-            c, InstanceListing(process_id="a", state="COMPLETED"), limit=limit, after_key=deep
-        ),
-        "a business key's instances": lambda c: instance_store.listed(
-            c, InstanceListing(business_key="key-77"), limit=limit
-        ),
-        "instances of an hour, deep": lambda c: instance_store.listed(
-            c,
-            InstanceListing(created_after=deep[0] - hour, created_before=deep[0] + hour),
-            limit=limit,
-            after_key=deep,
-        ),
-        "one process's completed instances of an hour, deep": lambda c: instance_store.listed(
-            c,
-            InstanceListing(process_id="a", state="COMPLETED", created_after=deep[0] - hour),
-            limit=limit,
-            after_key=deep,
-        ),
-        "instances with a variable's value": lambda c: instance_store.listed(
-            c, InstanceListing(variables_holding={"customerId": "C-77"}), limit=limit
-        ),
-        "one process's instances with two variables' values": lambda c: instance_store.listed(
-            c, InstanceListing(process_id="b", variables_holding={"customerId": "C-77", "n": 77}), limit=limit
-        ),
-        "completed instances before a time": lambda c: instance_store.listed(
-            c, InstanceListing(state="COMPLETED", created_before=deep[0]), limit=limit
-        ),
-        "one instance": lambda c: instance_store.listed(c, instance_id=deep[1], limit=1),
-        "queued tasks": lambda c: task_store.open_external_tasks(c, None, None, limit),
-        "queued tasks, after": lambda c: task_store.open_external_tasks(c, None, None, limit, after_task),
-        "one topic's queued tasks": lambda c: task_store.open_external_tasks(
-            c, "t1", None, limit, after_task
-        ),
-        "one instance's queued tasks": lambda c: task_store.open_external_tasks(c, None, deep[1], limit),
-        "waiting user tasks": lambda c: task_store.waiting_user_tasks(c, None, limit, after_task),
-        "open incidents": lambda c: incident_store.listed(c, IncidentListing(state="OPEN"), limit=limit),
-        "open incidents of a type, after": lambda c: incident_store.listed(
-            c, IncidentListing(state="OPEN", type="FAILED_TASK"), limit=limit, after_key=after_task
-        ),
-        "resolved incidents": lambda c: incident_store.listed(
-            c, IncidentListing(state="RESOLVED"), limit=limit
-        ),
-        "pending approvals": lambda c: approval_store.listed(
-            c, ApprovalListing(state="PENDING"), limit=limit
-        ),
-        "approved approvals, after": lambda c: approval_store.listed(
-            c, ApprovalListing(state="APPROVED"), limit=limit, after_key=(after_task[0], after_task[1], 1)
-        ),
-        "definitions": lambda c: definition_store.listed(c, limit=limit, after_key=("a", 1)),
-    }
-    captured: list[tuple[str, Any]] = []
-
-    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        captured.append((statement, parameters))
-
-    failures = {}
-    for name, run in listings.items():
-        captured.clear()
-        async with db.connect() as conn:
-            # Only this connection's statements: the engine under test shares the connection pool.
-            event.listen(conn.sync_connection, "before_cursor_execute", capture)
-            await run(conn)
-        [(statement, parameters)] = captured
-        async with db.connect() as conn:
-            raw = (await conn.get_raw_connection()).driver_connection
-            plan = await raw.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, *parameters)
-        problems = _problems(_json(plan)[0]["Plan"], limit)
-        if problems:
-            failures[name] = problems
-    assert failures == {}
-
-
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
 
 
 def test_page_tokens_round_trip_their_key_and_expire_nothing():

@@ -45,6 +45,16 @@ def as_many_as_given(records: str) -> str:
     return f"LIMIT jsonb_array_length(CAST({records} AS jsonb))"
 
 
+# A hand-written statement is prepared once per connection (asyncpg's statement cache), but by default
+# PostgreSQL still plans it again at every call for the values given, whenever that plan looks cheaper
+# than the one kept for any values: with one task or one move in the call it always does. Planning
+# took more of PostgreSQL's time than running did: 0.5 ms against 0.16 ms for a FetchAndLock, 0.7 ms
+# against 0.3 ms for a Complete's move (pg_stat_statements, docs/benchmarks.md). Each statement here
+# is written so that the plan for any values is the right one (states as literals, a recordset's
+# LIMIT of its own length), and tests/engine/test_hot_plans.py holds every one of them to it.
+PLANNED_ONCE = {"plan_cache_mode": "force_generic_plan"}
+
+
 class Row(dict[str, Any]):
     """A result row readable as `row.column`, like SQLAlchemy's rows."""
 
@@ -146,8 +156,8 @@ class HotPath:
     @staticmethod
     async def open_pool(url: str, size: int) -> HotPool:
         """The hot statements' pool, decoding json/jsonb as the SQLAlchemy engine does (statements pass
-        JSON text)."""
-        return await HotPool.open(url, size, SESSION_SETTINGS, _json_codecs)
+        JSON text), each statement planned once per connection (`PLANNED_ONCE`)."""
+        return await HotPool.open(url, size, {**SESSION_SETTINGS, **PLANNED_ONCE}, _json_codecs)
 
     async def close(self) -> None:
         if self.pool is not None:
