@@ -166,13 +166,15 @@ async def cycles(fill: Fill, count: int) -> tuple[list[float], list[float]]:
 
 
 async def explain(database_url: str) -> str:
-    """EXPLAIN (ANALYZE, BUFFERS) of the hot statements as they stand now, each rolled back."""
+    """EXPLAIN (ANALYZE, BUFFERS) of the hot statements as they stand now, each rolled back, in the
+    plan the engine keeps for them (made for any values)."""
     import hashlib
     import json
     import uuid
 
     import asyncpg
     from abada_engine.store import journal_steps, moves, tasks
+    from abada_engine.store.hand_written import PLANNED_ONCE
 
     conn = await asyncpg.connect(database_url)
     out: list[str] = []
@@ -246,15 +248,27 @@ async def explain(database_url: str) -> str:
                 },
             ),
         }
+        # As the engine's hot connections run them: one plan per statement, kept for any values.
+        for setting, value in PLANNED_ONCE.items():
+            await conn.execute(f"SET {setting} = '{value}'")
         for name, (statement, params) in probes.items():
             transaction = conn.transaction()
             await transaction.start()
             try:
-                rows = await conn.fetch(
-                    "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + statement.sql, *statement.args(params)
+                await conn.execute("PREPARE probe AS " + statement.sql)
+                types = await conn.fetchval(
+                    "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'probe'"
                 )
+                # EXECUTE takes no parameters: each value goes in as a literal, quoted by the server.
+                literals = [
+                    await conn.fetchval(f"SELECT quote_nullable(CAST(CAST($1 AS {t}) AS text))", value)
+                    for t, value in zip(types, statement.args(params), strict=True)
+                ]
+                arguments = ", ".join(f"CAST({lit} AS {t})" for lit, t in zip(literals, types, strict=True))
+                rows = await conn.fetch(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE probe({arguments})")
             finally:
                 await transaction.rollback()
+            await conn.execute("DEALLOCATE probe")
             out.append(f"-- {name}\n" + "\n".join(r[0] for r in rows))
     finally:
         await conn.close()
