@@ -358,7 +358,7 @@ async def test_a_fault_on_one_instance_fails_it_alone_and_the_batch_goes_on(
     job.register("FAULTY", faulty)
     created = await job.create("FAULTY", BatchFilter(process_id="fragile"), "", "test")
     assert await job.step() == 3
-    shown = await _batch(batches, str(created.id))
+    shown = await _batch(batches, str(created.row.id))
     outcomes = {i.instance_id: (i.outcome, i.message) for i in shown.items}
     assert outcomes[ids[0]] == (batch_pb2.BATCH_OUTCOME_FAILED, "internal error: RuntimeError")
     assert outcomes[ids[1]][0] == batch_pb2.BATCH_OUTCOME_FAILED

@@ -145,13 +145,13 @@ def _node_mappings(pairs: Iterable[tuple[str, str]]) -> list[process_pb2.NodeMap
 
 
 def _batch(view: BatchView) -> batch_pb2.Batch:
-    which = view.filter
+    which, row = view.filter, view.row
     return batch_pb2.Batch(
-        id=str(view.id),
-        kind=_KIND_NUMBERS.get(BatchKind(view.kind), batch_pb2.BATCH_KIND_UNSPECIFIED)
-        if view.kind in tuple(BatchKind)
+        id=str(row.id),
+        kind=_KIND_NUMBERS.get(BatchKind(row.kind), batch_pb2.BATCH_KIND_UNSPECIFIED)
+        if row.kind in tuple(BatchKind)
         else batch_pb2.BATCH_KIND_UNSPECIFIED,
-        state=_STATES.get(BatchState(view.state), batch_pb2.BATCH_STATE_UNSPECIFIED),
+        state=_STATES.get(BatchState(row.state), batch_pb2.BATCH_STATE_UNSPECIFIED),
         filter=batch_pb2.BatchFilter(
             process_id=which.process_id,
             version=which.version,
@@ -162,13 +162,13 @@ def _batch(view: BatchView) -> batch_pb2.Batch:
             incident_message=which.incident_message,
         ),
         reason=view.reason,
-        created_by=view.created_by,
-        create_time=timestamp(view.created_at),
-        end_time=timestamp(view.ended_at),
-        total=view.total,
-        done=view.done,
-        skipped=view.skipped,
-        failed=view.failed,
+        created_by=row.created_by,
+        create_time=timestamp(row.created_at),
+        end_time=timestamp(row.ended_at),
+        total=row.total,
+        done=row.done,
+        skipped=row.skipped,
+        failed=row.failed,
         pending=view.pending,
         migration=batch_pb2.BatchMigration(
             to_version=view.migration.to_version, mappings=_node_mappings(view.migration.mappings.items())

@@ -18,7 +18,6 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from abada.engine.v1.error_reason_pb2 import ErrorReason
@@ -79,24 +78,17 @@ class Migration:
 
 @dataclass(frozen=True, slots=True)
 class BatchView:
-    id: uuid.UUID
-    kind: str
-    state: str
+    """A batch as shown: its row, with the filter and parameters the row keeps as JSON read."""
+
+    row: BatchRow
     filter: BatchFilter
     reason: str
-    created_by: str
-    created_at: datetime
-    ended_at: datetime | None
-    total: int
-    done: int
-    skipped: int
-    failed: int
     migration: Migration | None = None
     modification: Modification | None = None
 
     @property
     def pending(self) -> int:
-        return self.total - self.done - self.skipped - self.failed
+        return self.row.total - self.row.done - self.row.skipped - self.row.failed
 
 
 # The errors that say an instance no longer needs the operation: skipped, not failed.
@@ -209,7 +201,7 @@ class Batches:
         view = await self.get(batch_id)
         if not changed:
             raise precondition(
-                ErrorReason.BATCH_FINISHED, f"batch {batch_id} is {view.state.lower()}", "batch_id"
+                ErrorReason.BATCH_FINISHED, f"batch {batch_id} is {view.row.state.lower()}", "batch_id"
             )
         log.info("batch state changed", extra={"batch_id": str(batch_id), "state": to})
         return view
@@ -365,18 +357,9 @@ def _transient(error: DBAPIError) -> bool:
 
 def _view(row: BatchRow) -> BatchView:
     return BatchView(
-        id=row.id,
-        kind=row.kind,
-        state=row.state,
+        row=row,
         filter=BatchFilter.from_json(row.filter),
         reason=str(row.parameters.get("reason", "")),
-        created_by=row.created_by,
-        created_at=row.created_at,
-        ended_at=row.ended_at,
-        total=row.total,
-        done=row.done,
-        skipped=row.skipped,
-        failed=row.failed,
         migration=_migration(row.parameters) if row.kind == BatchKind.MIGRATE else None,
         modification=_modification(row.parameters) if row.kind == BatchKind.MODIFY else None,
     )
