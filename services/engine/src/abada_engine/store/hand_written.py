@@ -51,7 +51,9 @@ def as_many_as_given(records: str) -> str:
 # took more of PostgreSQL's time than running did: 0.5 ms against 0.16 ms for a FetchAndLock, 0.7 ms
 # against 0.3 ms for a Complete's move (pg_stat_statements, docs/benchmarks.md). Each statement here
 # is written so that the plan for any values is the right one (states as literals, a recordset's
-# LIMIT of its own length), and tests/engine/test_hot_plans.py holds every one of them to it.
+# LIMIT of its own length), and tests/engine/test_engine_plans.py holds every one of them to it. A kept
+# plan follows the tables: an ANALYZE of a table drops the plans that read it, and asyncpg prepares a
+# cached statement again every five minutes (its `max_cached_statement_lifetime`).
 PLANNED_ONCE = {"plan_cache_mode": "force_generic_plan"}
 
 
