@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import pathlib
 import sys
 import time
 
@@ -27,6 +28,9 @@ from abada.engine.v1 import (
 )
 from common import EngineProcess, engine_process, percentile, scratch_database
 from google.protobuf import struct_pb2
+
+# Where `--explain` finds the plans test's helper (tests/kept_plans.py): how a kept plan is read.
+_TESTS = str(pathlib.Path(__file__).resolve().parent.parent / "tests")
 
 BUNDLE = """
 processes:
@@ -174,7 +178,9 @@ async def explain(database_url: str) -> str:
 
     import asyncpg
     from abada_engine.store import journal_steps, moves, tasks
-    from abada_engine.store.hand_written import PLANNED_ONCE
+
+    sys.path.insert(0, _TESTS)
+    from kept_plans import explain_kept_plan, planned_once
 
     conn = await asyncpg.connect(database_url)
     out: list[str] = []
@@ -249,27 +255,16 @@ async def explain(database_url: str) -> str:
             ),
         }
         # As the engine's hot connections run them: one plan per statement, kept for any values.
-        for setting, value in PLANNED_ONCE.items():
-            await conn.execute(f"SET {setting} = '{value}'")
-        for name, (statement, params) in probes.items():
-            transaction = conn.transaction()
-            await transaction.start()
-            try:
-                await conn.execute("PREPARE probe AS " + statement.sql)
-                types = await conn.fetchval(
-                    "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'probe'"
-                )
-                # EXECUTE takes no parameters: each value goes in as a literal, quoted by the server.
-                literals = [
-                    await conn.fetchval(f"SELECT quote_nullable(CAST(CAST($1 AS {t}) AS text))", value)
-                    for t, value in zip(types, statement.args(params), strict=True)
-                ]
-                arguments = ", ".join(f"CAST({lit} AS {t})" for lit, t in zip(literals, types, strict=True))
-                rows = await conn.fetch(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE probe({arguments})")
-            finally:
-                await transaction.rollback()
-            await conn.execute("DEALLOCATE probe")
-            out.append(f"-- {name}\n" + "\n".join(r[0] for r in rows))
+        async with planned_once(conn):
+            for name, (statement, params) in probes.items():
+                # ANALYZE runs the statement: its transaction is rolled back.
+                transaction = conn.transaction()
+                await transaction.start()
+                try:
+                    lines = await explain_kept_plan(conn, statement, "ANALYZE, BUFFERS, COSTS OFF", params)
+                finally:
+                    await transaction.rollback()
+                out.append(f"-- {name}\n" + "\n".join(lines))
     finally:
         await conn.close()
     return "\n\n".join(out)

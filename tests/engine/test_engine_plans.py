@@ -19,9 +19,10 @@ from abada_engine.store import incidents as incident_store
 from abada_engine.store import instances as instance_store
 from abada_engine.store import tasks as task_store
 from abada_engine.store.approvals import ApprovalListing
-from abada_engine.store.hand_written import PLANNED_ONCE, HandWritten
+from abada_engine.store.hand_written import HandWritten
 from abada_engine.store.incidents import IncidentListing
 from abada_engine.store.instances import InstanceListing
+from kept_plans import explain_kept_plan, planned_once
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -240,24 +241,10 @@ async def test_every_hot_statement_planned_once_looks_its_rows_up_by_key_at_volu
     whole_scans = {}
     async with db.connect() as conn:
         raw = (await conn.get_raw_connection()).driver_connection
-        for setting, value in PLANNED_ONCE.items():
-            await raw.execute(f"SET {setting} = '{value}'")
-        try:
+        async with planned_once(raw):
             for name, statement in statements.items():
-                await raw.execute("PREPARE probe AS " + statement.sql)
-                try:
-                    types = await raw.fetchval(
-                        "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'probe'"
-                    )
-                    # The plan kept for any values is the same whatever they are: EXPLAIN it with none.
-                    nulls = ", ".join(f"CAST(NULL AS {t})" for t in types)
-                    plan = await raw.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE probe({nulls})")
-                finally:
-                    await raw.execute("DEALLOCATE probe")
+                plan = (await explain_kept_plan(raw, statement, "FORMAT JSON"))[0]
                 scanned = sorted(set(_scanned_whole(_json(plan)[0]["Plan"])) & _FILLED)
                 if scanned:
                     whole_scans[name] = scanned
-        finally:
-            for setting in PLANNED_ONCE:
-                await raw.execute(f"RESET {setting}")
     assert whole_scans == {}
