@@ -257,13 +257,7 @@ async def explain(database_url: str) -> str:
         # As the engine's hot connections run them: one plan per statement, kept for any values.
         async with planned_once(conn):
             for name, (statement, params) in probes.items():
-                # ANALYZE runs the statement: its transaction is rolled back.
-                transaction = conn.transaction()
-                await transaction.start()
-                try:
-                    lines = await explain_kept_plan(conn, statement, "ANALYZE, BUFFERS, COSTS OFF", params)
-                finally:
-                    await transaction.rollback()
+                lines = await explain_kept_plan(conn, statement, "ANALYZE, BUFFERS, COSTS OFF", params)
                 out.append(f"-- {name}\n" + "\n".join(lines))
     finally:
         await conn.close()

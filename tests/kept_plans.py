@@ -43,8 +43,8 @@ async def explain_kept_plan(
 
     Without `values` it is executed with NULLs: a plan kept for any values is the same whatever
     they are, so this suffices without ANALYZE. With them (by the statement's parameter names), each
-    goes in as a literal quoted by the server, since EXECUTE takes no bound parameters. With ANALYZE
-    the statement runs: the caller's transaction, rolled back, keeps its writes out."""
+    goes in as a literal quoted by the server, since EXECUTE takes no bound parameters. It runs in a
+    transaction (a savepoint in the caller's) that is rolled back, so an ANALYZE writes nothing."""
     await conn.execute(f"PREPARE {_PROBE} AS {statement.sql}")
     try:
         types: list[str] = await conn.fetchval(
@@ -60,7 +60,13 @@ async def explain_kept_plan(
         arguments = ", ".join(
             f"CAST({literal} AS {kind})" for literal, kind in zip(literals, types, strict=True)
         )
-        rows = await conn.fetch(f"EXPLAIN ({options}) EXECUTE {_PROBE}({arguments})")
+        probe = conn.transaction()
+        await probe.start()
+        try:
+            rows = await conn.fetch(f"EXPLAIN ({options}) EXECUTE {_PROBE}({arguments})")
+        finally:
+            await probe.rollback()
     finally:
+        # Outside the rolled-back transaction: a failed EXPLAIN cannot hide its error behind this one.
         await conn.execute(f"DEALLOCATE {_PROBE}")
     return [row[0] for row in rows]
